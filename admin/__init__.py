@@ -1,0 +1,1 @@
+"""rda.admin: admin commands, the `rda` command-line tool and the Prometheus endpoint."""

@@ -1,0 +1,1 @@
+"""rda.business: grouped scheduler, server and client runtimes, subscriptions, directory."""

@@ -1,0 +1,1 @@
+"""rda.pipeline: the history recorder (journal -> Parquet) and the PySpark History API."""

@@ -1,0 +1,33 @@
+"""rda.serialization: the Data container, its codecs, and the message header and body."""
+
+from rda.serialization._header import (
+    DataContext,
+    Header,
+    HeaderFlags,
+    RequestType,
+    UpdateType,
+    decode_context,
+    decode_header,
+    encode_context,
+    encode_header,
+)
+from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
+from rda.serialization.errors import DecodeError, RdaError
+
+__all__ = [
+    "BodyKind",
+    "DataContext",
+    "DecodeError",
+    "Header",
+    "HeaderFlags",
+    "Message",
+    "RdaError",
+    "RequestType",
+    "UpdateType",
+    "decode_context",
+    "decode_exception",
+    "decode_header",
+    "encode_context",
+    "encode_exception",
+    "encode_header",
+]

@@ -1,0 +1,1 @@
+"""Binary codec (the wire format). Being written; see docs/serialization.md."""

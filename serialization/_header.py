@@ -1,0 +1,200 @@
+"""The fixed message header and the data-context frame (docs/protocol.md, "Header").
+
+Both are parsed with a single ``struct.unpack_from`` so that the dispatcher thread spends a
+predictable, tiny amount of time per message (RDA3 paper, "Header and body").
+
+Header layout, little-endian, 18 fixed bytes then the strings::
+
+    u8  protocol version (1)
+    u8  request type   (RequestType)
+    u8  update type    (UpdateType)
+    u8  flags          (HeaderFlags)
+    u64 id             (request id chosen by the client; subscription id for notifications)
+    u16 len(device)    u16 len(property)    u16 len(selector)
+    device, property, selector: UTF-8, back to back
+
+The three lengths sit together in the fixed part (rather than before each string) so that all
+numbers come out of one ``unpack_from``.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from rda.serialization.errors import DecodeError
+
+__all__ = [
+    "CONTEXT_FIXED",
+    "HEADER_FIXED",
+    "PROTOCOL_VERSION",
+    "DataContext",
+    "Header",
+    "HeaderFlags",
+    "RequestType",
+    "UpdateType",
+    "decode_context",
+    "decode_header",
+    "encode_context",
+    "encode_header",
+]
+
+PROTOCOL_VERSION = 1
+HEADER_FIXED = struct.Struct("<BBBBQHHH")
+CONTEXT_FIXED = struct.Struct("<QqqH")
+_MAX_NAME = 0xFFFF
+
+
+class RequestType(enum.IntEnum):
+    """Request types, numbered as in RDA3."""
+
+    GET = 0
+    SET = 1
+    CONNECT = 2
+    REPLY = 3
+    EXCEPTION = 4
+    SUBSCRIBE = 5
+    UNSUBSCRIBE = 6
+    NOTIFICATION_DATA = 7
+    NOTIFICATION_EXC = 8
+    SUBSCRIBE_EXCEPTION = 9
+    ADMIN = 12
+
+
+class UpdateType(enum.IntEnum):
+    """Why a notification was sent."""
+
+    NORMAL = 0
+    FIRST = 1
+    IMMEDIATE = 2
+
+
+class HeaderFlags(enum.IntFlag):
+    """Per-message flags."""
+
+    NONE = 0
+    # The notification may be replaced by a newer one for the same subscription id when the
+    # client's pipe is full (latest wins; each replacement is counted).
+    CONFLATABLE = 1
+
+
+_REQUEST_TYPES = {int(t): t for t in RequestType}
+_UPDATE_TYPES = {int(t): t for t in UpdateType}
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The routing part of a REQUEST or REPLY: everything needed to schedule the task."""
+
+    request_type: RequestType
+    id: int
+    device: str = ""
+    property: str = ""
+    selector: str = ""
+    update_type: UpdateType = UpdateType.NORMAL
+    flags: HeaderFlags = HeaderFlags.NONE
+    version: int = PROTOCOL_VERSION
+
+
+def encode_header(header: Header) -> bytes:
+    """Pack a header into its frame."""
+    device = header.device.encode()
+    prop = header.property.encode()
+    selector = header.selector.encode()
+    if max(len(device), len(prop), len(selector)) > _MAX_NAME:
+        raise ValueError("device, property and selector must each be at most 65535 UTF-8 bytes")
+    return (
+        HEADER_FIXED.pack(
+            header.version,
+            header.request_type,
+            header.update_type,
+            header.flags,
+            header.id,
+            len(device),
+            len(prop),
+            len(selector),
+        )
+        + device
+        + prop
+        + selector
+    )
+
+
+def decode_header(frame: bytes | memoryview) -> Header:
+    """Parse a header frame; any malformed input raises ``DecodeError`` naming the problem."""
+    size = len(frame)
+    if size < HEADER_FIXED.size:
+        raise DecodeError(
+            f"header is {size} bytes, shorter than the {HEADER_FIXED.size}-byte fixed part", 0
+        )
+    version, rtype, utype, flags, ident, ld, lp, ls = HEADER_FIXED.unpack_from(frame)
+    if version != PROTOCOL_VERSION:
+        raise DecodeError(
+            f"unsupported protocol version {version} (this side speaks {PROTOCOL_VERSION})", 0
+        )
+    request_type = _REQUEST_TYPES.get(rtype)
+    if request_type is None:
+        raise DecodeError(f"unknown request type {rtype}", 1)
+    update_type = _UPDATE_TYPES.get(utype)
+    if update_type is None:
+        raise DecodeError(f"unknown update type {utype}", 2)
+    end = HEADER_FIXED.size + ld + lp + ls
+    if end != size:
+        raise DecodeError(
+            f"header declares {end - HEADER_FIXED.size} bytes of names but carries "
+            f"{size - HEADER_FIXED.size}",
+            HEADER_FIXED.size,
+        )
+    raw = bytes(frame[HEADER_FIXED.size :])
+    try:
+        device = raw[:ld].decode()
+        prop = raw[ld : ld + lp].decode()
+        selector = raw[ld + lp :].decode()
+    except UnicodeDecodeError as exc:
+        raise DecodeError(
+            f"header names are not valid UTF-8: {exc.reason}", HEADER_FIXED.size + exc.start
+        ) from exc
+    return Header(
+        request_type, ident, device, prop, selector, update_type, HeaderFlags(flags), version
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DataContext:
+    """When and for which cycle a value was acquired; stamps are ns since the epoch, UTC."""
+
+    cycle_name: str = ""
+    cycle_stamp: int = 0
+    acq_stamp: int = 0
+    selector: str = ""
+
+
+def encode_context(context: DataContext, seq: int = 0) -> bytes:
+    """Pack the DATA_CONTEXT body frame: u64 seq, i64 acq_stamp, i64 cycle_stamp, u16 + cycle name.
+
+    The selector is not repeated here: it travels in the header. ``seq`` is the
+    per-subscription notification sequence number (0 for replies).
+    """
+    name = context.cycle_name.encode()
+    if len(name) > _MAX_NAME:
+        raise ValueError("cycle name must be at most 65535 UTF-8 bytes")
+    return CONTEXT_FIXED.pack(seq, context.acq_stamp, context.cycle_stamp, len(name)) + name
+
+
+def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataContext, int]:
+    """Parse a DATA_CONTEXT frame into ``(context, seq)``."""
+    size = len(frame)
+    if size < CONTEXT_FIXED.size:
+        raise DecodeError(f"data context is {size} bytes, shorter than {CONTEXT_FIXED.size}", 0)
+    seq, acq_stamp, cycle_stamp, ln = CONTEXT_FIXED.unpack_from(frame)
+    if CONTEXT_FIXED.size + ln != size:
+        raise DecodeError(
+            f"data context declares a {ln}-byte cycle name but carries {size - CONTEXT_FIXED.size}",
+            CONTEXT_FIXED.size - 2,
+        )
+    try:
+        name = bytes(frame[CONTEXT_FIXED.size :]).decode()
+    except UnicodeDecodeError as exc:
+        raise DecodeError("cycle name is not valid UTF-8", CONTEXT_FIXED.size + exc.start) from exc
+    return DataContext(name, cycle_stamp, acq_stamp, selector), seq

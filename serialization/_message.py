@@ -1,0 +1,130 @@
+"""A received message: the header parsed at once, the body decoded on first access.
+
+The dispatcher thread only ever builds a :class:`Message` (header parse + keeping the body
+frames as ``memoryview``); the worker that runs the task touches ``.data``, which is when the
+binary codec runs. A task dropped on overflow never decodes its body (RDA3 paper, "Header and
+body").
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from rda.serialization import _binary
+from rda.serialization._header import DataContext, Header, decode_context
+from rda.serialization.errors import DecodeError
+
+if TYPE_CHECKING:
+    from rda.serialization._data import Data
+
+__all__ = ["BodyKind", "Message", "decode_exception", "encode_exception"]
+
+Buffer = bytes | memoryview
+
+_EXC_FIXED = struct.Struct("<H")
+
+
+class BodyKind(enum.IntEnum):
+    """What a body frame holds; one byte per body frame in the descriptor frame."""
+
+    DATA = 1
+    DATA_CONTEXT = 2
+    REQUEST_CONTEXT = 3
+    EXCEPTION = 4
+
+
+def encode_exception(type_name: str, message: str) -> bytes:
+    """EXCEPTION body frame: u16 length of the type name, the type name, then the message (UTF-8)."""
+    name = type_name.encode()[:0xFFFF]
+    return _EXC_FIXED.pack(len(name)) + name + message.encode()
+
+
+def decode_exception(frame: Buffer) -> tuple[str, str]:
+    """Parse an EXCEPTION body frame into ``(type_name, message)``."""
+    if len(frame) < _EXC_FIXED.size:
+        raise DecodeError("exception frame shorter than its 2-byte type length", 0)
+    (ln,) = _EXC_FIXED.unpack_from(frame)
+    if _EXC_FIXED.size + ln > len(frame):
+        raise DecodeError(f"exception type length {ln} runs past the {len(frame)}-byte frame", 0)
+    raw = bytes(frame)
+    try:
+        return raw[2 : 2 + ln].decode(), raw[2 + ln :].decode()
+    except UnicodeDecodeError as exc:
+        raise DecodeError("exception frame is not valid UTF-8", exc.start) from exc
+
+
+class Message:
+    """Header plus lazily decoded body frames.
+
+    ``body`` pairs each body frame with its :class:`BodyKind`. Accessors return ``None`` when
+    the message carries no frame of that kind; decoding errors surface as ``DecodeError`` on
+    first access, in the thread that asks.
+    """
+
+    def __init__(self, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()) -> None:
+        self.header = header
+        self.body = tuple(body)
+
+    def __repr__(self) -> str:
+        kinds = ",".join(k.name for k, _ in self.body)
+        return f"Message({self.header!r}, body=[{kinds}])"
+
+    def frame(self, kind: BodyKind) -> Buffer | None:
+        """The first body frame of ``kind``, undecoded."""
+        for k, frame in self.body:
+            if k is kind:
+                return frame
+        return None
+
+    @cached_property
+    def data(self) -> Data | None:
+        frame = self.frame(BodyKind.DATA)
+        return None if frame is None else _binary.decode(frame)
+
+    @cached_property
+    def request_context(self) -> Data | None:
+        """The REQUEST_CONTEXT frame: a Data with optional ``filters`` (Data) and
+        ``timeout_ms`` (int64, the client's deadline for this request)."""
+        frame = self.frame(BodyKind.REQUEST_CONTEXT)
+        return None if frame is None else _binary.decode(frame)
+
+    @property
+    def filters(self) -> Data | None:
+        ctx = self.request_context
+        if ctx is None or "filters" not in ctx:
+            return None
+        filters: Data = ctx["filters"]
+        return filters
+
+    @property
+    def timeout(self) -> float | None:
+        """The client's timeout for this request in seconds, if it sent one."""
+        ctx = self.request_context
+        if ctx is None or "timeout_ms" not in ctx:
+            return None
+        return int(ctx["timeout_ms"]) / 1000.0
+
+    @cached_property
+    def _context_and_seq(self) -> tuple[DataContext, int]:
+        frame = self.frame(BodyKind.DATA_CONTEXT)
+        if frame is None:
+            return DataContext(selector=self.header.selector), 0
+        return decode_context(frame, self.header.selector)
+
+    @property
+    def context(self) -> DataContext:
+        return self._context_and_seq[0]
+
+    @property
+    def seq(self) -> int:
+        """Per-subscription sequence number of a notification (0 when absent)."""
+        return self._context_and_seq[1]
+
+    @cached_property
+    def exception(self) -> tuple[str, str] | None:
+        frame = self.frame(BodyKind.EXCEPTION)
+        return None if frame is None else decode_exception(frame)

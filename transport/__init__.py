@@ -1,0 +1,1 @@
+"""rda.transport: the wire protocol (sans-I/O) and the dispatcher threads over DEALER/ROUTER."""

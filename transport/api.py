@@ -1,0 +1,171 @@
+"""The contract between the transport and the business layer.
+
+Two implementations honour it: the ZeroMQ transports (``rda.transport.zmq_client`` /
+``rda.transport.zmq_server``) and the in-memory pair in ``rda.testing``; the conformance suite
+(``rda.testing.check_transport``) runs against both.
+
+Threading contract (RDA3 paper, "Transport layer"): every handler method is called on the
+transport's dispatcher thread. It must be fast and must never block: hand the message to a
+scheduler and return. It may call ``send``/``publish``/``disconnect``/``close`` on the
+transport (those are safe from any thread, the dispatcher included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rda.serialization._message import Message
+
+__all__ = [
+    "Buffer",
+    "ClientHandler",
+    "ClientTransport",
+    "ClientTransportStatistics",
+    "ServerHandler",
+    "ServerTransport",
+    "ServerTransportStatistics",
+    "TransportSettings",
+]
+
+Buffer = bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSettings:
+    """Knobs shared by client and server transports (seconds, counts, bytes)."""
+
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    # Messages a sender may queue towards the dispatcher before ``send`` blocks (back-pressure).
+    send_hwm: int = 10_000
+    # Messages held for one peer whose pipe is full before new ones are dropped and counted.
+    peer_queue_limit: int = 10_000
+    max_message_size: int = 256 * 1024 * 1024
+    # How long ``close`` waits for the dispatcher to finish.
+    close_timeout: float = 2.0
+    # Client: a connection still without CONNECT_ACK after this long is reported disconnected.
+    connect_timeout: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTransportStatistics:
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    connections: int = 0
+    heartbeat_timeouts: int = 0
+    decode_errors: int = 0
+    disconnects: int = 0
+    queued_until_connected: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTransportStatistics:
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    peers: int = 0
+    heartbeat_timeouts: int = 0
+    decode_errors: int = 0
+    protocol_errors: int = 0
+    peer_queue_depth: int = 0
+    notifications_conflated: int = 0
+    messages_dropped: int = 0
+
+
+class ClientHandler(Protocol):
+    """What the client business layer receives; every call runs on the dispatcher thread."""
+
+    def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+        """CONNECT_ACK arrived: requests queued for ``connection`` are now being sent."""
+
+    def on_message(self, connection: int, message: Message) -> None:
+        """A REPLY arrived (header parsed, body undecoded)."""
+
+    def on_disconnected(self, connection: int, reason: str) -> None:
+        """The connection is gone (server closed, heartbeat timeout, refused, closed locally).
+
+        The connection id is dead afterwards; the business layer reconnects by calling
+        ``connect`` again. Never called twice for one connection.
+        """
+
+
+class ClientTransport(Protocol):
+    def start(self) -> None: ...
+
+    def connect(self, endpoint: str) -> int:
+        """Open a DEALER to ``endpoint`` and start the handshake; returns a new connection id.
+
+        Thread-safe, does not wait for the handshake. Requests sent before CONNECT_ACK are
+        queued and flushed on it.
+        """
+        ...
+
+    def send(self, connection: int, frames: Sequence[Buffer]) -> None:
+        """Send one message (frames from ``protocol.encode_message``). Thread-safe; blocks
+        when ``send_hwm`` messages are already queued. Sending on a dead connection is a
+        silent no-op (its ``on_disconnected`` was or will be delivered)."""
+        ...
+
+    def disconnect(self, connection: int) -> None:
+        """Close one connection; ``on_disconnected`` follows with reason "closed locally"."""
+        ...
+
+    def close(self, timeout: float | None = None) -> None:
+        """Idempotent, callable from any thread (a handler too); bounded by ``timeout``."""
+        ...
+
+    def statistics(self) -> ClientTransportStatistics: ...
+
+
+class ServerHandler(Protocol):
+    """What the server business layer receives; every call runs on the dispatcher thread."""
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None: ...
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        """A REQUEST arrived from a connected peer (header parsed, body undecoded)."""
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None: ...
+
+
+class ServerTransport(Protocol):
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint, with the real port when bound to port 0."""
+        ...
+
+    def start(self) -> None: ...
+
+    def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
+        """Queue one message for ``peer``. Thread-safe. With ``conflate_key`` (a subscription
+        id) the message may replace an older queued one with the same key while the peer's
+        pipe is full (counted in ``notifications_conflated``)."""
+        ...
+
+    def publish(
+        self,
+        targets: Sequence[tuple[bytes, int, Buffer]],
+        tail: Sequence[Buffer],
+        conflatable: bool = True,
+    ) -> None:
+        """Fan one notification out with a single hand-off to the dispatcher.
+
+        ``targets`` are ``(peer, subscription_id, header_frame)``; each peer gets
+        ``[REPLY kind byte, header_frame, *tail]``, where ``tail`` (body frames and descriptor)
+        was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
+        conflation key, as in ``send``.
+        """
+        ...
+
+    def disconnect(self, peer: bytes) -> None:
+        """Forget a peer; ``on_peer_disconnected`` follows with reason "closed locally"."""
+        ...
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+    def statistics(self) -> ServerTransportStatistics: ...

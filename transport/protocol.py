@@ -1,0 +1,216 @@
+"""Wire protocol v1, sans-I/O: frames in, events out; events in, frames out.
+
+No zmq here (docs/protocol.md has the byte layouts). A message is a list of ZeroMQ frames:
+
+* frame 0: one kind byte (:class:`Kind`);
+* ``CONNECT`` / ``CONNECT_ACK``: frame 1 = u8 protocol version + a UTF-8 JSON object
+  (client info / server info);
+* ``HEARTBEAT``: no further frames;
+* ``REQUEST`` / ``REPLY``: frame 1 = header (``rda.serialization`` ``encode_header``), then the
+  body frames, then one descriptor frame holding one :class:`BodyKind` byte per body frame.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rda.serialization._header import (
+    HEADER_FIXED,
+    PROTOCOL_VERSION,
+    Header,
+    decode_header,
+    encode_header,
+)
+from rda.serialization._message import BodyKind, Message
+from rda.serialization.errors import DecodeError, ProtocolError
+
+__all__ = [
+    "CLIENT_KINDS",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "SERVER_KINDS",
+    "Connect",
+    "ConnectAck",
+    "Heartbeat",
+    "Incoming",
+    "Kind",
+    "ProtocolEvent",
+    "UnsupportedVersion",
+    "decode_frames",
+    "encode_connect",
+    "encode_connect_ack",
+    "encode_heartbeat",
+    "encode_message",
+]
+
+Buffer = bytes | memoryview
+DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024 * 1024
+# Client info / server info are small; a bigger handshake is garbage, not a reason to parse.
+_MAX_HANDSHAKE = 64 * 1024
+
+
+class Kind(enum.IntEnum):
+    """Frame-0 kind byte; values borrowed from RDA3."""
+
+    CONNECT = 0x20
+    REQUEST = 0x21
+    HEARTBEAT = 0x22
+    CONNECT_ACK = 0x01
+    REPLY = 0x02
+    SERVER_HEARTBEAT = 0x03
+
+
+CLIENT_KINDS = frozenset({Kind.CONNECT, Kind.REQUEST, Kind.HEARTBEAT})
+SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT})
+_KIND_BYTES = {bytes([k]): k for k in Kind}
+_BODY_KINDS = {int(k): k for k in BodyKind}
+
+
+class UnsupportedVersion(ProtocolError):
+    """The peer speaks another protocol version; ``request_id`` lets the server answer it."""
+
+    def __init__(self, version: int, request_id: int | None = None) -> None:
+        self.version = version
+        self.request_id = request_id
+        super().__init__(
+            f"peer speaks protocol version {version}, this side speaks {PROTOCOL_VERSION}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """A client opened the conversation; ``info`` has application, user, host, pid, version."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectAck:
+    """The server accepted (or, with ``info["error"]``, refused) the connection."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Nothing but proof of life."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A REQUEST (at the server) or a REPLY (at the client): header parsed, body lazy."""
+
+    message: Message
+
+
+ProtocolEvent = Connect | ConnectAck | Heartbeat | Incoming
+
+
+def encode_heartbeat(from_server: bool) -> list[bytes]:
+    return [bytes([Kind.SERVER_HEARTBEAT if from_server else Kind.HEARTBEAT])]
+
+
+def _encode_handshake(kind: Kind, info: dict[str, Any]) -> list[bytes]:
+    return [bytes([kind]), bytes([PROTOCOL_VERSION]) + json.dumps(info).encode()]
+
+
+def encode_connect(info: dict[str, Any]) -> list[bytes]:
+    return _encode_handshake(Kind.CONNECT, info)
+
+
+def encode_connect_ack(info: dict[str, Any]) -> list[bytes]:
+    return _encode_handshake(Kind.CONNECT_ACK, info)
+
+
+def encode_message(
+    kind: Kind, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()
+) -> list[Buffer]:
+    """REQUEST or REPLY frames. Body buffers are passed through untouched (no copy)."""
+    frames: list[Buffer] = [bytes([kind]), encode_header(header)]
+    frames.extend(buf for _, buf in body)
+    frames.append(bytes(int(k) for k, _ in body))
+    return frames
+
+
+def _decode_handshake(frames: Sequence[Buffer], kind: Kind) -> dict[str, Any]:
+    if len(frames) != 2:
+        raise DecodeError(f"{kind.name} has {len(frames)} frames, expected 2")
+    frame = frames[1]
+    if len(frame) < 1:
+        raise DecodeError(f"{kind.name} info frame is empty", 0)
+    if len(frame) > _MAX_HANDSHAKE:
+        raise DecodeError(f"{kind.name} info frame of {len(frame)} bytes exceeds {_MAX_HANDSHAKE}")
+    version = frame[0]
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(version)
+    try:
+        info = json.loads(bytes(frame[1:]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"{kind.name} info is not a JSON object: {exc}", 1) from exc
+    if not isinstance(info, dict):
+        raise DecodeError(f"{kind.name} info is a JSON {type(info).__name__}, not an object", 1)
+    return info
+
+
+def _decode_message(frames: Sequence[Buffer]) -> Message:
+    if len(frames) < 3:
+        raise DecodeError(f"message has {len(frames)} frames; needs kind, header and descriptor")
+    header_frame = frames[1]
+    # Version first, so a peer of another version gets an explicit answer with its request id.
+    if len(header_frame) >= HEADER_FIXED.size and header_frame[0] != PROTOCOL_VERSION:
+        request_id = HEADER_FIXED.unpack_from(header_frame)[4]
+        raise UnsupportedVersion(header_frame[0], request_id)
+    header = decode_header(header_frame)
+    descriptor = frames[-1]
+    n_body = len(frames) - 3
+    if len(descriptor) != n_body:
+        raise DecodeError(
+            f"descriptor lists {len(descriptor)} body frames but the message carries {n_body}"
+        )
+    body: list[tuple[BodyKind, Buffer]] = []
+    for i in range(n_body):
+        kind = _BODY_KINDS.get(descriptor[i])
+        if kind is None:
+            raise DecodeError(f"unknown body frame kind {descriptor[i]}", i)
+        body.append((kind, frames[2 + i]))
+    return Message(header, body)
+
+
+def decode_frames(
+    frames: Sequence[Buffer],
+    *,
+    from_server: bool,
+    max_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> ProtocolEvent:
+    """Turn one received multipart message into an event.
+
+    ``from_server`` says which side sent it (a client receives server kinds and vice versa).
+    Raises ``DecodeError`` for malformed input, ``UnsupportedVersion`` for another protocol
+    version and ``ProtocolError`` for a kind the receiving side must not get.
+    """
+    if not frames:
+        raise DecodeError("empty message (0 frames)")
+    size = 0
+    for f in frames:
+        size += len(f)
+    if size > max_size:
+        raise DecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
+    kind = _KIND_BYTES.get(bytes(frames[0]))
+    if kind is None:
+        raise DecodeError(f"unknown kind byte {bytes(frames[0])[:8]!r}", 0)
+    allowed = SERVER_KINDS if from_server else CLIENT_KINDS
+    if kind not in allowed:
+        side = "a server" if from_server else "a client"
+        raise ProtocolError(f"{kind.name} may not be sent by {side}")
+    if kind in (Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT):
+        if len(frames) != 1:
+            raise DecodeError(f"HEARTBEAT has {len(frames)} frames, expected 1")
+        return Heartbeat()
+    if kind is Kind.CONNECT:
+        return Connect(_decode_handshake(frames, kind))
+    if kind is Kind.CONNECT_ACK:
+        return ConnectAck(_decode_handshake(frames, kind))
+    return Incoming(_decode_message(frames))
