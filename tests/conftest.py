@@ -1,0 +1,33 @@
+"""Fixtures shared by every test module.
+
+Every test gets its own directory file (``RDA_DIRECTORY_FILE``) so no test reads or writes the
+machine-wide one, and ``no_thread_leak`` lets a test assert that what it started has stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDA_DIRECTORY_FILE", str(tmp_path / "rda-directory.json"))
+
+
+@pytest.fixture
+def no_thread_leak() -> Iterator[None]:
+    """Fail the test if it leaves behind threads it started (waits up to 5 s for them to end)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
