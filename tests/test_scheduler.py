@@ -1,0 +1,397 @@
+"""GroupTaskScheduler: per-group FIFO, parallel groups, overflow policies, shutdown.
+
+Concurrency is proven with events and barriers, never with sleeps; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+
+import pytest
+
+from rda.business.scheduler import GroupTaskScheduler, SchedulerStatistics
+from rda.serialization import _binary
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import BodyKind, Message
+
+WAIT = 10.0  # generous bound for conditions that normally hold within milliseconds
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def scheduler_factory() -> Iterator[Callable[..., GroupTaskScheduler]]:
+    made: list[GroupTaskScheduler] = []
+
+    def make(**kwargs: object) -> GroupTaskScheduler:
+        sched = GroupTaskScheduler(**kwargs)  # type: ignore[arg-type]
+        made.append(sched)
+        return sched
+
+    yield make
+    for sched in made:
+        sched.close()
+
+
+class Blocker:
+    """A task that signals it started and then waits until released: pins a group busy."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self) -> None:
+        self.started.set()
+        assert self.release.wait(WAIT)
+
+
+def test_tasks_of_one_group_run_in_fifo_order_one_at_a_time(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=4, queue_limit=10_000)
+    groups = ["A", "B", "C"]
+    seen: dict[str, list[int]] = {g: [] for g in groups}
+    active = dict.fromkeys(groups, 0)
+    overlap: list[str] = []
+    guard = threading.Lock()
+
+    def task(group: str, i: int) -> None:
+        with guard:
+            active[group] += 1
+            if active[group] > 1:
+                overlap.append(group)
+        seen[group].append(i)
+        with guard:
+            active[group] -= 1
+
+    n = 300
+    for i in range(n):
+        for g in groups:
+            assert sched.submit(g, partial(task, g, i))
+    wait_until(lambda: sched.statistics().executed == n * len(groups))
+    assert overlap == []
+    for g in groups:
+        assert seen[g] == list(range(n))
+
+
+def test_different_groups_run_in_parallel(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=2)
+    # Each task waits at the barrier: it only passes if both run at the same time.
+    barrier = threading.Barrier(2, timeout=WAIT)
+    passed: list[str] = []
+
+    def meet(name: str) -> None:
+        barrier.wait()
+        passed.append(name)
+
+    assert sched.submit("A", lambda: meet("A"))
+    assert sched.submit("B", lambda: meet("B"))
+    wait_until(lambda: sched.statistics().executed == 2)
+    assert sorted(passed) == ["A", "B"]
+    assert sched.statistics().failed == 0
+
+
+def test_one_busy_group_does_not_block_another(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=2)
+    block = Blocker()
+    assert sched.submit("flooded", block)
+    assert block.started.wait(WAIT)
+    for _ in range(5):
+        sched.submit("flooded", lambda: None)
+    admin = threading.Event()
+    assert sched.submit("admin", admin.set)
+    assert admin.wait(WAIT)
+    assert sched.queue_depth("flooded") == 5
+    block.release.set()
+
+
+def test_reject_policy_refuses_and_counts(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1, queue_limit=2, policy="reject")
+    block = Blocker()
+    sched.submit("PS1", block)
+    assert block.started.wait(WAIT)
+    ran: list[int] = []
+    drops: list[int] = []
+    assert sched.submit("PS1", lambda: ran.append(1))
+    assert sched.submit("PS1", lambda: ran.append(2))
+    assert not sched.submit("PS1", lambda: ran.append(3), on_drop=lambda: drops.append(3))
+    assert sched.queue_depth("PS1") == 2
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 3)
+    assert ran == [1, 2]
+    assert drops == []  # a rejected task is the caller's to answer, not a drop
+    stats = sched.statistics()
+    assert (stats.rejected, stats.dropped_newest, stats.dropped_oldest) == (1, 0, 0)
+
+
+def test_drop_newest_discards_the_new_task_and_calls_its_on_drop(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1, queue_limit=2, policy="drop_newest")
+    block = Blocker()
+    sched.submit("PS1", block)
+    assert block.started.wait(WAIT)
+    ran: list[int] = []
+    drops: list[int] = []
+    for i in range(4):
+        sched.submit("PS1", partial(ran.append, i), on_drop=partial(drops.append, i))
+    assert drops == [2, 3]  # called synchronously, in the submitting thread
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 3)
+    assert ran == [0, 1]
+    stats = sched.statistics()
+    assert (stats.rejected, stats.dropped_newest, stats.dropped_oldest) == (0, 2, 0)
+
+
+def test_drop_oldest_evicts_the_oldest_waiting_task(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1, queue_limit=2, policy="drop_oldest")
+    block = Blocker()
+    sched.submit("PS1", block)
+    assert block.started.wait(WAIT)
+    ran: list[int] = []
+    drops: list[tuple[int, str]] = []
+
+    def record_drop(i: int) -> None:
+        drops.append((i, threading.current_thread().name))
+
+    results = [
+        sched.submit(
+            "PS1",
+            partial(ran.append, i),
+            on_drop=partial(record_drop, i),
+        )
+        for i in range(5)
+    ]
+    assert results == [True] * 5
+    me = threading.current_thread().name
+    assert drops == [(0, me), (1, me), (2, me)]
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 3)
+    assert ran == [3, 4]
+    stats = sched.statistics()
+    assert (stats.rejected, stats.dropped_newest, stats.dropped_oldest) == (0, 0, 3)
+    assert stats.max_queue_depth == 2
+
+
+def test_overflow_is_per_group(scheduler_factory: Callable[..., GroupTaskScheduler]) -> None:
+    sched = scheduler_factory(workers=1, queue_limit=1, policy="reject")
+    block = Blocker()
+    sched.submit("A", block)
+    assert block.started.wait(WAIT)
+    assert sched.submit("A", lambda: None)
+    assert not sched.submit("A", lambda: None)
+    assert sched.submit("B", lambda: None)  # B has its own queue
+    block.release.set()
+
+
+def test_raising_task_is_logged_counted_and_the_worker_lives_on(
+    scheduler_factory: Callable[..., GroupTaskScheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = scheduler_factory(workers=1)
+
+    def boom() -> None:
+        raise ValueError("handler exploded")
+
+    after = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="rda.business.scheduler"):
+        sched.submit("PS1", boom)
+        sched.submit("PS1", after.set)
+        assert after.wait(WAIT)
+        wait_until(lambda: sched.statistics().executed == 1)
+    stats = sched.statistics()
+    assert (stats.failed, stats.executed) == (1, 1)
+    records = [r for r in caplog.records if "PS1" in r.getMessage()]
+    assert records and records[0].exc_info is not None
+    assert "handler exploded" in str(records[0].exc_info[1])
+
+
+def test_raising_on_drop_does_not_reach_the_submitter(
+    scheduler_factory: Callable[..., GroupTaskScheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = scheduler_factory(workers=1, queue_limit=1, policy="drop_newest")
+    block = Blocker()
+    sched.submit("PS1", block)
+    assert block.started.wait(WAIT)
+    sched.submit("PS1", lambda: None)
+
+    def bad_drop() -> None:
+        raise RuntimeError("on_drop failed")
+
+    with caplog.at_level(logging.ERROR, logger="rda.business.scheduler"):
+        assert not sched.submit("PS1", lambda: None, on_drop=bad_drop)
+    assert any("on_drop" in r.getMessage() for r in caplog.records)
+    block.release.set()
+
+
+def test_statistics_track_queue_running_and_groups(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=2, queue_limit=10)
+    assert sched.statistics() == SchedulerStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    a, b = Blocker(), Blocker()
+    sched.submit("A", a)
+    sched.submit("B", b)
+    assert a.started.wait(WAIT) and b.started.wait(WAIT)
+    for _ in range(3):
+        sched.submit("A", lambda: None)
+    sched.submit("B", lambda: None)
+    stats = sched.statistics()
+    assert (stats.running, stats.queued, stats.groups, stats.max_queue_depth) == (2, 4, 2, 3)
+    assert sched.queue_depth("A") == 3 and sched.queue_depth("nobody") == 0
+    a.release.set()
+    b.release.set()
+    wait_until(lambda: sched.statistics().executed == 6)
+    stats = sched.statistics()
+    assert (stats.running, stats.queued) == (0, 0)
+    # Idle groups are forgotten: memory does not grow with distinct keys.
+    wait_until(lambda: sched.statistics().groups == 0)
+
+
+def test_many_distinct_groups_leave_nothing_behind(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=2)
+    for i in range(2000):
+        sched.submit(f"sub-{i}", lambda: None)
+    wait_until(lambda: sched.statistics().executed == 2000)
+    assert sched.statistics().groups == 0
+    assert sched._groups == {} and len(sched._ready) == 0
+
+
+def test_close_while_busy_finishes_running_and_drops_waiting() -> None:
+    before = set(threading.enumerate())
+    sched = GroupTaskScheduler(workers=2, name="closing")
+    block = Blocker()
+    finished = threading.Event()
+
+    def running() -> None:
+        block()
+        finished.set()
+
+    sched.submit("A", running)
+    assert block.started.wait(WAIT)
+    ran: list[int] = []
+    drops: list[int] = []
+    for i in range(3):
+        sched.submit("A", partial(ran.append, i), on_drop=partial(drops.append, i))
+
+    # Release the running task only once close() has begun, from another thread.
+    def release_when_closing() -> None:
+        wait_until(lambda: sched.closed)
+        block.release.set()
+
+    releaser = threading.Thread(target=release_when_closing)
+    releaser.start()
+    sched.close(timeout=WAIT)
+    releaser.join(WAIT)
+    assert finished.is_set()  # the running task was allowed to finish
+    assert ran == []
+    assert drops == [0, 1, 2]
+    assert not sched.submit("A", lambda: None)
+    assert sched.statistics().rejected == 1
+    assert set(threading.enumerate()) <= before  # no worker thread outlives close
+    sched.close()  # idempotent
+
+
+def test_worker_threads_are_named_and_gone_after_close() -> None:
+    before = set(threading.enumerate())
+    with GroupTaskScheduler(workers=3, name="named") as sched:
+        names = {t.name for t in threading.enumerate()} - {t.name for t in before}
+        assert names == {"named-0", "named-1", "named-2"}
+        assert sched.submit("x", lambda: None)
+    assert set(threading.enumerate()) <= before
+
+
+def test_close_is_bounded_when_a_task_does_not_finish(caplog: pytest.LogCaptureFixture) -> None:
+    sched = GroupTaskScheduler(workers=1, name="stuck")
+    block = Blocker()
+    sched.submit("A", block)
+    assert block.started.wait(WAIT)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rda.business.scheduler"):
+        sched.close(timeout=0.05)
+    assert time.monotonic() - start < WAIT
+    assert any("stuck-0" in r.getMessage() for r in caplog.records)
+    block.release.set()
+    sched._threads[0].join(WAIT)
+    assert not sched._threads[0].is_alive()
+
+
+def test_close_from_inside_a_task_does_not_deadlock() -> None:
+    sched = GroupTaskScheduler(workers=1, name="self-closing")
+    done = threading.Event()
+
+    def closer() -> None:
+        sched.close(timeout=WAIT)
+        done.set()
+
+    sched.submit("A", closer)
+    assert done.wait(WAIT)
+    sched._threads[0].join(WAIT)
+    assert not sched._threads[0].is_alive()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workers": 0}, "workers"),
+        ({"queue_limit": 0}, "queue_limit"),
+        ({"policy": "drop_random"}, "drop_random"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GroupTaskScheduler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_dropped_task_never_decodes_its_body(
+    scheduler_factory: Callable[..., GroupTaskScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[bytes] = []
+
+    def counting_decode(frame: bytes | memoryview) -> object:
+        decoded.append(bytes(frame))
+        return {"decoded": bytes(frame)}
+
+    monkeypatch.setattr(_binary, "decode", counting_decode, raising=False)
+
+    def message(body: bytes) -> Message:
+        header = Header(RequestType.SET, 1, "PS1", "Setting")
+        return Message(header, [(BodyKind.DATA, memoryview(body))])
+
+    sched = scheduler_factory(workers=1, queue_limit=1, policy="drop_oldest")
+    block = Blocker()
+    sched.submit("PS1", block)
+    assert block.started.wait(WAIT)
+
+    dropped_msg, kept_msg = message(b"dropped-body"), message(b"kept-body")
+    dropped_calls: list[str] = []
+    bodies: list[object] = []
+    sched.submit(
+        "PS1", lambda: bodies.append(dropped_msg.data), on_drop=lambda: dropped_calls.append("x")
+    )
+    sched.submit("PS1", lambda: bodies.append(kept_msg.data))
+    assert dropped_calls == ["x"]
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 2)
+    assert decoded == [b"kept-body"]
+    assert bodies == [{"decoded": b"kept-body"}]
+    assert "data" not in vars(dropped_msg)  # the lazy body was never touched
