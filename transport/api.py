@@ -60,6 +60,8 @@ class ClientTransportStatistics:
     decode_errors: int = 0
     disconnects: int = 0
     queued_until_connected: int = 0
+    # Handler calls that raised (logged; the dispatcher carries on).
+    handler_errors: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class ServerTransportStatistics:
     peer_queue_depth: int = 0
     notifications_conflated: int = 0
     messages_dropped: int = 0
+    # Handler calls that raised (logged; the dispatcher carries on).
+    handler_errors: int = 0
 
 
 class ClientHandler(Protocol):

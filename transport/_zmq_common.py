@@ -1,0 +1,182 @@
+"""Pieces shared by the ZeroMQ client and server transports.
+
+* :class:`SendPipe` / :func:`open_pipe_pull`: the inproc PUSH -> PULL hand-off from user
+  threads to the dispatcher (RDA3 paper, "Communication with the Business Layer"): the PUSH has
+  a send high-water mark, so a flooding producer blocks instead of growing memory.
+* :func:`decode_monitor_event`: socket-monitor messages, so a closed TCP connection is noticed
+  in milliseconds instead of after the heartbeat timeout.
+* :func:`close_socket`: linger-bounded close that never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import threading
+import uuid
+from collections.abc import Sequence
+
+import zmq
+
+from rda.serialization.errors import TransportError
+
+__all__ = [
+    "BATCH",
+    "GONE_EVENTS",
+    "PIPE_SEND_TIMEOUT_MS",
+    "SendPipe",
+    "close_monitored",
+    "close_socket",
+    "decode_monitor_event",
+    "open_monitor",
+    "open_pipe_pull",
+    "pipe_address",
+]
+
+log = logging.getLogger("rda.transport")
+
+# Messages handled per socket per wake-up before polling again: big enough to amortise the
+# poll system call under load (ZeroMQ chapter, "Batching"), small enough that one busy socket
+# cannot starve the others or the heartbeat checks.
+BATCH = 256
+
+# A producer blocked on a full pipe wakes this often to notice that the transport was closed.
+PIPE_SEND_TIMEOUT_MS = 50
+
+_MONITOR_EVENT = struct.Struct("=hi")
+
+# Monitor events that mean "this TCP/IPC connection is over". CLOSED is what a DEALER with
+# reconnection disabled reports when the connect attempt itself failed (connection refused).
+GONE_EVENTS = frozenset(
+    {
+        zmq.EVENT_DISCONNECTED,
+        zmq.EVENT_CLOSED,
+        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+    }
+)
+_MONITORED = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def pipe_address(kind: str) -> str:
+    """A unique inproc endpoint, so many transports can share one context."""
+    return f"inproc://rda-{kind}-{uuid.uuid4().hex}"
+
+
+def open_pipe_pull(
+    context: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int
+) -> zmq.Socket[bytes]:
+    pull = context.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVHWM, hwm)
+    pull.bind(address)
+    return pull
+
+
+class SendPipe:
+    """The producer end of the hand-off: one PUSH shared by every thread behind a lock.
+
+    ZeroMQ sockets are not thread-safe; a lock around one socket is cheaper than one socket per
+    thread (no per-thread sockets to find and close at shutdown) and serialises nothing that
+    would not be serialised by the single dispatcher anyway. Frames above pyzmq's
+    ``copy_threshold`` (64 KiB) travel without a copy (``copy=False``); smaller ones are copied,
+    which is faster for them. A zero-copy buffer must not be modified after ``send``.
+    """
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sock: zmq.Socket[bytes] = context.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        # The inproc pipe's capacity is the sum of both ends' HWMs; the PULL end is set to the
+        # same value, so the pipe holds at most about 2 * send_hwm messages.
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.SNDTIMEO, PIPE_SEND_TIMEOUT_MS)
+        self._sock.connect(address)
+
+    def send(self, frames: Sequence[zmq.Frame | bytes | memoryview]) -> bool:
+        """Hand one message to the dispatcher; blocks while the pipe is full.
+
+        Returns False (and sends nothing) once the pipe is closed.
+        """
+        with self._lock:
+            while not self._closed:
+                try:
+                    self._sock.send_multipart(frames, copy=False)
+                    return True
+                except zmq.Again:
+                    continue  # still full: look at _closed again, then keep waiting
+                except zmq.ZMQError as exc:
+                    if exc.errno == zmq.ETERM:
+                        return False
+                    raise TransportError(
+                        f"hand-off to the dispatcher failed: {exc}", exc.errno
+                    ) from exc
+            return False
+
+    def try_send(self, frames: Sequence[bytes], timeout: float) -> bool:
+        """Send without waiting behind a blocked producer for longer than ``timeout``."""
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            return False
+        try:
+            if self._closed:
+                return False
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+        finally:
+            self._lock.release()
+
+    def mark_closed(self) -> None:
+        """Make blocked and future ``send`` calls return False (lock-free: a flag)."""
+        self._closed = True
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            close_socket(self._sock)
+
+
+def open_monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    """A PAIR socket receiving ``sock``'s connection-loss events."""
+    monitor: zmq.Socket[bytes] = sock.get_monitor_socket(_MONITORED)
+    monitor.setsockopt(zmq.LINGER, 0)
+    return monitor
+
+
+def decode_monitor_event(frames: Sequence[bytes]) -> tuple[int, int]:
+    """``(event, value)`` of one monitor message; value is the fd for connection events."""
+    if len(frames) != 2 or len(frames[0]) != _MONITOR_EVENT.size:
+        raise TransportError(f"malformed socket monitor message of {len(frames)} frames")
+    event, value = _MONITOR_EVENT.unpack(frames[0])
+    return event, value
+
+
+def close_monitored(
+    sock: zmq.Socket[bytes], monitor: zmq.Socket[bytes] | None, linger: int = 0
+) -> None:
+    """Stop the monitor (if any) and close both sockets."""
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        close_socket(monitor)
+    close_socket(sock, linger)
+
+
+def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
+    """Close with a bounded linger; closing is best effort and must never raise."""
+    if sock.closed:
+        return
+    try:
+        sock.close(linger=linger)
+    except zmq.ZMQError as exc:
+        log.debug("closing a socket failed: %s", exc)

@@ -1,0 +1,522 @@
+"""The client transport: one dispatcher thread over one DEALER per server connection.
+
+Threading (DESIGN.md §2, RDA3 paper "Dispatcher Thread"): the thread named
+``rda-client-dispatcher`` owns every zmq socket of this transport. User threads reach it through
+an inproc PUSH -> PULL pipe with a high-water mark (``send_hwm``), so a flooding producer blocks.
+Calls made *on* the dispatcher thread (from a handler) skip the pipe and act directly: that is
+both the fastest path and the only one that cannot deadlock on a full pipe.
+
+Handlers run on the dispatcher after only the header was parsed; they must be fast and never
+block (hand the message to a scheduler). The transport never reconnects: a connection that is
+lost (monitor event, heartbeat timeout, refused handshake, ``connect_timeout``) is reported once
+through ``on_disconnected`` and its DEALER closed; the business layer calls ``connect`` again.
+"""
+
+from __future__ import annotations
+
+import getpass
+import itertools
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import zmq
+
+from rda.serialization.errors import DecodeError, ProtocolError, TransportError
+from rda.transport import _zmq_common as common
+from rda.transport.api import (
+    Buffer,
+    ClientHandler,
+    ClientTransportStatistics,
+    TransportSettings,
+)
+from rda.transport.protocol import (
+    ConnectAck,
+    Heartbeat,
+    Incoming,
+    decode_frames,
+    encode_connect,
+    encode_heartbeat,
+)
+from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+
+_DEFAULT_SETTINGS = TransportSettings()
+
+__all__ = ["ZmqClientTransport", "default_client_info"]
+
+log = logging.getLogger("rda.transport.client")
+
+# Pipe message frame 0: operation and connection id.
+_OP = struct.Struct("<BQ")
+_SEND, _CONNECT, _DISCONNECT, _WAKE = 0, 1, 2, 3
+_HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
+
+
+def _rda_version() -> str:
+    try:
+        return metadata.version("rda")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def default_client_info() -> dict[str, Any]:
+    """What CONNECT tells the server about this process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return {
+        "application": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
+        "user": user,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "version": _rda_version(),
+    }
+
+
+@dataclass(slots=True, eq=False)
+class _Connection:
+    id: int
+    endpoint: str
+    sock: zmq.Socket[bytes]
+    monitor: zmq.Socket[bytes] | None
+    heartbeat: HeartbeatTracker
+    connect_deadline: float
+    state: ConnState = ConnState.CONNECTING
+    connect_sent: bool = False
+    # Messages waiting for CONNECT_ACK, or for the DEALER's pipe to drain (EAGAIN).
+    backlog: deque[Sequence[Any]] = field(default_factory=deque)
+
+
+class ZmqClientTransport:
+    """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets."""
+
+    def __init__(
+        self,
+        handler: ClientHandler,
+        settings: TransportSettings = _DEFAULT_SETTINGS,
+        client_info: dict[str, Any] | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._handler = handler
+        self._settings = settings
+        self._info = default_client_info()
+        if client_info:
+            self._info.update(client_info)
+        self._own_context = context is None
+        self._context = context
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._address = common.pipe_address("client")
+        self._pipe: common.SendPipe | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None
+        self._closing = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._conns: dict[int, _Connection] = {}
+        self._by_socket: dict[zmq.Socket[bytes], _Connection] = {}
+        self._by_monitor: dict[zmq.Socket[bytes], _Connection] = {}
+        self._poller = zmq.Poller()
+        self._pull: zmq.Socket[bytes] | None = None
+        self._backlog_total = 0
+        self._pipe_paused = False
+        # Counters: plain ints written only by the dispatcher, read by statistics().
+        self._messages_in = 0
+        self._messages_out = 0
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._heartbeat_timeouts = 0
+        self._decode_errors = 0
+        self._disconnects = 0
+        self._queued = 0
+        self._handler_errors = 0
+        self._connected = 0
+
+    # ----------------------------------------------------------------- public, any thread
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            raise TransportError("a transport can be started once")
+        if self._context is None:
+            self._context = zmq.Context()
+        hwm = max(1, self._settings.send_hwm)
+        self._pull = common.open_pipe_pull(self._context, self._address, hwm)
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._pipe = common.SendPipe(self._context, self._address, hwm)
+        self._thread = threading.Thread(target=self._run, name="rda-client-dispatcher", daemon=True)
+        self._thread.start()
+
+    def connect(self, endpoint: str) -> int:
+        conn = next(self._ids)
+        if self._on_dispatcher():
+            self._open(conn, endpoint)
+        elif not self._pipe_or_raise().send([_OP.pack(_CONNECT, conn), endpoint.encode()]):
+            raise TransportError("the transport is closed")
+        return conn
+
+    def send(self, connection: int, frames: Sequence[Buffer]) -> None:
+        if self._on_dispatcher():
+            c = self._conns.get(connection)
+            if c is not None:
+                self._send_on(c, frames)
+            return
+        pipe = self._pipe
+        if pipe is not None:
+            pipe.send([_OP.pack(_SEND, connection), *frames])
+
+    def disconnect(self, connection: int) -> None:
+        if self._on_dispatcher():
+            self._drop_id(connection, "closed locally")
+        elif self._pipe is not None:
+            self._pipe.send([_OP.pack(_DISCONNECT, connection)])
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing = True
+        thread, pipe = self._thread, self._pipe
+        if thread is None:  # never started
+            self._term_context()
+            return
+        if self._on_dispatcher():
+            # A handler asked: the dispatcher cannot join itself; it cleans up on its way out.
+            return
+        assert pipe is not None
+        limit = self._settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        pipe.mark_closed()  # producers blocked on a full pipe give up within 50 ms
+        pipe.try_send([_OP.pack(_WAKE, 0)], min(limit, 0.1))
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning("client dispatcher did not stop within %.1f s (a handler blocks?)", limit)
+
+    def statistics(self) -> ClientTransportStatistics:
+        return ClientTransportStatistics(
+            messages_in=self._messages_in,
+            messages_out=self._messages_out,
+            bytes_in=self._bytes_in,
+            bytes_out=self._bytes_out,
+            connections=self._connected,
+            heartbeat_timeouts=self._heartbeat_timeouts,
+            decode_errors=self._decode_errors,
+            disconnects=self._disconnects,
+            queued_until_connected=self._queued,
+            handler_errors=self._handler_errors,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _on_dispatcher(self) -> bool:
+        return threading.get_ident() == self._thread_id
+
+    def _pipe_or_raise(self) -> common.SendPipe:
+        if self._pipe is None:
+            raise TransportError("the transport is not started")
+        return self._pipe
+
+    def _term_context(self) -> None:
+        if self._own_context and self._context is not None:
+            self._context.term()
+
+    def _handler_failed(self, what: str) -> None:
+        # The dispatcher must survive any business-layer bug: log, count, carry on.
+        self._handler_errors += 1
+        log.exception("client handler %s raised; the dispatcher carries on", what)
+
+    # --------------------------------------------------------------- dispatcher thread
+
+    def _run(self) -> None:
+        self._thread_id = threading.get_ident()
+        pull = self._pull
+        assert pull is not None
+        poll = self._poller.poll
+        try:
+            while not self._closing:
+                ready = poll(self._poll_timeout_ms())
+                for sock, event in ready:
+                    if sock is pull:
+                        self._drain_pipe(pull)
+                    elif (c := self._by_socket.get(sock)) is not None:
+                        if event & zmq.POLLIN:
+                            self._drain_dealer(c)
+                        if event & zmq.POLLOUT and c.id in self._conns:
+                            self._flush(c)
+                    elif (c := self._by_monitor.get(sock)) is not None:
+                        self._on_monitor(c, sock)
+                    if self._closing:
+                        break
+                self._check_timers()
+        except Exception:
+            log.exception("client dispatcher failed; closing the transport")
+        finally:
+            self._shutdown()
+
+    def _poll_timeout_ms(self) -> int:
+        if not self._conns:
+            return -1
+        deadline = min(
+            c.heartbeat.next_deadline() if c.state is ConnState.CONNECTED else c.connect_deadline
+            for c in self._conns.values()
+        )
+        # Round up so that the wake-up finds the deadline passed, not 1 ms short of it.
+        return max(0, int((deadline - self._clock()) * 1000.0) + 1)
+
+    def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
+        for _ in range(common.BATCH):
+            try:
+                frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            op, conn = _OP.unpack(frames[0].buffer)
+            if op == _SEND:
+                c = self._conns.get(conn)
+                if c is not None:
+                    self._send_on(c, frames[1:])
+            elif op == _CONNECT:
+                self._open(conn, frames[1].bytes.decode())
+            elif op == _DISCONNECT:
+                self._drop_id(conn, "closed locally")
+            if self._closing or self._pipe_paused:
+                return
+
+    def _open(self, conn: int, endpoint: str) -> None:
+        assert self._context is not None
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # The transport never reconnects by itself (DESIGN.md §5): a lost connection is closed.
+        sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        sock.setsockopt(zmq.ROUTING_ID, b"c" + uuid.uuid4().bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_size)
+        # Queue only towards a completed connection, so EAGAIN (not a silent libzmq buffer)
+        # tells the dispatcher that the server does not keep up.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        monitor = None if endpoint.startswith("inproc://") else common.open_monitor(sock)
+        now = self._clock()
+        s = self._settings
+        c = _Connection(
+            conn,
+            endpoint,
+            sock,
+            monitor,
+            HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now),
+            now + s.connect_timeout,
+        )
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            common.close_monitored(sock, monitor)
+            self._disconnects += 1
+            self._notify_disconnected(conn, f"cannot connect to {endpoint}: {exc}")
+            return
+        self._conns[conn] = c
+        self._by_socket[sock] = c
+        self._poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            self._by_monitor[monitor] = c
+            self._poller.register(monitor, zmq.POLLIN)
+        # With IMMEDIATE the CONNECT cannot be sent before the TCP connection exists; it waits
+        # at the head of the backlog and goes out on the first POLLOUT.
+        self._push_backlog(c, encode_connect(self._info))
+        self._flush(c)
+
+    def _push_backlog(self, c: _Connection, frames: Sequence[Any]) -> None:
+        c.backlog.append(frames)
+        self._backlog_total += 1
+        if self._backlog_total >= self._settings.peer_queue_limit and not self._pipe_paused:
+            # Stop taking messages from user threads: they block on the pipe (back-pressure).
+            self._pipe_paused = True
+            assert self._pull is not None
+            self._poller.modify(self._pull, 0)
+
+    def _send_on(self, c: _Connection, frames: Sequence[Any]) -> None:
+        if c.state is not ConnState.CONNECTED or c.backlog:
+            if c.state is ConnState.CONNECTING:
+                self._queued += 1
+            self._push_backlog(c, frames)
+            if c.state is ConnState.CONNECTED:
+                self._poller.modify(c.sock, zmq.POLLIN | zmq.POLLOUT)
+            return
+        self._write(c, frames)
+
+    def _write(self, c: _Connection, frames: Sequence[Any]) -> bool:
+        """One non-blocking send; False when the DEALER's pipe is full."""
+        try:
+            c.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            self._drop(c, f"send failed: {exc}")
+            return True
+        self._messages_out += 1
+        self._bytes_out += sum(len(f) for f in frames)
+        c.heartbeat.last_sent = self._clock()
+        return True
+
+    def _flush(self, c: _Connection) -> None:
+        """Send the backlog while the DEALER accepts; before the ACK only CONNECT may go."""
+        while c.backlog:
+            if c.state is ConnState.CONNECTING and c.connect_sent:
+                break  # the queued requests wait for CONNECT_ACK
+            if not self._write(c, c.backlog[0]):
+                if c.id in self._conns:
+                    self._poller.modify(c.sock, zmq.POLLIN | zmq.POLLOUT)
+                return
+            c.backlog.popleft()
+            self._backlog_total -= 1
+            c.connect_sent = True
+        if c.id in self._conns:
+            self._poller.modify(c.sock, zmq.POLLIN)
+        self._resume_pipe()
+
+    def _resume_pipe(self) -> None:
+        if self._pipe_paused and self._backlog_total < self._settings.peer_queue_limit // 2 + 1:
+            self._pipe_paused = False
+            assert self._pull is not None
+            self._poller.modify(self._pull, zmq.POLLIN)
+
+    def _drain_dealer(self, c: _Connection) -> None:
+        sock = c.sock
+        max_size = self._settings.max_message_size
+        now = self._clock()
+        for _ in range(common.BATCH):
+            try:
+                raw = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = [f.buffer for f in raw]
+            self._messages_in += 1
+            self._bytes_in += sum(len(f) for f in frames)
+            c.heartbeat.last_received = now
+            try:
+                event = decode_frames(frames, from_server=True, max_size=max_size)
+            except (DecodeError, ProtocolError) as exc:
+                self._decode_errors += 1
+                log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
+                continue
+            if type(event) is Incoming:
+                if c.state is ConnState.CONNECTED:
+                    try:
+                        self._handler.on_message(c.id, event.message)
+                    except Exception:
+                        self._handler_failed("on_message")
+                else:
+                    self._decode_errors += 1
+                    log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
+            elif type(event) is ConnectAck:
+                self._on_ack(c, event.info)
+            elif type(event) is not Heartbeat:
+                self._decode_errors += 1
+            if self._closing or c.id not in self._conns:
+                return
+
+    def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
+        if c.state is not ConnState.CONNECTING:
+            return  # a duplicate ACK changes nothing
+        error = info.get("error")
+        if error is not None:
+            c.state = next_state(c.state, ConnEvent.ACK_REFUSED)
+            self._drop(c, f"refused by the server: {error}")
+            return
+        c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
+        self._connected += 1
+        try:
+            self._handler.on_connected(c.id, info)
+        except Exception:
+            self._handler_failed("on_connected")
+        if c.id in self._conns:
+            self._flush(c)
+
+    def _on_monitor(self, c: _Connection, monitor: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                raw = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event, _ = common.decode_monitor_event(raw)
+            if event in common.GONE_EVENTS:
+                reason = (
+                    "connection refused or closed"
+                    if c.state is ConnState.CONNECTING
+                    else "server closed the connection"
+                )
+                self._drop(c, reason, ConnEvent.PEER_GONE)
+                return
+
+    def _check_timers(self) -> None:
+        if not self._conns:
+            return
+        now = self._clock()
+        for c in list(self._conns.values()):
+            if c.state is ConnState.CONNECTING:
+                if now >= c.connect_deadline:
+                    self._drop(
+                        c, "no CONNECT_ACK within connect_timeout", ConnEvent.HEARTBEAT_TIMEOUT
+                    )
+                continue
+            action = c.heartbeat.check(now)
+            if action is HeartbeatAction.EXPIRED:
+                self._heartbeat_timeouts += 1
+                self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+            elif (
+                action is HeartbeatAction.SEND
+                and not c.backlog
+                and not self._write(c, _HEARTBEAT_FRAMES)
+            ):
+                c.heartbeat.last_sent = now  # pipe full: the server is busy, not idle
+
+    def _drop_id(self, conn: int, reason: str) -> None:
+        c = self._conns.get(conn)
+        if c is not None:
+            self._drop(c, reason)
+
+    def _drop(self, c: _Connection, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
+        if self._conns.pop(c.id, None) is None:
+            return
+        if c.state is ConnState.CONNECTED:
+            self._connected -= 1
+        c.state = next_state(c.state, event)
+        self._close_connection(c)
+        self._disconnects += 1
+        self._notify_disconnected(c.id, reason)
+
+    def _close_connection(self, c: _Connection) -> None:
+        self._backlog_total -= len(c.backlog)
+        c.backlog.clear()
+        self._by_socket.pop(c.sock, None)
+        self._poller.unregister(c.sock)
+        if c.monitor is not None:
+            self._by_monitor.pop(c.monitor, None)
+            self._poller.unregister(c.monitor)
+        common.close_monitored(c.sock, c.monitor)
+        self._resume_pipe()
+
+    def _notify_disconnected(self, conn: int, reason: str) -> None:
+        try:
+            self._handler.on_disconnected(conn, reason)
+        except Exception:
+            self._handler_failed("on_disconnected")
+
+    def _shutdown(self) -> None:
+        """Runs last on the dispatcher: report, close every socket, terminate our context."""
+        self._closing = True
+        for c in list(self._conns.values()):
+            self._drop(c, "closed locally")
+        if self._pipe is not None:
+            self._pipe.close()
+        if self._pull is not None:
+            common.close_socket(self._pull)
+        self._term_context()

@@ -1,0 +1,612 @@
+"""The server transport: one dispatcher thread over one ROUTER for every client.
+
+Threading as the client (see ``zmq_client``): the thread ``rda-server-dispatcher`` owns the
+ROUTER, its monitor socket and the PULL end of the inproc pipe through which worker threads hand
+replies and notifications over (blocking at ``send_hwm``: back-pressure). Calls made on the
+dispatcher thread itself (from a handler) send directly.
+
+A slow client never slows the others (DESIGN.md §5): the ROUTER has ``ROUTER_MANDATORY`` and every
+send is non-blocking; when a peer's pipe is full (EAGAIN) its messages wait in that peer's own
+bounded queue (``peer_queue_limit``; beyond it new messages are dropped and counted), and a
+message with a conflation key replaces an older queued one with the same key (latest wins,
+counted). Queues are retried when the ROUTER reports POLLOUT; since a ROUTER with other, healthy
+peers is nearly always writable, a retry round that moves nothing backs off (1 ms doubling to
+50 ms) instead of spinning.
+
+Peer loss: a peer silent for ``heartbeat_timeout`` is dropped. A closed TCP/IPC connection is
+detected at once when it can be mapped to a peer: the socket monitor reports DISCONNECTED with
+the connection's file descriptor, the CONNECT message told us that peer's descriptor (the
+frame's ``SRCFD`` property), and a probe send (``ROUTER_MANDATORY``: EHOSTUNREACH once the
+ROUTER forgot the peer) confirms the loss, which guards against a descriptor already reused by
+a new connection. When the probe cannot confirm (or over inproc, which has no monitor events),
+the heartbeat timeout decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import zmq
+
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import BodyKind, encode_exception
+from rda.serialization.errors import DecodeError, ProtocolError, TransportError
+from rda.transport import _zmq_common as common
+from rda.transport.api import (
+    Buffer,
+    ServerHandler,
+    ServerTransportStatistics,
+    TransportSettings,
+)
+from rda.transport.protocol import (
+    Connect,
+    Heartbeat,
+    Incoming,
+    Kind,
+    UnsupportedVersion,
+    decode_frames,
+    encode_connect_ack,
+    encode_heartbeat,
+    encode_message,
+)
+from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+
+_DEFAULT_SETTINGS = TransportSettings()
+
+__all__ = ["ZmqServerTransport"]
+
+log = logging.getLogger("rda.transport.server")
+
+# Pipe message frame 0: operation, flag (has key / conflatable), key or target count; then the
+# routing id of the peer for SEND and DISCONNECT.
+_OP = struct.Struct("<BBQ")
+_SEND, _PUBLISH, _DISCONNECT, _WAKE = 0, 1, 2, 3
+# PUBLISH frame 1: per target a subscription id and the routing id's length, then the id.
+_TARGET = struct.Struct("<QB")
+_HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
+_REPLY_KIND = bytes([Kind.REPLY])
+_BACKOFF_MIN, _BACKOFF_MAX = 0.001, 0.05
+# Replies already handed to libzmq get this long to leave at close.
+_CLOSE_LINGER_MS = 100
+
+
+@dataclass(slots=True, eq=False)
+class _Peer:
+    rid: bytes
+    info: dict[str, Any]
+    heartbeat: HeartbeatTracker
+    fd: int
+    state: ConnState = ConnState.CONNECTED
+    # Messages waiting for the peer's pipe to drain: [frames, conflation key or None].
+    queue: deque[list[Any]] = field(default_factory=deque)
+    keyed: dict[int, list[Any]] = field(default_factory=dict)
+
+
+class ZmqServerTransport:
+    """:class:`rda.transport.api.ServerTransport` over one ZeroMQ ROUTER.
+
+    ``sndhwm`` is the ROUTER's per-peer ZeroMQ send high-water mark (messages libzmq buffers
+    for one peer before its pipe reports full and the transport's own queue takes over).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        handler: ServerHandler,
+        settings: TransportSettings = _DEFAULT_SETTINGS,
+        server_info: dict[str, Any] | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sndhwm: int = 1000,
+    ) -> None:
+        self._requested = endpoint
+        self._endpoint = endpoint
+        self._handler = handler
+        self._settings = settings
+        try:
+            version = metadata.version("rda")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        self._info: dict[str, Any] = {
+            "name": socket.gethostname(),
+            "version": version,
+            "heartbeat_interval": settings.heartbeat_interval,
+            "heartbeat_timeout": settings.heartbeat_timeout,
+        }
+        if server_info:
+            self._info.update(server_info)
+        self._own_context = context is None
+        self._context = context
+        self._clock = clock
+        self._sndhwm = sndhwm
+        self._address = common.pipe_address("server")
+        self._pipe: common.SendPipe | None = None
+        self._pull: zmq.Socket[bytes] | None = None
+        self._router: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._poller = zmq.Poller()
+        self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None
+        self._closing = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._peers: dict[bytes, _Peer] = {}
+        self._by_fd: dict[int, bytes] = {}
+        self._blocked: dict[bytes, _Peer] = {}
+        self._pollout = False
+        self._retry_at: float | None = None
+        self._backoff = _BACKOFF_MIN
+        self._next_check = float("inf")
+        # Counters: plain ints written only by the dispatcher, read by statistics().
+        self._messages_in = 0
+        self._messages_out = 0
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._heartbeat_timeouts = 0
+        self._decode_errors = 0
+        self._protocol_errors = 0
+        self._queue_depth = 0
+        self._conflated = 0
+        self._dropped = 0
+        self._handler_errors = 0
+
+    # ----------------------------------------------------------------- public, any thread
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            raise TransportError("a transport can be started once")
+        if self._context is None:
+            self._context = zmq.Context()
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.SNDHWM, self._sndhwm)
+        # libzmq drops (and disconnects) a peer sending a frame above this, before Python
+        # ever allocates it; decode_frames checks the whole message's size.
+        router.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_size)
+        try:
+            router.bind(self._requested)
+        except zmq.ZMQError as exc:
+            common.close_socket(router)
+            self._closed = True
+            self._term_context()
+            raise TransportError(f"cannot bind {self._requested}: {exc}", exc.errno) from exc
+        self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = router
+        self._monitor = (
+            None if self._endpoint.startswith("inproc://") else common.open_monitor(router)
+        )
+        hwm = max(1, self._settings.send_hwm)
+        self._pull = common.open_pipe_pull(self._context, self._address, hwm)
+        self._pipe = common.SendPipe(self._context, self._address, hwm)
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._poller.register(router, zmq.POLLIN)
+        if self._monitor is not None:
+            self._poller.register(self._monitor, zmq.POLLIN)
+        self._thread = threading.Thread(target=self._run, name="rda-server-dispatcher", daemon=True)
+        self._thread.start()
+
+    def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
+        if self._on_dispatcher():
+            self._deliver(peer, frames, conflate_key)
+            return
+        pipe = self._pipe
+        if pipe is not None:
+            head = _OP.pack(_SEND, conflate_key is not None, conflate_key or 0) + peer
+            pipe.send([head, *frames])
+
+    def publish(
+        self,
+        targets: Sequence[tuple[bytes, int, Buffer]],
+        tail: Sequence[Buffer],
+        conflatable: bool = True,
+    ) -> None:
+        if not targets:
+            return
+        if self._on_dispatcher():
+            for peer, sub, header in targets:
+                self._deliver(peer, [_REPLY_KIND, header, *tail], sub if conflatable else None)
+            return
+        pipe = self._pipe
+        if pipe is not None:
+            packed = b"".join(_TARGET.pack(sub, len(peer)) + peer for peer, sub, _ in targets)
+            head = _OP.pack(_PUBLISH, conflatable, len(targets))
+            pipe.send([head, packed, *(h for _, _, h in targets), *tail])
+
+    def disconnect(self, peer: bytes) -> None:
+        if self._on_dispatcher():
+            self._drop_rid(peer, "closed locally")
+        elif self._pipe is not None:
+            self._pipe.send([_OP.pack(_DISCONNECT, 0, 0) + peer])
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing = True
+        thread, pipe = self._thread, self._pipe
+        if thread is None:
+            self._term_context()
+            return
+        if self._on_dispatcher():
+            return  # the dispatcher cannot join itself; it cleans up on its way out
+        assert pipe is not None
+        limit = self._settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        pipe.mark_closed()
+        pipe.try_send([_OP.pack(_WAKE, 0, 0)], min(limit, 0.1))
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning("server dispatcher did not stop within %.1f s (a handler blocks?)", limit)
+
+    def statistics(self) -> ServerTransportStatistics:
+        return ServerTransportStatistics(
+            messages_in=self._messages_in,
+            messages_out=self._messages_out,
+            bytes_in=self._bytes_in,
+            bytes_out=self._bytes_out,
+            peers=len(self._peers),
+            heartbeat_timeouts=self._heartbeat_timeouts,
+            decode_errors=self._decode_errors,
+            protocol_errors=self._protocol_errors,
+            peer_queue_depth=self._queue_depth,
+            notifications_conflated=self._conflated,
+            messages_dropped=self._dropped,
+            handler_errors=self._handler_errors,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _on_dispatcher(self) -> bool:
+        return threading.get_ident() == self._thread_id
+
+    def _term_context(self) -> None:
+        if self._own_context and self._context is not None:
+            self._context.term()
+
+    def _handler_failed(self, what: str) -> None:
+        # The dispatcher must survive any business-layer bug: log, count, carry on.
+        self._handler_errors += 1
+        log.exception("server handler %s raised; the dispatcher carries on", what)
+
+    # --------------------------------------------------------------- dispatcher thread
+
+    def _run(self) -> None:
+        self._thread_id = threading.get_ident()
+        pull, router, monitor = self._pull, self._router, self._monitor
+        assert pull is not None and router is not None
+        poll = self._poller.poll
+        try:
+            while not self._closing:
+                for sock, event in poll(self._poll_timeout_ms()):
+                    if sock is router:
+                        if event & zmq.POLLIN:
+                            self._drain_router(router)
+                        if event & zmq.POLLOUT:
+                            self._retry_blocked()
+                    elif sock is pull:
+                        self._drain_pipe(pull)
+                    elif sock is monitor and monitor is not None:
+                        self._on_monitor(monitor)
+                    if self._closing:
+                        break
+                now = self._clock()
+                if now >= self._next_check:
+                    self._check_heartbeats(now)
+                if self._retry_at is not None and now >= self._retry_at:
+                    self._retry_at = None
+                    self._retry_blocked()
+        except Exception:
+            log.exception("server dispatcher failed; closing the transport")
+        finally:
+            self._shutdown()
+
+    def _poll_timeout_ms(self) -> int:
+        deadline = self._next_check
+        if self._retry_at is not None:
+            deadline = min(deadline, self._retry_at)
+        if deadline == float("inf"):
+            return -1
+        return max(0, int((deadline - self._clock()) * 1000.0) + 1)
+
+    def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
+        for _ in range(common.BATCH):
+            try:
+                frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            head = frames[0].bytes
+            op, flag, value = _OP.unpack_from(head)
+            if op == _SEND:
+                self._deliver(head[_OP.size :], frames[1:], value if flag else None)
+            elif op == _PUBLISH:
+                self._publish_from_pipe(frames, value, bool(flag))
+            elif op == _DISCONNECT:
+                self._drop_rid(head[_OP.size :], "closed locally")
+            if self._closing:
+                return
+
+    def _publish_from_pipe(self, frames: list[zmq.Frame], count: int, conflatable: bool) -> None:
+        packed = frames[1].bytes
+        tail = frames[2 + count :]
+        offset = 0
+        for i in range(count):
+            sub, size = _TARGET.unpack_from(packed, offset)
+            offset += _TARGET.size
+            peer = packed[offset : offset + size]
+            offset += size
+            self._deliver(peer, [_REPLY_KIND, frames[2 + i], *tail], sub if conflatable else None)
+
+    def _deliver(self, rid: bytes, frames: Sequence[Any], key: int | None) -> None:
+        """Send now, or queue behind the peer's full pipe; never blocks."""
+        p = self._peers.get(rid)
+        if p is None:
+            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
+            return
+        if p.queue or not self._write(p, frames):
+            self._enqueue(p, frames, key)
+
+    def _write(self, p: _Peer, frames: Sequence[Any]) -> bool:
+        """True when sent (or when the peer turned out gone); False on a full pipe."""
+        assert self._router is not None
+        try:
+            self._router.send_multipart([p.rid, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+            else:
+                log.warning("send to a peer failed: %s", exc)
+                self._dropped += 1
+            return True
+        self._messages_out += 1
+        self._bytes_out += sum(len(f) for f in frames)
+        p.heartbeat.last_sent = self._clock()
+        return True
+
+    def _enqueue(self, p: _Peer, frames: Sequence[Any], key: int | None) -> None:
+        if key is not None:
+            slot = p.keyed.get(key)
+            if slot is not None:
+                slot[0] = frames  # latest wins, in the older one's place
+                self._conflated += 1
+                return
+        if len(p.queue) >= self._settings.peer_queue_limit:
+            self._dropped += 1
+            return
+        slot = [frames, key]
+        p.queue.append(slot)
+        if key is not None:
+            p.keyed[key] = slot
+        self._queue_depth += 1
+        if p.rid not in self._blocked:
+            self._blocked[p.rid] = p
+            if not self._pollout and self._retry_at is None:
+                self._set_pollout(True)
+
+    def _set_pollout(self, on: bool) -> None:
+        assert self._router is not None
+        self._pollout = on
+        self._poller.modify(self._router, zmq.POLLIN | (zmq.POLLOUT if on else 0))
+
+    def _retry_blocked(self) -> None:
+        moved = False
+        for p in list(self._blocked.values()):
+            while p.queue and p.rid in self._peers:
+                frames, key = p.queue[0]
+                if not self._write(p, frames):
+                    break
+                p.queue.popleft()
+                self._queue_depth -= 1
+                if key is not None:
+                    p.keyed.pop(key, None)
+                moved = True
+            if not p.queue:
+                self._blocked.pop(p.rid, None)
+        if not self._blocked:
+            self._backoff = _BACKOFF_MIN
+            if self._pollout:
+                self._set_pollout(False)
+        elif moved:
+            self._backoff = _BACKOFF_MIN
+            if not self._pollout:
+                self._set_pollout(True)
+        else:
+            # Nothing moved although the ROUTER said writable (another peer's pipe has room):
+            # wait a little before trying again instead of spinning.
+            if self._pollout:
+                self._set_pollout(False)
+            self._retry_at = self._clock() + self._backoff
+            self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
+
+    def _drain_router(self, router: zmq.Socket[bytes]) -> None:
+        max_size = self._settings.max_message_size
+        now = self._clock()
+        for _ in range(common.BATCH):
+            try:
+                raw = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            rid = raw[0].bytes
+            frames = [f.buffer for f in raw[1:]]
+            self._messages_in += 1
+            self._bytes_in += sum(len(f) for f in frames)
+            p = self._peers.get(rid)
+            if p is not None:
+                p.heartbeat.last_received = now
+            try:
+                event = decode_frames(frames, from_server=False, max_size=max_size)
+            except UnsupportedVersion as exc:
+                self._bad_input(rid, exc, protocol=True)
+                self._answer_version(rid, frames, exc)
+                continue
+            except ProtocolError as exc:
+                self._bad_input(rid, exc, protocol=True)
+                continue
+            except DecodeError as exc:
+                self._bad_input(rid, exc, protocol=False)
+                continue
+            if type(event) is Incoming:
+                if p is None:
+                    err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
+                    self._bad_input(rid, err, protocol=True)
+                    self._send_exception(rid, event.message.header.id, err)
+                    continue
+                try:
+                    self._handler.on_message(rid, event.message)
+                except Exception:
+                    self._handler_failed("on_message")
+            elif type(event) is Connect:
+                self._on_connect(rid, event.info, raw[1], now)
+            elif type(event) is Heartbeat and p is None:
+                self._bad_input(rid, ProtocolError("HEARTBEAT before CONNECT"), protocol=True)
+            if self._closing:
+                return
+
+    def _bad_input(self, rid: bytes, exc: Exception, protocol: bool) -> None:
+        # Every dropped message counts as a decode error; the protocol violations among them
+        # (wrong side's kind, other version, no CONNECT) are also counted separately.
+        self._decode_errors += 1
+        if protocol:
+            self._protocol_errors += 1
+        log.warning("dropped a bad message from peer %s: %s", rid.hex(), exc)
+
+    def _answer_version(
+        self, rid: bytes, frames: Sequence[Buffer], exc: UnsupportedVersion
+    ) -> None:
+        if exc.request_id is not None:
+            self._send_exception(rid, exc.request_id, exc)
+        elif bytes(frames[0]) == bytes([Kind.CONNECT]):
+            self._send_raw(rid, encode_connect_ack({"error": str(exc)}))
+
+    def _send_exception(self, rid: bytes, request_id: int, exc: ProtocolError) -> None:
+        # Always "ProtocolError": the client re-creates rda's own error types by name.
+        body = [(BodyKind.EXCEPTION, encode_exception("ProtocolError", str(exc)))]
+        header = Header(RequestType.EXCEPTION, request_id)
+        self._send_raw(rid, encode_message(Kind.REPLY, header, body))
+
+    def _send_raw(self, rid: bytes, frames: Sequence[Buffer]) -> None:
+        """Answer a peer that is not (or not yet) registered: best effort, never queued."""
+        assert self._router is not None
+        try:
+            self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
+            self._messages_out += 1
+        except zmq.ZMQError:
+            self._dropped += 1
+
+    def _on_connect(self, rid: bytes, info: dict[str, Any], frame: zmq.Frame, now: float) -> None:
+        old = self._peers.get(rid)
+        if old is not None:
+            # The same routing id introduced itself again: report the old session over.
+            self._drop(old, "reconnected")
+        try:
+            fd = int(frame.get(zmq.SRCFD))
+        except zmq.ZMQError:
+            fd = -1
+        s = self._settings
+        p = _Peer(
+            rid, info, HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now), fd
+        )
+        p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
+        self._peers[rid] = p
+        if fd >= 0:
+            self._by_fd[fd] = rid
+        self._next_check = min(self._next_check, p.heartbeat.next_deadline())
+        ack = encode_connect_ack(self._info)
+        if not self._write(p, ack):
+            self._enqueue(p, ack, None)
+        if rid in self._peers:
+            try:
+                self._handler.on_peer_connected(rid, info)
+            except Exception:
+                self._handler_failed("on_peer_connected")
+
+    def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                raw = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event, fd = common.decode_monitor_event(raw)
+            if event != zmq.EVENT_DISCONNECTED:
+                continue
+            rid = self._by_fd.get(fd)
+            p = None if rid is None else self._peers.get(rid)
+            if p is not None and p.fd == fd:
+                self._probe(p)
+
+    def _probe(self, p: _Peer) -> None:
+        """Confirm a lost connection: the ROUTER refuses a send to a peer it has forgotten."""
+        assert self._router is not None
+        try:
+            self._router.send_multipart([p.rid, *_HEARTBEAT_FRAMES], zmq.NOBLOCK)
+            p.heartbeat.last_sent = self._clock()
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+
+    def _check_heartbeats(self, now: float) -> None:
+        next_check = float("inf")
+        for p in list(self._peers.values()):
+            action = p.heartbeat.check(now)
+            if action is HeartbeatAction.EXPIRED:
+                self._heartbeat_timeouts += 1
+                self._drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+                continue
+            if action is HeartbeatAction.SEND:
+                if p.queue or not self._write(p, _HEARTBEAT_FRAMES):
+                    p.heartbeat.last_sent = now  # the pipe is full: the peer is busy, not idle
+                if p.rid not in self._peers:
+                    continue
+            next_check = min(next_check, p.heartbeat.next_deadline())
+        self._next_check = next_check
+
+    def _drop_rid(self, rid: bytes, reason: str) -> None:
+        p = self._peers.get(rid)
+        if p is not None:
+            self._drop(p, reason)
+
+    def _drop(self, p: _Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
+        if self._peers.get(p.rid) is not p:
+            return
+        del self._peers[p.rid]
+        p.state = next_state(p.state, event)
+        if self._by_fd.get(p.fd) == p.rid:
+            del self._by_fd[p.fd]
+        self._queue_depth -= len(p.queue)
+        p.queue.clear()
+        p.keyed.clear()
+        self._blocked.pop(p.rid, None)
+        try:
+            self._handler.on_peer_disconnected(p.rid, reason)
+        except Exception:
+            self._handler_failed("on_peer_disconnected")
+
+    def _shutdown(self) -> None:
+        """Runs last on the dispatcher: report, close every socket, terminate our context."""
+        self._closing = True
+        for p in list(self._peers.values()):
+            self._drop(p, "closed locally")
+        if self._pipe is not None:
+            self._pipe.close()
+        if self._pull is not None:
+            common.close_socket(self._pull)
+        if self._router is not None:
+            linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))
+            common.close_monitored(self._router, self._monitor, linger)
+        self._term_context()
