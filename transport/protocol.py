@@ -148,7 +148,8 @@ def _decode_handshake(frames: Sequence[Buffer], kind: Kind) -> dict[str, Any]:
         raise UnsupportedVersion(version)
     try:
         info = json.loads(bytes(frame[1:]))
-    except (ValueError, UnicodeDecodeError) as exc:
+    # RecursionError: 64 KiB of "[[[[..." nests deeper than the JSON parser allows.
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise DecodeError(f"{kind.name} info is not a JSON object: {exc}", 1) from exc
     if not isinstance(info, dict):
         raise DecodeError(f"{kind.name} info is a JSON {type(info).__name__}, not an object", 1)
@@ -198,9 +199,10 @@ def decode_frames(
         size += len(f)
     if size > max_size:
         raise DecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
-    kind = _KIND_BYTES.get(bytes(frames[0]))
+    # Check the length before bytes(): a huge bogus frame 0 must not be copied.
+    kind = _KIND_BYTES.get(bytes(frames[0])) if len(frames[0]) == 1 else None
     if kind is None:
-        raise DecodeError(f"unknown kind byte {bytes(frames[0])[:8]!r}", 0)
+        raise DecodeError(f"unknown kind byte {bytes(frames[0][:8])!r}", 0)
     allowed = SERVER_KINDS if from_server else CLIENT_KINDS
     if kind not in allowed:
         side = "a server" if from_server else "a client"

@@ -20,6 +20,7 @@ __all__ = [
     "HeartbeatTracker",
     "next_state",
     "state_diagram",
+    "update_document",
 ]
 
 
@@ -114,5 +115,24 @@ class HeartbeatTracker:
         return min(self.last_sent + self.interval, self.last_received + self.timeout)
 
 
+_BEGIN = "<!-- state-diagram:begin -->"
+_END = "<!-- state-diagram:end -->"
+
+
+def update_document(text: str) -> str:
+    """``text`` with the Mermaid block between the state-diagram markers regenerated."""
+    begin = text.index(_BEGIN) + len(_BEGIN)
+    end = text.index(_END, begin)
+    return f"{text[:begin]}\n```mermaid\n{state_diagram()}\n```\n{text[end:]}"
+
+
 if __name__ == "__main__":
-    print(state_diagram())
+    import sys
+    from pathlib import Path
+
+    # ``--update docs/protocol.md`` rewrites the diagram in place; otherwise print it.
+    if len(sys.argv) == 3 and sys.argv[1] == "--update":
+        path = Path(sys.argv[2])
+        path.write_text(update_document(path.read_text()))
+    else:
+        print(state_diagram())

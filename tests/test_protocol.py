@@ -1,0 +1,357 @@
+"""Wire protocol v1: the golden corpus pins the bytes, property tests pin the failure modes.
+
+The corpus lives in ``tests/golden/*.json`` (one message per file, frames as hex). Encoding the
+message described in :data:`CASES` must give exactly those bytes and decoding those bytes must
+give back the described event, so the format cannot drift silently. DATA and REQUEST_CONTEXT
+frames hold fixed opaque bytes: the protocol layer never looks inside them.
+
+To change the format on purpose, bump the protocol version, then rewrite the corpus with
+``.venv/bin/python tests/test_protocol.py`` and update the hex examples in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rda.serialization._header import (
+    DataContext,
+    Header,
+    HeaderFlags,
+    RequestType,
+    UpdateType,
+    decode_context,
+    encode_context,
+    encode_header,
+)
+from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
+from rda.serialization.errors import DecodeError, ProtocolError
+from rda.transport.protocol import (
+    Buffer,
+    Connect,
+    ConnectAck,
+    Heartbeat,
+    Incoming,
+    Kind,
+    ProtocolEvent,
+    UnsupportedVersion,
+    decode_frames,
+    encode_connect,
+    encode_connect_ack,
+    encode_heartbeat,
+    encode_message,
+)
+from rda.transport.state import state_diagram, update_document
+
+GOLDEN = Path(__file__).parent / "golden"
+DOC = Path(__file__).parent.parent / "docs" / "protocol.md"
+
+ACQ_CONTEXT = DataContext("CPS.USER.SFT", 1_700_000_000_000_000_000, 1_700_000_000_123_456_789)
+# Opaque stand-ins for binary-encoded Data frames (rda.serialization._binary).
+OPAQUE_DATA = b"<binary Data>"
+OPAQUE_REQUEST_CONTEXT = b"<binary Data: filters, timeout_ms>"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus message: its frames as encoded, who sends it, and the event it decodes to."""
+
+    description: str
+    from_server: bool
+    frames: Sequence[Buffer]
+    event: ProtocolEvent
+
+
+def _message(kind: Kind, header: Header, body: Sequence[tuple[BodyKind, bytes]]) -> Case:
+    return Case(
+        f"{kind.name} {header.request_type.name}",
+        kind is Kind.REPLY,
+        encode_message(kind, header, body),
+        Incoming(Message(header, body)),
+    )
+
+
+def _cases() -> dict[str, Case]:
+    client_info = {"application": "demo", "user": "op", "pid": 42}
+    server_info = {"name": "DemoServer", "heartbeat_interval": 1.0, "heartbeat_timeout": 10.0}
+    get = Header(RequestType.GET, 7, "PS1", "Acquisition", "CPS.USER.ALL")
+    cases = {
+        "connect": Case("CONNECT", False, encode_connect(client_info), Connect(client_info)),
+        "connect_ack": Case(
+            "CONNECT_ACK", True, encode_connect_ack(server_info), ConnectAck(server_info)
+        ),
+        "heartbeat_client": Case("HEARTBEAT (client)", False, encode_heartbeat(False), Heartbeat()),
+        "heartbeat_server": Case("HEARTBEAT (server)", True, encode_heartbeat(True), Heartbeat()),
+        "get_request": _message(
+            Kind.REQUEST, get, [(BodyKind.REQUEST_CONTEXT, OPAQUE_REQUEST_CONTEXT)]
+        ),
+        "get_reply": _message(
+            Kind.REPLY,
+            Header(RequestType.REPLY, 7, "PS1", "Acquisition", "CPS.USER.ALL"),
+            [(BodyKind.DATA, OPAQUE_DATA), (BodyKind.DATA_CONTEXT, encode_context(ACQ_CONTEXT))],
+        ),
+        "set_reply": _message(Kind.REPLY, Header(RequestType.REPLY, 8, "PS1", "Setting"), []),
+        "exception_reply": _message(
+            Kind.REPLY,
+            Header(RequestType.EXCEPTION, 9, "PS9", "Acquisition"),
+            [(BodyKind.EXCEPTION, encode_exception("NoSuchDeviceError", "PS9: no such device"))],
+        ),
+        "notification": _message(
+            Kind.REPLY,
+            Header(
+                RequestType.NOTIFICATION_DATA,
+                3,
+                "PS1",
+                "Acquisition",
+                "CPS.USER.ALL",
+                UpdateType.NORMAL,
+                HeaderFlags.CONFLATABLE,
+            ),
+            [(BodyKind.DATA, OPAQUE_DATA), (BodyKind.DATA_CONTEXT, encode_context(ACQ_CONTEXT, 5))],
+        ),
+    }
+    return cases
+
+
+CASES = _cases()
+
+
+def _load(name: str) -> list[bytes]:
+    doc = json.loads((GOLDEN / f"{name}.json").read_text())
+    return [bytes.fromhex(h) for h in doc["frames"]]
+
+
+def _same_event(got: ProtocolEvent, want: ProtocolEvent) -> bool:
+    if isinstance(got, Incoming) and isinstance(want, Incoming):
+        return got.message.header == want.message.header and [
+            (k, bytes(f)) for k, f in got.message.body
+        ] == [(k, bytes(f)) for k, f in want.message.body]
+    return got == want
+
+
+def test_corpus_has_a_file_per_case_and_nothing_else() -> None:
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_encoding_gives_the_golden_bytes(name: str) -> None:
+    assert [bytes(f) for f in CASES[name].frames] == _load(name)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_bytes_decode_to_the_described_event(name: str) -> None:
+    case = CASES[name]
+    frames = _load(name)
+    event = decode_frames(frames, from_server=case.from_server)
+    assert _same_event(event, case.event), event
+    # The receiving dispatcher hands memoryviews (copy=False); they must decode the same.
+    event = decode_frames([memoryview(f) for f in frames], from_server=case.from_server)
+    assert _same_event(event, case.event), event
+
+
+def test_golden_bodies_decode_with_the_body_codecs() -> None:
+    reply = decode_frames(_load("notification"), from_server=True)
+    assert isinstance(reply, Incoming)
+    assert reply.message.context == DataContext(
+        "CPS.USER.SFT", ACQ_CONTEXT.cycle_stamp, ACQ_CONTEXT.acq_stamp, "CPS.USER.ALL"
+    )
+    assert reply.message.seq == 5
+    assert reply.message.header.flags is HeaderFlags.CONFLATABLE
+    exc = decode_frames(_load("exception_reply"), from_server=True)
+    assert isinstance(exc, Incoming)
+    assert exc.message.exception == ("NoSuchDeviceError", "PS9: no such device")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_docs_show_the_golden_hex(name: str) -> None:
+    text = DOC.read_text()
+    for frame in _load(name):
+        assert frame.hex() in text, f"docs/protocol.md lacks frame {frame.hex()} of {name}"
+
+
+def test_docs_state_diagram_is_the_generated_one() -> None:
+    text = DOC.read_text()
+    begin = text.index("<!-- state-diagram:begin -->")
+    end = text.index("<!-- state-diagram:end -->")
+    block = text[begin:end].split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert block.strip() == state_diagram().strip()
+    assert update_document(text) == text
+
+
+# --- malformed input ---------------------------------------------------------------------------
+
+GET_FRAMES = [bytes(f) for f in CASES["get_request"].frames]  # == the golden file
+VERSION2_HEADER = bytes([2]) + GET_FRAMES[1][1:]
+
+
+@pytest.mark.parametrize(
+    ("frames", "from_server", "error", "fragment"),
+    [
+        ([], False, DecodeError, "0 frames"),
+        ([b"\x99"], False, DecodeError, "unknown kind byte"),
+        ([b""], False, DecodeError, "unknown kind byte"),
+        ([b"\x21\x21"], False, DecodeError, "unknown kind byte"),
+        ([b"\x22", b""], False, DecodeError, "HEARTBEAT has 2 frames"),
+        ([b"\x03", b"x"], True, DecodeError, "HEARTBEAT has 2 frames"),
+        ([b"\x02"], False, ProtocolError, "REPLY may not be sent by a client"),
+        ([b"\x21", GET_FRAMES[1], b""], True, ProtocolError, "REQUEST may not be sent by a server"),
+        ([b"\x22"], True, ProtocolError, "HEARTBEAT may not be sent by a server"),
+        ([b"\x20"], False, DecodeError, "CONNECT has 1 frames"),
+        ([b"\x20", b"\x01{}", b""], False, DecodeError, "CONNECT has 3 frames"),
+        ([b"\x20", b""], False, DecodeError, "info frame is empty"),
+        ([b"\x20", b"\x01[1]"], False, DecodeError, "not an object"),
+        ([b"\x20", b"\x01{nope"], False, DecodeError, "not a JSON object"),
+        ([b"\x20", b"\x01\xff\xfe"], False, DecodeError, "not a JSON object"),
+        ([b"\x20", b"\x01" + b"[" * 60000], False, DecodeError, "not a JSON object"),
+        ([b"\x20", b"\x01" + b" " * 70000], False, DecodeError, "exceeds"),
+        ([b"\x01", b"\x01{}", b"\x00"], True, DecodeError, "CONNECT_ACK has 3 frames"),
+        ([b"\x21", GET_FRAMES[1]], False, DecodeError, "needs kind, header and descriptor"),
+        ([b"\x21", b"\x01\x00", b""], False, DecodeError, "shorter than the 18-byte"),
+        ([b"\x21", GET_FRAMES[1] + b"x", b""], False, DecodeError, "header declares"),
+        ([b"\x21", GET_FRAMES[1][:-1], b""], False, DecodeError, "header declares"),
+        ([b"\x21", b"\x01\x63" + bytes(16), b""], False, DecodeError, "unknown request type 99"),
+        ([b"\x21", GET_FRAMES[1], b"\x03"], False, DecodeError, "descriptor lists 1"),
+        ([b"\x21", GET_FRAMES[1], b"body", b""], False, DecodeError, "descriptor lists 0"),
+        ([b"\x21", GET_FRAMES[1], b"a", b"b", b"\x01"], False, DecodeError, "descriptor lists 1"),
+        ([b"\x21", GET_FRAMES[1], b"body", b"\x09"], False, DecodeError, "body frame kind 9"),
+        ([b"\x21", GET_FRAMES[1], b"body", b"\x00"], False, DecodeError, "body frame kind 0"),
+    ],
+)
+def test_malformed_message_raises_a_typed_error(
+    frames: list[bytes], from_server: bool, error: type[Exception], fragment: str
+) -> None:
+    with pytest.raises(error, match=fragment):
+        decode_frames(frames, from_server=from_server)
+
+
+def test_a_missing_descriptor_is_a_count_mismatch() -> None:
+    # Without its descriptor, the last body frame is read as the descriptor.
+    frames = _load("get_reply")[:-1]
+    with pytest.raises(DecodeError, match="descriptor lists"):
+        decode_frames(frames, from_server=True)
+
+
+def test_over_max_size_is_refused_before_parsing() -> None:
+    frames = [b"\x21", GET_FRAMES[1], b"x" * 100, b"\x01"]
+    assert isinstance(decode_frames(frames, from_server=False, max_size=200), Incoming)
+    with pytest.raises(DecodeError, match="exceeds the maximum of 99"):
+        decode_frames(frames, from_server=False, max_size=99)
+    # The size check comes first: even garbage over the limit reports the size.
+    with pytest.raises(DecodeError, match="exceeds"):
+        decode_frames([b"\x99" * 50], from_server=False, max_size=10)
+
+
+def test_unknown_version_in_a_request_carries_the_request_id() -> None:
+    with pytest.raises(UnsupportedVersion) as info:
+        decode_frames([b"\x21", VERSION2_HEADER, GET_FRAMES[2], b"\x03"], from_server=False)
+    assert info.value.version == 2
+    assert info.value.request_id == 7
+    assert isinstance(info.value, ProtocolError)
+
+
+def test_unknown_version_in_a_handshake_has_no_request_id() -> None:
+    with pytest.raises(UnsupportedVersion) as info:
+        decode_frames([b"\x20", b"\x07{}"], from_server=False)
+    assert (info.value.version, info.value.request_id) == (7, None)
+
+
+def test_encode_message_passes_body_buffers_through_without_copy() -> None:
+    body = memoryview(bytearray(b"payload"))
+    frames = encode_message(Kind.REPLY, Header(RequestType.REPLY, 1), [(BodyKind.DATA, body)])
+    assert frames[2] is body
+    assert frames[3] == b"\x01"
+
+
+# --- properties --------------------------------------------------------------------------------
+
+frame_lists = st.lists(st.binary(max_size=40), max_size=6)
+kind_bytes = st.sampled_from([bytes([k]) for k in Kind] + [b"\x00", b"\x99"])
+
+
+@settings(max_examples=200)
+@given(frame_lists, st.booleans())
+def test_any_frames_give_an_event_or_a_typed_error(frames: list[bytes], from_server: bool) -> None:
+    with contextlib.suppress(DecodeError, ProtocolError):
+        decode_frames(frames, from_server=from_server)
+
+
+@settings(max_examples=200)
+@given(kind_bytes, frame_lists, st.booleans())
+def test_any_frames_after_a_valid_kind_give_an_event_or_a_typed_error(
+    kind: bytes, rest: list[bytes], from_server: bool
+) -> None:
+    with contextlib.suppress(DecodeError, ProtocolError):
+        decode_frames([kind, *rest], from_server=from_server)
+
+
+@settings(max_examples=100)
+@given(
+    st.sampled_from(sorted(n for n, c in CASES.items() if isinstance(c.event, Incoming))),
+    st.data(),
+)
+def test_corrupting_one_byte_of_a_golden_message_never_crashes(
+    name: str, data: st.DataObject
+) -> None:
+    frames = [bytearray(f) for f in _load(name)]
+    index = data.draw(st.integers(0, len(frames) - 1))
+    if frames[index]:
+        pos = data.draw(st.integers(0, len(frames[index]) - 1))
+        frames[index][pos] = data.draw(st.integers(0, 255))
+    with contextlib.suppress(DecodeError, ProtocolError):
+        decode_frames([bytes(f) for f in frames], from_server=CASES[name].from_server)
+
+
+@settings(max_examples=100)
+@given(
+    st.integers(0, 2**64 - 1),
+    st.text(max_size=20),
+    st.text(max_size=20),
+    st.lists(st.tuples(st.sampled_from(list(BodyKind)), st.binary(max_size=30)), max_size=4),
+)
+def test_any_request_round_trips(
+    ident: int, device: str, prop: str, body: list[tuple[BodyKind, bytes]]
+) -> None:
+    header = Header(RequestType.SET, ident, device, prop)
+    event = decode_frames(encode_message(Kind.REQUEST, header, body), from_server=False)
+    assert isinstance(event, Incoming)
+    assert event.message.header == header
+    assert [(k, bytes(f)) for k, f in event.message.body] == body
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=10), max_size=5))
+def test_any_handshake_info_round_trips(info: dict[str, int | str]) -> None:
+    assert decode_frames(encode_connect(info), from_server=False) == Connect(info)
+    assert decode_frames(encode_connect_ack(info), from_server=True) == ConnectAck(info)
+
+
+def test_fixed_header_layout_matches_the_docs() -> None:
+    # docs/protocol.md: 18 fixed bytes = 4 x u8, u64 id, 3 x u16 lengths, little-endian.
+    frame = encode_header(Header(RequestType.GET, 0x0102030405060708, "ab", "c", ""))
+    assert struct.unpack_from("<BBBBQHHH", frame) == (1, 0, 0, 0, 0x0102030405060708, 2, 1, 0)
+    assert frame[18:] == b"abc"
+    assert decode_context(encode_context(ACQ_CONTEXT, 9))[1] == 9
+    assert decode_exception(encode_exception("T", "m")) == ("T", "m")
+
+
+def _write_corpus() -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for name, case in CASES.items():
+        doc = {
+            "description": case.description,
+            "sender": "server" if case.from_server else "client",
+            "frames": [bytes(f).hex() for f in case.frames],
+        }
+        (GOLDEN / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    _write_corpus()
