@@ -1,0 +1,387 @@
+"""Where is device X served? Directories map device names (or glob patterns) to endpoints.
+
+- :class:`StaticDirectory`: a mapping from configuration (``RDA_DIRECTORY``).
+- :class:`FileDirectory`: a JSON file that servers on this machine register into on start and
+  leave on stop, so ``rda serve`` and ``rda get`` on one machine need no configuration.
+- :class:`ChainDirectory`: asks several in order; :func:`default_directory` chains the static
+  mapping first, then the file.
+
+Device names match exactly first, then glob patterns (``fnmatch``, case-sensitive: device names
+are case-sensitive in RDA3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from fnmatch import translate
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rda.business.config import Config
+from rda.serialization.errors import NoSuchDeviceError, RdaError, TimeoutError
+
+__all__ = [
+    "ChainDirectory",
+    "Directory",
+    "FileDirectory",
+    "ServerEntry",
+    "StaticDirectory",
+    "default_directory",
+]
+
+log = logging.getLogger(__name__)
+
+_GLOB_CHARS = frozenset("*?[")
+_ENDPOINT = re.compile(r"^(tcp|ipc|inproc)://\S+$")
+# A server bound to every interface is reached on this machine through loopback.
+_WILDCARD_HOST = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]|::):")
+_FILE_VERSION = 1
+_LOCK_TIMEOUT = 10.0
+
+
+@runtime_checkable
+class Directory(Protocol):
+    """Resolves a device name to the endpoint of the server that serves it."""
+
+    def resolve(self, device: str) -> str:
+        """The endpoint for ``device``; raises ``NoSuchDeviceError`` naming the device."""
+        ...
+
+    def devices(self) -> dict[str, str]:
+        """Every known device name or pattern -> endpoint."""
+        ...
+
+
+def _is_pattern(name: str) -> bool:
+    return not _GLOB_CHARS.isdisjoint(name)
+
+
+def _check_endpoint(endpoint: str, what: str) -> None:
+    if not isinstance(endpoint, str) or not _ENDPOINT.match(endpoint):
+        raise ValueError(f"endpoint {endpoint!r} for {what} is not tcp://, ipc:// or inproc://")
+
+
+class _Matcher:
+    """Exact names in a dict, patterns compiled once, tried in order."""
+
+    __slots__ = ("exact", "patterns")
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.exact: dict[str, str] = {}
+        self.patterns: list[tuple[re.Pattern[str], str]] = []
+        for name, endpoint in pairs:
+            if _is_pattern(name):
+                self.patterns.append((re.compile(translate(name)), endpoint))
+            else:
+                self.exact.setdefault(name, endpoint)
+
+    def match(self, device: str) -> str | None:
+        endpoint = self.exact.get(device)
+        if endpoint is not None:
+            return endpoint
+        for pattern, endpoint in self.patterns:
+            if pattern.match(device):
+                return endpoint
+        return None
+
+
+class StaticDirectory:
+    """A fixed mapping of device names and glob patterns to endpoints.
+
+    An exact name wins over any pattern; patterns are tried in the mapping's order.
+    """
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        for name, endpoint in mapping.items():
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"device names and patterns must be non-empty, got {name!r}")
+            _check_endpoint(endpoint, repr(name))
+        self._mapping = dict(mapping)
+        self._matcher = _Matcher(self._mapping.items())
+
+    def __repr__(self) -> str:
+        return f"StaticDirectory({len(self._mapping)} entries)"
+
+    def resolve(self, device: str) -> str:
+        endpoint = self._matcher.match(device)
+        if endpoint is None:
+            raise NoSuchDeviceError(f"{device}: no such device in {self!r}")
+        return endpoint
+
+    def devices(self) -> dict[str, str]:
+        return dict(self._mapping)
+
+
+class ChainDirectory:
+    """Asks each directory in turn; the first that knows the device answers."""
+
+    def __init__(self, *directories: Directory) -> None:
+        if not directories:
+            raise ValueError("ChainDirectory needs at least one directory")
+        self.directories = directories
+
+    def __repr__(self) -> str:
+        return f"ChainDirectory({', '.join(map(repr, self.directories))})"
+
+    def resolve(self, device: str) -> str:
+        for directory in self.directories:
+            try:
+                return directory.resolve(device)
+            except NoSuchDeviceError:
+                continue
+        tried = ", ".join(map(repr, self.directories))
+        raise NoSuchDeviceError(f"{device}: no such device (looked in {tried})")
+
+    def devices(self) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        # Earlier directories win, so they are applied last.
+        for directory in reversed(self.directories):
+            merged.update(directory.devices())
+        return merged
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEntry:
+    """One server registered in a :class:`FileDirectory`."""
+
+    name: str
+    endpoint: str
+    devices: tuple[str, ...]
+    pid: int
+    host: str
+    registered_at: float  # seconds since the epoch
+
+
+class FileDirectory:
+    """A JSON registry of the servers running on this machine.
+
+    Layout: ``{"version": 1, "servers": {name: {endpoint, devices, pid, host, registered_at,
+    start}}}``. Writers take an exclusive ``flock`` on ``<file>.lock``, read, modify, write a
+    temporary file, fsync it and rename it over the old one, so a reader never sees a torn
+    file and two concurrent registrations never lose each other. Entries of processes no
+    longer alive on this host are ignored by readers and removed by the next writer, so a
+    killed server leaves no trap. ``start`` (the process start time from ``/proc``) guards
+    against a recycled pid making a dead entry look alive.
+
+    When two live servers claim the same device, the latest registration wins.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._host = socket.gethostname()
+
+    def __repr__(self) -> str:
+        return f"FileDirectory('{self.path}')"
+
+    # -- writers -----------------------------------------------------------------------------
+
+    def register(self, server: str, endpoint: str, devices: Iterable[str]) -> None:
+        """Add or replace the entry of ``server`` (owned by this process)."""
+        if not isinstance(server, str) or not server.strip():
+            raise ValueError(f"server name must be a non-empty string, got {server!r}")
+        _check_endpoint(endpoint, f"server {server!r}")
+        names = list(devices)
+        for name in names:
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"server {server!r}: device names must be non-empty strings")
+        entry = {
+            "endpoint": _WILDCARD_HOST.sub("tcp://127.0.0.1:", endpoint),
+            "devices": names,
+            "pid": os.getpid(),
+            "host": self._host,
+            "registered_at": time.time(),
+            "start": _process_start(os.getpid()),
+        }
+        with self._locked():
+            servers = self._live(self._read())
+            # Re-inserting moves the name to the end: file order is registration order.
+            servers.pop(server, None)
+            servers[server] = entry
+            self._write(servers)
+
+    def unregister(self, server: str) -> None:
+        """Remove the entry of ``server`` if this process registered it.
+
+        An entry written by another live process (a newer instance of the same server) is
+        left alone, so a slow shutdown cannot erase its successor.
+        """
+        with self._locked():
+            servers = self._live(self._read())
+            entry = servers.get(server)
+            if entry is not None and self._owned(entry):
+                del servers[server]
+            self._write(servers)
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def resolve(self, device: str) -> str:
+        endpoint = self._matcher().match(device)
+        if endpoint is None:
+            raise NoSuchDeviceError(f"{device}: no such device registered in {self!r}")
+        return endpoint
+
+    def devices(self) -> dict[str, str]:
+        mapping: dict[str, str] = {}
+        for entry in self.servers():
+            for name in entry.devices:
+                mapping[name] = entry.endpoint
+        return mapping
+
+    def servers(self) -> list[ServerEntry]:
+        """Live servers in registration order."""
+        entries = []
+        for name, raw in self._live(self._read()).items():
+            entry = _entry(name, raw)
+            if entry is not None:
+                entries.append(entry)
+        return entries
+
+    def _matcher(self) -> _Matcher:
+        # Newest registration first, so it wins both exact and pattern conflicts. The file is
+        # read on every call: it is small, and a cache keyed on mtime could miss two writes
+        # within one timestamp tick.
+        pairs = [(name, e.endpoint) for e in reversed(self.servers()) for name in e.devices]
+        return _Matcher(pairs)
+
+    # -- file handling -----------------------------------------------------------------------
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise RdaError(f"cannot read directory file {self.path}: {exc}") from exc
+        try:
+            content = json.loads(text)
+        except ValueError:
+            log.warning("directory file %s is not valid JSON; treating it as empty", self.path)
+            return {}
+        servers = content.get("servers") if isinstance(content, dict) else None
+        if not isinstance(servers, dict):
+            log.warning("directory file %s has no 'servers' table; treating it as empty", self.path)
+            return {}
+        return {k: v for k, v in servers.items() if isinstance(v, dict)}
+
+    def _live(self, servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {name: raw for name, raw in servers.items() if self._alive(name, raw)}
+
+    def _alive(self, name: str, raw: dict[str, Any]) -> bool:
+        if _entry(name, raw) is None:
+            return False
+        if raw["host"] != self._host:
+            # Another machine's process (a shared home directory): cannot check, keep it.
+            return True
+        pid = raw["pid"]
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # exists, owned by another user
+        except OSError:
+            return False
+        start = raw.get("start")
+        if start is None:
+            return True
+        # Unknown now (e.g. /proc mounted with hidepid): trust the pid rather than drop it.
+        current = _process_start(pid)
+        return current is None or current == start
+
+    def _owned(self, raw: dict[str, Any]) -> bool:
+        return bool(raw.get("pid") == os.getpid() and raw.get("host") == self._host)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # Non-blocking attempts in a bounded loop: a stuck holder must not hang a server's
+            # start forever.
+            deadline = time.monotonic() + _LOCK_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"could not lock {self._lock_path} within {_LOCK_TIMEOUT:.0f} s"
+                        ) from exc
+                    time.sleep(0.002)
+            yield
+        finally:
+            # Closing the descriptor releases the lock.
+            os.close(fd)
+
+    def _write(self, servers: dict[str, dict[str, Any]]) -> None:
+        text = json.dumps({"version": _FILE_VERSION, "servers": servers}, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        # Make the rename itself durable.
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _entry(name: str, raw: dict[str, Any]) -> ServerEntry | None:
+    """A ServerEntry from a file record, or None if the record is malformed (hand-edited)."""
+    endpoint, devices = raw.get("endpoint"), raw.get("devices")
+    pid, host, at = raw.get("pid"), raw.get("host"), raw.get("registered_at")
+    if (
+        not isinstance(endpoint, str)
+        or not isinstance(devices, list)
+        or not all(isinstance(d, str) for d in devices)
+        or not isinstance(pid, int)
+        or isinstance(pid, bool)
+        or pid <= 0
+        or not isinstance(host, str)
+        or not isinstance(at, int | float)
+    ):
+        return None
+    return ServerEntry(name, endpoint, tuple(devices), pid, host, float(at))
+
+
+def _process_start(pid: int) -> int | None:
+    """The process start time in clock ticks since boot (Linux ``/proc``), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])  # field 22 overall
+    except (IndexError, ValueError):
+        return None
+
+
+def default_directory(config: Config | None = None) -> Directory:
+    """The static mapping from configuration first, then this machine's directory file."""
+    config = config if config is not None else Config()
+    return ChainDirectory(StaticDirectory(config.directory), FileDirectory(config.directory_file))
