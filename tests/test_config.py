@@ -191,3 +191,9 @@ def test_transport_settings_carry_the_shared_knobs() -> None:
     ).transport_settings()
     assert (settings.heartbeat_interval, settings.heartbeat_timeout) == (0.2, 2.0)
     assert settings.max_message_size == 4096
+
+
+def test_reference_doc_lists_every_setting_with_its_variable() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    for name in Config.model_fields:
+        assert f"| `{name}` | `RDA_{name.upper()}` |" in doc, name
