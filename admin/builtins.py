@@ -1,0 +1,270 @@
+"""The built-in admin commands: ping, info, clients, subscriptions, stats, devices, log-level,
+disconnect, commands.
+
+Each reads the server introspection API (``AdminServer``: snapshots from
+``rda.business.server_stats``) and answers plain data, so a script can use ``--json`` and a
+human gets a table. Snapshots are converted generically (frozen dataclasses -> dicts) so a
+counter the server adds later shows up here without a change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib.metadata
+import logging
+import os
+import platform
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pydantic
+
+from rda.admin.registry import AdminArgumentsError, AdminContext, command
+from rda.business.server_stats import HistogramSnapshot
+
+__all__ = ["histogram_quantile", "plain"]
+
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
+
+
+class PingArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    echo: str = ""
+
+
+@command("ping", PingArgs)
+def ping(ctx: AdminContext, args: PingArgs) -> dict[str, Any]:
+    """Answer at once: proves the admin group is alive; ``echo`` is sent back."""
+    return {"pong": True, "server": ctx.server.name, "time": time.time(), "echo": args.echo}
+
+
+@command("info")
+def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """Name, version, uptime, endpoint, process and settings of the server."""
+    server = ctx.server
+    result: dict[str, Any] = {
+        "name": server.name,
+        "version": _version(),
+        "endpoint": server.endpoint,
+        "started_at": server.started_at,
+        "uptime": max(0.0, time.time() - server.started_at),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "devices": len(server.devices()),
+        "commands": [c.name for c in ctx.registry.commands()],
+        "settings": plain(server.settings()),
+    }
+    # Imported lazily: metrics pulls in prometheus_client, which admin commands do not need.
+    from rda.admin.metrics import metrics_endpoint
+
+    endpoint = metrics_endpoint(server)
+    if endpoint is not None:
+        result["metrics_url"] = endpoint.url
+    if ctx.registry.load_errors:
+        result["plugin_errors"] = list(ctx.registry.load_errors)
+    return result
+
+
+@command("clients")
+def clients(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """Who is connected: peer id, client info, since when, last heard, subscriptions."""
+    now = time.time()
+    rows = []
+    for snap in ctx.server.clients():
+        row = plain(snap)
+        connected = float(row.get("connected_since", 0.0))
+        row["connected_for"] = max(0.0, now - connected) if connected else 0.0
+        rows.append(row)
+    return {"count": len(rows), "clients": rows}
+
+
+class SubscriptionsArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    device: str = pydantic.Field("*", description="device glob")
+    property: str = pydantic.Field("*", description="property glob")
+
+
+@command("subscriptions", SubscriptionsArgs)
+def subscriptions(ctx: AdminContext, args: SubscriptionsArgs) -> dict[str, Any]:
+    """Per source: subscribers, notifications sent, last update, drops ("why is it blind?")."""
+    rows = [
+        plain(snap)
+        for snap in ctx.server.sources()
+        if fnmatch.fnmatchcase(snap.device, args.device)
+        and fnmatch.fnmatchcase(snap.property, args.property)
+    ]
+    return {"count": len(rows), "sources": rows}
+
+
+@command("stats")
+def stats(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """Every component's statistics(): transport, scheduler, requests, latencies, totals."""
+    snapshot = ctx.server.statistics()
+    result: dict[str, Any] = {}
+    for field in dataclasses.fields(snapshot):
+        value = getattr(snapshot, field.name)
+        if field.name == "requests":
+            result["requests"] = _requests_table(value)
+        elif field.name == "durations":
+            result["durations"] = {t: _histogram(h) for t, h in sorted(value.items())}
+        else:
+            result[field.name] = plain(value)
+    return result
+
+
+@command("devices")
+def devices(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """The devices this server serves."""
+    names = sorted(ctx.server.devices())
+    return {"count": len(names), "devices": names}
+
+
+class LogLevelArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    logger: str = pydantic.Field("rda", description="logger name ('' or 'root' for root)")
+    level: str | None = pydantic.Field(None, description="new level; omit to read")
+
+    @pydantic.field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        upper = value.upper()
+        if upper not in _LEVELS:
+            raise ValueError(f"unknown level {value!r}; expected one of {', '.join(_LEVELS)}")
+        return upper
+
+
+@command("log-level", LogLevelArgs)
+def log_level(ctx: AdminContext, args: LogLevelArgs) -> dict[str, Any]:
+    """Read or change a logger's level at run time (``level=DEBUG logger=rda.business``)."""
+    name = "" if args.logger in ("", "root") else args.logger
+    logger = logging.getLogger(name)
+    previous = logging.getLevelName(logger.getEffectiveLevel())
+    if args.level is not None:
+        logger.setLevel(args.level)
+    return {
+        "logger": args.logger or "root",
+        "level": logging.getLevelName(logger.getEffectiveLevel()),
+        "previous": previous,
+    }
+
+
+class DisconnectArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    peer: str = pydantic.Field(description="the client's peer id (hex), from `clients`")
+
+
+@command("disconnect", DisconnectArgs)
+def disconnect(ctx: AdminContext, args: DisconnectArgs) -> dict[str, Any]:
+    """Drop one client connection; it may reconnect (its subscriptions restart with FIRST)."""
+    if not ctx.server.disconnect_client(args.peer):
+        raise AdminArgumentsError(f"disconnect: no connected client with peer id {args.peer!r}")
+    return {"disconnected": args.peer}
+
+
+@command("commands")
+def commands(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """List the admin commands with their arguments."""
+    rows = []
+    for spec in ctx.registry.commands():
+        fields = spec.args_model.model_fields
+        rows.append(
+            {
+                "name": spec.name,
+                "arguments": " ".join(
+                    f"{n}={'...' if f.is_required() else repr(f.default)}"
+                    for n, f in fields.items()
+                ),
+                "help": spec.help,
+            }
+        )
+    return {"commands": rows}
+
+
+def plain(value: Any) -> Any:
+    """A snapshot (frozen dataclass, dict, tuple) as Data-friendly plain values.
+
+    None fields are left out (Data has no null); tuples of numbers become numpy arrays so they
+    keep their type; dict keys become strings.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if getattr(value, f.name) is not None
+        }
+    if isinstance(value, Mapping):
+        return {_key(k): plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            kinds = {type(v) for v in value}
+            return np.asarray(value, dtype=np.int64 if kinds == {int} else np.float64)
+        if value and all(isinstance(v, str) for v in value):
+            return list(value)
+        return [plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, bool | int | float | str | np.ndarray | np.generic):
+        return value
+    return str(value)
+
+
+def histogram_quantile(q: float, buckets: tuple[float, ...], counts: tuple[int, ...]) -> float:
+    """Estimate a quantile from per-bucket counts (upper bound of the bucket reaching q).
+
+    ``counts`` has one more entry than ``buckets`` (+Inf); a quantile falling there answers
+    the last finite bound, as PromQL's histogram_quantile does. NaN when there is no sample.
+    """
+    total = sum(counts)
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    running = 0
+    for bound, count in zip(buckets, counts, strict=False):
+        running += count
+        if running >= rank:
+            return bound
+    return buckets[-1] if buckets else float("nan")
+
+
+def _requests_table(requests: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for (kind, outcome), count in sorted(requests.items()):
+        table.setdefault(kind, {})[outcome] = int(count)
+    return table
+
+
+def _histogram(snapshot: HistogramSnapshot) -> dict[str, Any]:
+    buckets = tuple(float(b) for b in snapshot.buckets)
+    counts = tuple(int(c) for c in snapshot.counts)
+    count = int(snapshot.count)
+    result: dict[str, Any] = {
+        "count": count,
+        "sum": float(snapshot.sum),
+        "buckets": np.asarray(buckets, dtype=np.float64),
+        "counts": np.asarray(counts, dtype=np.int64),
+    }
+    if count:
+        result["mean"] = float(snapshot.sum) / count
+        result["p50"] = histogram_quantile(0.5, buckets, counts)
+        result["p99"] = histogram_quantile(0.99, buckets, counts)
+    return result
+
+
+def _key(key: object) -> str:
+    if isinstance(key, tuple):
+        return "/".join(str(k) for k in key)
+    return str(key)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rda")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
