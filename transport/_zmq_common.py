@@ -122,12 +122,16 @@ class SendPipe:
                     ) from exc
             return False
 
-    def try_send(self, frames: Sequence[bytes], timeout: float) -> bool:
-        """Send without waiting behind a blocked producer for longer than ``timeout``."""
+    def wake(self, frames: Sequence[bytes], timeout: float) -> bool:
+        """Send a wake-up even after ``mark_closed``; waits at most ``timeout`` for the lock.
+
+        A full pipe needs no wake-up (the dispatcher has work and checks its closing flag on
+        every round), so EAGAIN is fine.
+        """
         if not self._lock.acquire(timeout=max(timeout, 0.0)):
             return False
         try:
-            if self._closed:
+            if self._sock.closed:
                 return False
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
             return True

@@ -199,7 +199,7 @@ class ZmqClientTransport:
         limit = self._settings.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         pipe.mark_closed()  # producers blocked on a full pipe give up within 50 ms
-        pipe.try_send([_OP.pack(_WAKE, 0)], min(limit, 0.1))
+        pipe.wake([_OP.pack(_WAKE, 0)], min(limit, 0.1))
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("client dispatcher did not stop within %.1f s (a handler blocks?)", limit)

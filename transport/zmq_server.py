@@ -248,7 +248,7 @@ class ZmqServerTransport:
         limit = self._settings.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         pipe.mark_closed()
-        pipe.try_send([_OP.pack(_WAKE, 0, 0)], min(limit, 0.1))
+        pipe.wake([_OP.pack(_WAKE, 0, 0)], min(limit, 0.1))
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("server dispatcher did not stop within %.1f s (a handler blocks?)", limit)

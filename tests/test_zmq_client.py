@@ -1,0 +1,349 @@
+"""ZmqClientTransport against a real ZmqServerTransport or a raw pyzmq ROUTER (127.0.0.1)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import BodyKind, Message
+from rda.transport.api import TransportSettings
+from rda.transport.protocol import (
+    Kind,
+    encode_connect_ack,
+    encode_heartbeat,
+    encode_message,
+)
+from rda.transport.zmq_client import ZmqClientTransport
+from rda.transport.zmq_server import ZmqServerTransport
+
+WAIT = 10.0
+WAIT_MS = 10_000
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def request(rid: int, body: bytes = b"payload") -> list[Any]:
+    header = Header(RequestType.GET, rid, "DEV", "Prop", "SEL")
+    return encode_message(Kind.REQUEST, header, [(BodyKind.DATA, body)])
+
+
+class ClientRec:
+    def __init__(self) -> None:
+        self.connected: dict[int, dict[str, Any]] = {}
+        self.messages: list[tuple[int, Message]] = []
+        self.disconnected: dict[int, str] = {}
+        self.on_message_hook: Callable[[int, Message], None] | None = None
+
+    def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+        self.connected[connection] = server_info
+
+    def on_message(self, connection: int, message: Message) -> None:
+        self.messages.append((connection, message))
+        if self.on_message_hook is not None:
+            self.on_message_hook(connection, message)
+
+    def on_disconnected(self, connection: int, reason: str) -> None:
+        assert connection not in self.disconnected, "reported twice"
+        self.disconnected[connection] = reason
+
+
+class EchoServer:
+    """Server handler that echoes every request as a REPLY from the dispatcher thread."""
+
+    def __init__(self) -> None:
+        self.transport: ZmqServerTransport | None = None
+        self.peers: dict[bytes, dict[str, Any]] = {}
+        self.requests: list[Message] = []
+        self.gone: dict[bytes, str] = {}
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        self.peers[peer] = client_info
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        self.requests.append(message)
+        assert self.transport is not None
+        h = message.header
+        reply = Header(RequestType.REPLY, h.id, h.device, h.property, h.selector)
+        self.transport.send(peer, encode_message(Kind.REPLY, reply, message.body))
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        self.gone[peer] = reason
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[ZmqServerTransport, EchoServer]]:
+    handler = EchoServer()
+    srv = ZmqServerTransport("tcp://127.0.0.1:0", handler)
+    handler.transport = srv
+    srv.start()
+    yield srv, handler
+    srv.close()
+
+
+@pytest.fixture
+def client() -> Iterator[tuple[ZmqClientTransport, ClientRec]]:
+    rec = ClientRec()
+    cl = ZmqClientTransport(rec, client_info={"application": "test-app"})
+    cl.start()
+    yield cl, rec
+    cl.close()
+
+
+def test_handshake_exchanges_client_and_server_info(
+    server: tuple[ZmqServerTransport, EchoServer], client: tuple[ZmqClientTransport, ClientRec]
+) -> None:
+    srv, sh = server
+    cl, rec = client
+    conn = cl.connect(srv.endpoint)
+    assert wait_for(lambda: conn in rec.connected and len(sh.peers) == 1)
+    info = next(iter(sh.peers.values()))
+    assert info["application"] == "test-app"
+    assert {"user", "host", "pid", "version"} <= info.keys()
+    assert rec.connected[conn]["heartbeat_interval"] == 1.0
+    assert rec.connected[conn]["heartbeat_timeout"] == 10.0
+    assert cl.statistics().connections == 1
+    assert srv.statistics().peers == 1
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "ipc"])
+def test_echo_round_trip_keeps_body_as_memoryview(
+    scheme: str, tmp_path: Path, client: tuple[ZmqClientTransport, ClientRec]
+) -> None:
+    sh = EchoServer()
+    endpoint = "tcp://127.0.0.1:0" if scheme == "tcp" else f"ipc://{tmp_path}/srv.sock"
+    srv = ZmqServerTransport(endpoint, sh)
+    sh.transport = srv
+    srv.start()
+    try:
+        cl, rec = client
+        conn = cl.connect(srv.endpoint)
+        big = bytes(range(256)) * 1024  # 256 KiB: travels without a copy
+        cl.send(conn, request(1, b"small"))
+        cl.send(conn, request(2, big))
+        assert wait_for(lambda: len(rec.messages) == 2)
+        (c1, m1), (_, m2) = rec.messages
+        assert c1 == conn
+        assert m1.header.request_type is RequestType.REPLY
+        assert (m1.header.id, m1.header.device, m1.header.selector) == (1, "DEV", "SEL")
+        assert isinstance(m1.body[0][1], memoryview)
+        assert bytes(m1.body[0][1]) == b"small"
+        assert bytes(m2.body[0][1]) == big
+        stats = cl.statistics()
+        assert stats.messages_out == 3 and stats.messages_in == 3  # + CONNECT / CONNECT_ACK
+        assert stats.bytes_out > len(big)
+    finally:
+        srv.close()
+
+
+def raw_router() -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes], str]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    return ctx, router, f"tcp://127.0.0.1:{port}"
+
+
+def test_requests_sent_before_ack_wait_for_it_then_flush_in_order(
+    client: tuple[ZmqClientTransport, ClientRec],
+) -> None:
+    ctx, router, endpoint = raw_router()
+    try:
+        cl, rec = client
+        conn = cl.connect(endpoint)
+        for i in range(3):
+            cl.send(conn, request(i))
+        assert router.poll(WAIT_MS)
+        rid, kind, _info = router.recv_multipart()
+        assert kind == bytes([Kind.CONNECT])
+        # Nothing else may arrive before the ACK.
+        assert router.poll(300) == 0
+        router.send_multipart([rid, *encode_connect_ack({"name": "raw"})])
+        got = []
+        for _ in range(3):
+            assert router.poll(WAIT_MS)
+            frames = router.recv_multipart()
+            assert frames[1] == bytes([Kind.REQUEST])
+            got.append(frames)
+        ids = [int.from_bytes(f[2][4:12], "little") for f in got]
+        assert ids == [0, 1, 2]
+        assert wait_for(lambda: conn in rec.connected)
+        assert cl.statistics().queued_until_connected == 3
+    finally:
+        router.close(0)
+        ctx.term()
+
+
+def test_no_ack_within_connect_timeout_reports_disconnected() -> None:
+    ctx, router, endpoint = raw_router()
+    rec = ClientRec()
+    cl = ZmqClientTransport(rec, TransportSettings(connect_timeout=0.2))
+    cl.start()
+    try:
+        conn = cl.connect(endpoint)
+        assert wait_for(lambda: conn in rec.disconnected)
+        assert "CONNECT_ACK" in rec.disconnected[conn]
+        assert conn not in rec.connected
+        cl.send(conn, request(1))  # a dead connection: silently ignored
+    finally:
+        cl.close()
+        router.close(0)
+        ctx.term()
+
+
+def test_refused_connection_is_reported_at_once(
+    client: tuple[ZmqClientTransport, ClientRec],
+) -> None:
+    ctx, router, endpoint = raw_router()
+    router.close(0)  # nothing listens on that port any more
+    ctx.term()
+    cl, rec = client
+    conn = cl.connect(endpoint)
+    start = time.monotonic()
+    assert wait_for(lambda: conn in rec.disconnected)
+    # connect_timeout is 5 s: the monitor's CLOSED event, not the timer, reported it.
+    assert time.monotonic() - start < 4.0
+    assert cl.statistics().disconnects == 1
+
+
+def test_server_restart_is_noticed_through_the_monitor_not_the_heartbeat() -> None:
+    settings = TransportSettings(heartbeat_interval=10.0, heartbeat_timeout=30.0)
+    sh = EchoServer()
+    srv = ZmqServerTransport("tcp://127.0.0.1:0", sh, settings)
+    sh.transport = srv
+    srv.start()
+    rec = ClientRec()
+    cl = ZmqClientTransport(rec, settings)
+    cl.start()
+    try:
+        conn = cl.connect(srv.endpoint)
+        assert wait_for(lambda: conn in rec.connected)
+        srv.close()
+        start = time.monotonic()
+        assert wait_for(lambda: conn in rec.disconnected, timeout=5.0)
+        assert time.monotonic() - start < 5.0  # far below the 30 s heartbeat timeout
+        assert rec.disconnected[conn] == "server closed the connection"
+        assert cl.statistics().heartbeat_timeouts == 0
+        assert cl.statistics().connections == 0
+    finally:
+        cl.close()
+        srv.close()
+
+
+def test_silent_server_is_dropped_by_the_client_heartbeat() -> None:
+    ctx, router, endpoint = raw_router()
+    rec = ClientRec()
+    cl = ZmqClientTransport(rec, TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3))
+    cl.start()
+    try:
+        conn = cl.connect(endpoint)
+        assert router.poll(WAIT_MS)
+        rid, _, _ = router.recv_multipart()
+        router.send_multipart([rid, *encode_connect_ack({})])
+        assert wait_for(lambda: conn in rec.disconnected)
+        assert rec.disconnected[conn] == "heartbeat timeout"
+        assert cl.statistics().heartbeat_timeouts == 1
+        # The client did send heartbeats while waiting.
+        heartbeat = encode_heartbeat(from_server=False)
+        seen = []
+        while router.poll(0):
+            seen.append(router.recv_multipart()[1:])
+        assert heartbeat in seen
+    finally:
+        cl.close()
+        router.close(0)
+        ctx.term()
+
+
+def test_disconnect_reports_closed_locally(
+    server: tuple[ZmqServerTransport, EchoServer], client: tuple[ZmqClientTransport, ClientRec]
+) -> None:
+    srv, _ = server
+    cl, rec = client
+    conn = cl.connect(srv.endpoint)
+    assert wait_for(lambda: conn in rec.connected)
+    cl.disconnect(conn)
+    assert wait_for(lambda: conn in rec.disconnected)
+    assert rec.disconnected[conn] == "closed locally"
+    cl.disconnect(conn)  # again: nothing more happens (asserted by ClientRec)
+    cl.send(conn, request(1))
+    conn2 = cl.connect(srv.endpoint)
+    assert conn2 != conn
+    assert wait_for(lambda: conn2 in rec.connected)
+
+
+def test_handler_that_raises_is_counted_and_dispatcher_lives_on(
+    server: tuple[ZmqServerTransport, EchoServer], client: tuple[ZmqClientTransport, ClientRec]
+) -> None:
+    srv, _ = server
+    cl, rec = client
+
+    def boom(connection: int, message: Message) -> None:
+        if message.header.id == 1:
+            raise RuntimeError("business bug")
+
+    rec.on_message_hook = boom
+    conn = cl.connect(srv.endpoint)
+    cl.send(conn, request(1))
+    cl.send(conn, request(2))
+    assert wait_for(lambda: len(rec.messages) == 2)
+    assert cl.statistics().handler_errors == 1
+
+
+def test_back_pressure_blocks_a_producer_while_the_dispatcher_is_stalled(
+    server: tuple[ZmqServerTransport, EchoServer],
+) -> None:
+    srv, sh = server
+    hwm = 50
+    stall = threading.Event()
+    rec = ClientRec()
+
+    def block_on_first(connection: int, message: Message) -> None:
+        if message.header.id == 0:
+            stall.wait(WAIT)
+
+    rec.on_message_hook = block_on_first
+    cl = ZmqClientTransport(rec, TransportSettings(send_hwm=hwm))
+    cl.start()
+    sent = [0]
+    total = 10 * hwm
+    try:
+        conn = cl.connect(srv.endpoint)
+        cl.send(conn, request(0))
+        assert wait_for(lambda: len(rec.messages) == 1)  # the dispatcher now waits on `stall`
+
+        def produce() -> None:
+            for i in range(total):
+                cl.send(conn, request(i + 1))
+                sent[0] += 1
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        # Wait until the producer stops making progress: it is blocked on the full pipe.
+        last = -1
+        while sent[0] != last:
+            last = sent[0]
+            time.sleep(0.1)
+        assert producer.is_alive()
+        # The pipe holds at most send_hwm at each end (plus a message in flight).
+        assert hwm <= sent[0] <= 2 * hwm + 2
+        stall.set()
+        producer.join(WAIT)
+        assert not producer.is_alive()
+        assert wait_for(lambda: len(sh.requests) == total + 1)
+    finally:
+        stall.set()
+        cl.close()

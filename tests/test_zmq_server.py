@@ -1,0 +1,292 @@
+"""ZmqServerTransport against raw pyzmq DEALERs and a ZmqClientTransport (127.0.0.1)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from rda.serialization._header import Header, HeaderFlags, RequestType, encode_header
+from rda.serialization._message import BodyKind, Message
+from rda.transport.api import TransportSettings
+from rda.transport.protocol import (
+    Kind,
+    decode_frames,
+    encode_connect,
+    encode_heartbeat,
+    encode_message,
+)
+from rda.transport.zmq_client import ZmqClientTransport
+from rda.transport.zmq_server import ZmqServerTransport
+
+WAIT = 10.0
+WAIT_MS = 10_000
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def request(rid: int, body: bytes = b"payload") -> list[Any]:
+    header = Header(RequestType.GET, rid, "DEV", "Prop")
+    return encode_message(Kind.REQUEST, header, [(BodyKind.DATA, body)])
+
+
+class Rec:
+    def __init__(self) -> None:
+        self.transport: ZmqServerTransport | None = None
+        self.peers: dict[bytes, dict[str, Any]] = {}
+        self.requests: list[tuple[bytes, Message]] = []
+        self.gone: dict[bytes, str] = {}
+        self.echo = True
+        self.raise_on: int | None = None
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        self.peers[peer] = client_info
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        self.requests.append((peer, message))
+        if message.header.id == self.raise_on:
+            raise RuntimeError("business bug")
+        if self.echo and self.transport is not None:
+            reply = Header(RequestType.REPLY, message.header.id)
+            self.transport.send(peer, encode_message(Kind.REPLY, reply, message.body))
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        self.gone[peer] = reason
+
+
+class NullClient:
+    def __init__(self) -> None:
+        self.replies: list[Message] = []
+        self.connected = threading.Event()
+
+    def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+        self.connected.set()
+
+    def on_message(self, connection: int, message: Message) -> None:
+        self.replies.append(message)
+
+    def on_disconnected(self, connection: int, reason: str) -> None:
+        pass
+
+
+def start_server(
+    endpoint: str = "tcp://127.0.0.1:0",
+    settings: TransportSettings | None = None,
+    context: Ctx | None = None,
+    sndhwm: int = 1000,
+) -> tuple[ZmqServerTransport, Rec]:
+    rec = Rec()
+    srv = ZmqServerTransport(
+        endpoint,
+        rec,
+        settings or TransportSettings(),
+        {"name": "TestServer"},
+        context,
+        sndhwm=sndhwm,
+    )
+    rec.transport = srv
+    srv.start()
+    return srv, rec
+
+
+@pytest.fixture
+def ctx() -> Iterator[Ctx]:
+    context: Ctx = zmq.Context()
+    yield context
+    context.term()
+
+
+def raw_dealer(ctx: Ctx, endpoint: str, rid: bytes, handshake: bool = True) -> zmq.Socket[bytes]:
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.ROUTING_ID, rid)
+    d.connect(endpoint)
+    if handshake:
+        d.send_multipart(encode_connect({"application": "raw"}))
+        assert d.poll(WAIT_MS)
+        ack = decode_frames(d.recv_multipart(), from_server=True)
+        assert type(ack).__name__ == "ConnectAck"
+    return d
+
+
+def test_bind_port_zero_reports_the_real_port() -> None:
+    srv, _ = start_server()
+    try:
+        assert srv.endpoint.startswith("tcp://127.0.0.1:")
+        assert int(srv.endpoint.rsplit(":", 1)[1]) > 0
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("scheme", ["ipc", "inproc"])
+def test_ipc_and_inproc_endpoints(scheme: str, tmp_path: Path, ctx: Ctx) -> None:
+    endpoint = f"ipc://{tmp_path}/s.sock" if scheme == "ipc" else "inproc://rda-test-server"
+    srv, rec = start_server(endpoint, context=ctx)
+    d = raw_dealer(ctx, srv.endpoint, b"raw-1")
+    try:
+        assert srv.endpoint == endpoint
+        d.send_multipart(request(5))
+        assert d.poll(WAIT_MS)
+        reply = decode_frames(d.recv_multipart(), from_server=True)
+        assert reply.message.header.id == 5  # type: ignore[union-attr]
+        assert rec.peers[b"raw-1"]["application"] == "raw"
+    finally:
+        d.close(0)
+        srv.close()
+
+
+def test_silent_peer_is_dropped_by_heartbeat(ctx: Ctx) -> None:
+    settings = TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3)
+    srv, rec = start_server(settings=settings)
+    d = raw_dealer(ctx, srv.endpoint, b"silent")
+    try:
+        assert wait_for(lambda: b"silent" in rec.gone)
+        assert rec.gone[b"silent"] == "heartbeat timeout"
+        stats = srv.statistics()
+        assert stats.heartbeat_timeouts == 1 and stats.peers == 0
+        # The server sent heartbeats meanwhile (the TCP connection stayed open all along).
+        frames = []
+        while d.poll(0):
+            frames.append(d.recv_multipart())
+        assert encode_heartbeat(from_server=True) in frames
+    finally:
+        d.close(0)
+        srv.close()
+
+
+def test_any_traffic_keeps_a_peer_alive(ctx: Ctx) -> None:
+    settings = TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3)
+    srv, rec = start_server(settings=settings)
+    d = raw_dealer(ctx, srv.endpoint, b"chatty")
+    try:
+        end = time.monotonic() + 1.0  # > 3 timeouts
+        while time.monotonic() < end:
+            d.send_multipart(encode_heartbeat(from_server=False))
+            time.sleep(0.02)
+        assert b"chatty" not in rec.gone
+        assert srv.statistics().peers == 1
+    finally:
+        d.close(0)
+        srv.close()
+
+
+def test_closed_peer_connection_is_dropped_at_once(ctx: Ctx) -> None:
+    settings = TransportSettings(heartbeat_interval=10.0, heartbeat_timeout=30.0)
+    srv, rec = start_server(settings=settings)
+    d = raw_dealer(ctx, srv.endpoint, b"leaver")
+    try:
+        d.close(0)
+        assert wait_for(lambda: b"leaver" in rec.gone, timeout=5.0)  # not 30 s
+        assert rec.gone[b"leaver"] == "peer gone"
+        assert srv.statistics().heartbeat_timeouts == 0
+    finally:
+        srv.close()
+
+
+def test_request_before_connect_gets_a_protocol_error_reply(ctx: Ctx) -> None:
+    srv, rec = start_server()
+    d = raw_dealer(ctx, srv.endpoint, b"rude", handshake=False)
+    try:
+        d.send_multipart(request(77))
+        assert d.poll(WAIT_MS)
+        event = decode_frames(d.recv_multipart(), from_server=True)
+        msg = event.message  # type: ignore[union-attr]
+        assert msg.header.request_type is RequestType.EXCEPTION and msg.header.id == 77
+        assert msg.exception is not None and msg.exception[0] == "ProtocolError"
+        assert srv.statistics().protocol_errors == 1
+        assert rec.requests == []
+    finally:
+        d.close(0)
+        srv.close()
+
+
+def test_publish_fans_one_tail_out_and_disconnect_reports(ctx: Ctx) -> None:
+    srv, rec = start_server()
+    a = raw_dealer(ctx, srv.endpoint, b"peer-a")
+    b = raw_dealer(ctx, srv.endpoint, b"peer-b")
+    try:
+        tail = [b"DATA", bytes([BodyKind.DATA])]
+        targets = []
+        for peer, sub in ((b"peer-a", 11), (b"peer-b", 22)):
+            header = Header(RequestType.NOTIFICATION_DATA, sub, flags=HeaderFlags.CONFLATABLE)
+            targets.append((peer, sub, encode_header(header)))
+        srv.publish(targets, tail)
+        for sock, sub in ((a, 11), (b, 22)):
+            assert sock.poll(WAIT_MS)
+            msg = decode_frames(sock.recv_multipart(), from_server=True).message  # type: ignore[union-attr]
+            assert msg.header.id == sub and bytes(msg.body[0][1]) == b"DATA"
+        srv.disconnect(b"peer-a")
+        assert wait_for(lambda: rec.gone.get(b"peer-a") == "closed locally")
+        srv.send(b"peer-a", request(1))  # forgotten peer: dropped, counted
+        assert wait_for(lambda: srv.statistics().messages_dropped == 1)
+    finally:
+        a.close(0)
+        b.close(0)
+        srv.close()
+
+
+def test_handler_that_raises_is_counted_and_dispatcher_lives_on(ctx: Ctx) -> None:
+    srv, rec = start_server()
+    rec.raise_on = 1
+    d = raw_dealer(ctx, srv.endpoint, b"p")
+    try:
+        d.send_multipart(request(1))
+        d.send_multipart(request(2))
+        assert d.poll(WAIT_MS)
+        msg = decode_frames(d.recv_multipart(), from_server=True).message  # type: ignore[union-attr]
+        assert msg.header.id == 2
+        assert srv.statistics().handler_errors == 1
+    finally:
+        d.close(0)
+        srv.close()
+
+
+def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
+    limit = 20
+    srv, rec = start_server(settings=TransportSettings(peer_queue_limit=limit), sndhwm=4)
+    slow = ctx.socket(zmq.DEALER)
+    slow.setsockopt(zmq.LINGER, 0)
+    slow.setsockopt(zmq.RCVHWM, 1)
+    slow.setsockopt(zmq.RCVBUF, 64 * 1024)
+    slow.setsockopt(zmq.ROUTING_ID, b"slow")
+    slow.connect(srv.endpoint)
+    slow.send_multipart(encode_connect({"application": "slow"}))
+    fast = NullClient()
+    client = ZmqClientTransport(fast)
+    client.start()
+    try:
+        assert wait_for(lambda: b"slow" in rec.peers)
+        big = b"x" * (256 * 1024)
+        header = encode_header(Header(RequestType.NOTIFICATION_DATA, 9))
+        # Flood the slow peer with conflatable notifications of one subscription ...
+        for _ in range(200):
+            srv.publish([(b"slow", 9, header)], [big, bytes([BodyKind.DATA])])
+        assert wait_for(lambda: srv.statistics().notifications_conflated > 0)
+        # ... then with plain messages until its queue overflows.
+        for i in range(limit * 3):
+            srv.send(b"slow", request(i, big))
+        assert wait_for(lambda: srv.statistics().messages_dropped > 0)
+        assert srv.statistics().peer_queue_depth <= limit
+        # Meanwhile another client is served normally.
+        conn = client.connect(srv.endpoint)
+        for i in range(20):
+            client.send(conn, request(1000 + i))
+        assert wait_for(lambda: len(fast.replies) == 20)
+        assert b"slow" not in rec.gone
+    finally:
+        client.close()
+        slow.close(0)
+        srv.close()
