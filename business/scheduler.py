@@ -97,7 +97,11 @@ class GroupTaskScheduler:
         self.name = name
         self.queue_limit = queue_limit
         self.policy: OverflowPolicy = policy
-        self._cond = threading.Condition(threading.Lock())
+        # ``submit`` enters the bare lock (one C call) rather than the Condition wrapped around
+        # it (a Python-level __enter__): it is the dispatcher's hot path.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._idle = 0  # workers waiting on the condition: notify only when someone listens
         self._groups: dict[str, _Group] = {}
         self._ready: deque[_Group] = deque()
         self._closed = False
@@ -134,7 +138,7 @@ class GroupTaskScheduler:
         ``close``. It must not block.
         """
         dropped: DropCallback = None
-        with self._cond:
+        with self._lock:
             if self._closed:
                 self._rejected += 1
                 return False
@@ -148,8 +152,9 @@ class GroupTaskScheduler:
                 self._queued += 1
                 if self._max_depth == 0:
                     self._max_depth = 1
-                # Wakes one idle worker, a no-op when all are busy (they will find the group).
-                self._cond.notify()
+                # Wake one idle worker; when all are busy, one of them finds the group next.
+                if self._idle:
+                    self._cond.notify()
                 return True
             tasks = entry.tasks
             if len(tasks) < self.queue_limit:
@@ -189,7 +194,9 @@ class GroupTaskScheduler:
                 while not self._ready:
                     if self._closed:
                         return
+                    self._idle += 1
                     cond.wait()
+                    self._idle -= 1
                 group = self._ready.popleft()
                 task, _ = group.tasks.popleft()
                 group.running = True

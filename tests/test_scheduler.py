@@ -395,3 +395,49 @@ def test_a_dropped_task_never_decodes_its_body(
     assert decoded == [b"kept-body"]
     assert bodies == [{"decoded": b"kept-body"}]
     assert "data" not in vars(dropped_msg)  # the lazy body was never touched
+
+
+def test_concurrent_submitters_keep_per_group_order(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=4, queue_limit=100_000)
+    n_threads, per_thread, n_groups = 3, 1000, 20
+    seen: dict[str, list[tuple[int, int]]] = {f"g{i}": [] for i in range(n_groups)}
+    start = threading.Barrier(n_threads, timeout=WAIT)
+
+    def submitter(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            group = f"g{i % n_groups}"
+            assert sched.submit(group, partial(seen[group].append, (t, i)))
+
+    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(n_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    wait_until(lambda: sched.statistics().executed == n_threads * per_thread)
+    for records in seen.values():
+        for t in range(n_threads):
+            mine = [i for who, i in records if who == t]
+            assert mine == sorted(mine) and len(mine) == per_thread // n_groups
+    wait_until(lambda: sched.statistics().groups == 0)
+
+
+def test_a_task_may_submit_to_its_own_group(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1)
+    order: list[int] = []
+    done = threading.Event()
+
+    def step(i: int) -> None:
+        order.append(i)
+        if i < 5:
+            assert sched.submit("chain", partial(step, i + 1))
+        else:
+            done.set()
+
+    sched.submit("chain", partial(step, 0))
+    assert done.wait(WAIT)
+    assert order == [0, 1, 2, 3, 4, 5]
