@@ -1,0 +1,91 @@
+"""Recorder throughput: a local fire-hose through the storage core to acknowledged journal
+segments, then to Parquet. Prints JSON.
+
+Two workloads: scalar rows (5 scalar fields) and rows with a 1,000-element float64 array.
+Rates are rows/s of wall time; CPU time is the process's (user + system) over the same span,
+so ``rows_per_cpu_s`` says what one core sustains. Peak RSS is the process maximum so far.
+
+    .venv/bin/python benchmarks/recorder.py [--rows N] [--array-rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from rda.pipeline.recorder import Recorder, Sample
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _samples(count: int, array: bool) -> list[Sample]:
+    # Built before the clock starts: the benchmark measures the recorder, not Data creation.
+    base = time.time_ns()
+    wave = np.linspace(0.0, 1.0, 1000)
+    out = []
+    for i in range(count):
+        if array:
+            data = Data(index=i, wave=wave)
+        else:
+            data = Data(current=float(i), voltage=1.5, index=i, status="ON", ok=True)
+        out.append(Sample(data, DataContext("CPS.USER.ALL", base + i, base + i, "CPS.USER.ALL")))
+    return out
+
+
+def run(rows: int, array: bool) -> dict[str, Any]:
+    samples = _samples(rows, array)
+    with tempfile.TemporaryDirectory() as root:
+        recorder = Recorder(root, recorder_id="bench", queue_limit=rows + 1, convert=False)
+        recorder.start()
+        cpu0, t0 = _cpu(), time.perf_counter()
+        offer = recorder.offer
+        for sample in samples:
+            offer("BENCH1", "Acquisition", None, sample)
+        recorder.flush(timeout=300.0)
+        t1, cpu1 = time.perf_counter(), _cpu()
+        stats = recorder.statistics()
+        recorder.stop(convert=False)
+        t2 = time.perf_counter()
+        converted = recorder.converter.convert_pending()
+        t3, cpu3 = time.perf_counter(), _cpu()
+        files = recorder.converter.statistics().files_written
+    assert stats.acked_seq == rows and stats.overflow == 0, stats
+    return {
+        "rows": rows,
+        "acked_rows_per_s": round(rows / (t1 - t0)),
+        "acked_rows_per_cpu_s": round(rows / (cpu1 - cpu0)),
+        "segments": stats.segments_written,
+        "journal_bytes": stats.bytes_written,
+        "parquet_rows_per_s": round(rows / (t3 - t2)),
+        "parquet_rows_per_cpu_s": round(rows / max(1e-9, cpu3 - cpu1 - (t2 - t1) * 0)),
+        "converted_segments": converted,
+        "parquet_files": files,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--array-rows", type=int, default=30_000)
+    args = parser.parse_args()
+    result = {
+        "scalar": run(args.rows, array=False),
+        "array_1000": run(args.array_rows, array=True),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

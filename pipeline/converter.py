@@ -1,0 +1,360 @@
+"""Journal segments -> the Hive-partitioned Parquet store, idempotently; retention; compaction.
+
+Store layout (the contract with the History API, docs/history.md):
+``root/device=D/property=P/date=YYYY-MM-DD/part-<recorder_id>-<firstseq>-<lastseq>.parquet``.
+
+Idempotence: a conversion takes a *group* of closed segments. Before writing, the group and the
+file names it will produce are recorded as ``planned`` in ``progress.json`` (atomically
+replaced); each file is written tmp -> fsync -> rename; then the group moves to ``done``. A
+restart first redoes a planned group with the same segments, hence the same names: files are
+overwritten, never duplicated. File names derive only from the rows (recorder, first and last
+seq of the rows of one key and day), never from time or chance.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rda.pipeline.journal import Journal, Segment, fsync_directory, read_segment, write_durably
+from rda.pipeline.schema import SchemaCatalog, merge_types, partition_escape
+
+__all__ = ["STORE_COLUMNS", "Converter", "ConverterStatistics", "compact", "partition_path"]
+
+log = logging.getLogger("rda.pipeline.converter")
+
+_DAY_NS = 86_400 * 10**9
+_PART = re.compile(r"^part-(.+)-(\d+)-(\d+)\.parquet$")
+STORE_COLUMNS = (
+    "acq_stamp",
+    "ts",
+    "cycle_stamp",
+    "cycle_name",
+    "selector",
+    "recv_stamp",
+    "recorder_id",
+    "seq",
+    "error",
+    "data",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConverterStatistics:
+    converted_segments: int
+    files_written: int
+    errors: int
+    last_error: str | None
+
+
+def partition_path(root: Path | str, device: str, prop: str, date: str) -> Path:
+    """The directory of one (device, property, day) partition."""
+    return (
+        Path(root)
+        / f"device={partition_escape(device)}"
+        / f"property={partition_escape(prop)}"
+        / f"date={date}"
+    )
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(path, sink.getvalue())
+
+
+def _store_table(
+    recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
+) -> pa.Table:
+    acq = meta.column("acq_stamp").combine_chunks()
+    ts = pa.compute.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    metadata = {
+        "rda.device": key[0],
+        "rda.property": key[1],
+        "rda.schema_version": str(key[2]),
+    }
+    columns: dict[str, Any] = {
+        "acq_stamp": acq,
+        "ts": ts,
+        "cycle_stamp": meta.column("cycle_stamp"),
+        "cycle_name": meta.column("cycle_name"),
+        "selector": meta.column("selector"),
+        "recv_stamp": meta.column("recv_stamp"),
+        "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
+        "seq": meta.column("seq"),
+        "error": meta.column("error"),
+        "data": data,
+    }
+    return pa.table(columns).replace_schema_metadata(metadata)
+
+
+class Converter:
+    """Converts one recorder's closed segments into the Parquet store (see module docstring)."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        recorder_id: str,
+        catalog: SchemaCatalog | None = None,
+        *,
+        retention: float = 86_400.0,
+        max_group_rows: int = 1_000_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(root)
+        self.recorder_id = recorder_id
+        self.journal = Journal(self.root, recorder_id)
+        self.catalog = catalog or SchemaCatalog(self.root, recorder_id)
+        self.retention = retention
+        self.max_group_rows = max_group_rows
+        self._clock = clock
+        self._path = self.journal.directory / "progress.json"
+        self._lock = threading.Lock()  # the converter thread and stop() may both call in
+        self._progress: dict[str, Any] = {"max_seq": 0, "done": {}, "planned": None}
+        self._converted = 0
+        self._files = 0
+        self._errors = 0
+        self._last_error: str | None = None
+        self.recover()
+
+    @property
+    def max_seq(self) -> int:
+        """The highest seq ever converted (kept after retention deleted its segment)."""
+        return int(self._progress["max_seq"])
+
+    def recover(self) -> None:
+        """Reload the progress record; drop tmp files an interrupted conversion left."""
+        with self._lock:
+            if self._path.exists():
+                self._progress = json.loads(self._path.read_text())
+            planned = self._progress.get("planned")
+            for name in planned["files"] if planned else []:
+                stray = (self.root / name).with_name(f".{Path(name).name}.tmp")
+                stray.unlink(missing_ok=True)
+
+    def statistics(self) -> ConverterStatistics:
+        return ConverterStatistics(self._converted, self._files, self._errors, self._last_error)
+
+    def _save(self) -> None:
+        write_durably(self._path, json.dumps(self._progress).encode())
+
+    def convert_pending(self) -> int:
+        """Convert every closed segment not yet converted; return how many were."""
+        with self._lock:
+            total = 0
+            try:
+                planned = self._progress.get("planned")
+                if planned:
+                    by_name = {s.name: s for s in self.journal.segments()}
+                    group = [by_name[name] for name in planned["segments"] if name in by_name]
+                    total += self._convert_group(group)
+                while True:
+                    done = self._progress["done"]
+                    pending = [s for s in self.journal.segments() if s.name not in done]
+                    if not pending:
+                        return total
+                    group, rows = [], 0
+                    for segment in pending:
+                        group.append(segment)
+                        rows += segment.last_seq - segment.first_seq + 1
+                        if rows >= self.max_group_rows:
+                            break
+                    total += self._convert_group(group)
+            except Exception as exc:
+                self._errors += 1
+                self._last_error = f"conversion failed: {exc}"
+                log.exception("converter %s: conversion failed", self.recorder_id)
+                raise
+
+    def _convert_group(self, group: list[Segment]) -> int:
+        if not group:
+            self._progress["planned"] = None
+            return 0
+        parts: dict[tuple[tuple[str, str, int], str], list[tuple[pa.Table, pa.Array]]] = (
+            defaultdict(list)
+        )
+        for segment in group:
+            for key, meta, data in read_segment(segment.path):
+                if not len(meta):
+                    continue
+                acq = meta.column("acq_stamp").to_numpy()
+                recv = meta.column("recv_stamp").to_numpy()
+                days = np.where(acq > 0, acq, recv) // _DAY_NS
+                for day in np.unique(days):
+                    day_date = datetime.date.fromordinal(
+                        datetime.date(1970, 1, 1).toordinal() + int(day)
+                    )
+                    mask = pa.array(days == day)
+                    parts[(key, day_date.isoformat())].append(
+                        (meta.filter(mask), data.filter(mask))
+                    )
+        outputs: list[tuple[Path, pa.Table]] = []
+        for (key, date), pieces in sorted(parts.items()):
+            meta = pa.concat_tables([m for m, _ in pieces])
+            data = self._unify([d for _, d in pieces], key)
+            seqs = meta.column("seq")
+            name = f"part-{self.recorder_id}-{seqs[0].as_py()}-{seqs[-1].as_py()}.parquet"
+            outputs.append(
+                (
+                    partition_path(self.root, key[0], key[1], date) / name,
+                    _store_table(self.recorder_id, meta, data, key),
+                )
+            )
+        self._progress["planned"] = {
+            "segments": [s.name for s in group],
+            "files": [str(path.relative_to(self.root)) for path, _ in outputs],
+        }
+        self._save()
+        for path, table in outputs:
+            _write_parquet(path, table)
+            self._files += 1
+        now = self._clock()
+        for segment in group:
+            self._progress["done"][segment.name] = now
+        self._progress["max_seq"] = max(self.max_seq, group[-1].last_seq)
+        self._progress["planned"] = None
+        self._save()
+        self._converted += len(group)
+        return len(group)
+
+    def _unify(self, arrays: list[pa.Array], key: tuple[str, str, int]) -> pa.Array:
+        """One array from a key's pieces; segments may carry narrower (older) struct types."""
+        target: pa.DataType = arrays[0].type
+        for array in arrays[1:]:
+            merged = merge_types(target, array.type)
+            target = merged if merged is not None else target
+        if pa.types.is_struct(target) and target.num_fields == 0:
+            # Errors recorded before any value: no struct to store (Parquet has no empty
+            # struct), so use the property's current schema, else a null column.
+            current = self.catalog.current(key[0], key[1])
+            target = current.arrow_type if current is not None else pa.null()
+            return pa.nulls(sum(len(a) for a in arrays), target)
+        return pa.concat_arrays([a if a.type.equals(target) else a.cast(target) for a in arrays])
+
+    def apply_retention(self) -> int:
+        """Delete converted segments older than the retention; return how many were deleted."""
+        with self._lock:
+            limit = self._clock() - self.retention
+            done: dict[str, float] = self._progress["done"]
+            expired = [name for name, at in done.items() if at <= limit]
+            if not expired:
+                return 0
+            for name in expired:
+                (self.journal.directory / name).unlink(missing_ok=True)
+                del done[name]
+            fsync_directory(self.journal.directory)
+            self._save()
+            return len(expired)
+
+
+# --- compaction ------------------------------------------------------------------------------
+
+
+def _planned_elsewhere(root: Path, partition: Path) -> bool:
+    prefix = str(partition.relative_to(root)) + "/"
+    for progress in (root / "_journal").glob("*/progress.json"):
+        planned = json.loads(progress.read_text()).get("planned")
+        if planned and any(f.startswith(prefix) for f in planned["files"]):
+            return True
+    return False
+
+
+def compact(
+    root: Path | str,
+    device: str,
+    prop: str,
+    date: str,
+    *,
+    grace: float = 3_600.0,
+    clock: Callable[[], float] = time.time,
+) -> list[Path]:
+    """Rewrite a closed day into one file per (recorder, schema version); return the outputs.
+
+    Idempotent and crash-safe: the plan is recorded in ``_compaction.json`` before any file is
+    written; outputs are written atomically, inputs deleted only once outputs are durable; a
+    rerun finishes an interrupted compaction. A day is closed once it ended ``grace`` seconds
+    ago and no recorder has a planned conversion into it.
+    """
+    root = Path(root)
+    partition = partition_path(root, device, prop, date)
+    day_end = datetime.datetime.fromisoformat(date).replace(
+        tzinfo=datetime.UTC
+    ) + datetime.timedelta(days=1)
+    if clock() < day_end.timestamp() + grace:
+        raise ValueError(f"{device}/{prop} {date}: the day is not closed yet")
+    if _planned_elsewhere(root, partition):
+        raise ValueError(f"{device}/{prop} {date}: a conversion into this day is in progress")
+    record = partition / "_compaction.json"
+    if record.exists():
+        plan = json.loads(record.read_text())
+    else:
+        plan = _plan(partition)
+        if not plan:
+            return []
+        write_durably(record, json.dumps(plan).encode())
+    outputs = []
+    for group in plan:
+        output = partition / group["output"]
+        if not output.exists():
+            tables = [pq.read_table(partition / name) for name in group["inputs"]]
+            _write_parquet(output, _concat_sorted(tables))
+        for name in group["inputs"]:
+            (partition / name).unlink(missing_ok=True)
+        outputs.append(output)
+    fsync_directory(partition)
+    record.unlink()
+    fsync_directory(partition)
+    return outputs
+
+
+def _plan(partition: Path) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for path in sorted(partition.glob("part-*.parquet")):
+        match = _PART.match(path.name)
+        if not match:
+            continue
+        metadata = pq.read_schema(path).metadata or {}
+        version = metadata.get(b"rda.schema_version", b"0").decode()
+        groups[(match[1], version)].append((int(match[2]), int(match[3]), path.name))
+    plan = []
+    for (recorder_id, _), files in sorted(groups.items()):
+        if len(files) < 2:
+            continue
+        first = min(f[0] for f in files)
+        last = max(f[1] for f in files)
+        plan.append(
+            {
+                "output": f"part-{recorder_id}-{first}-{last}.parquet",
+                "inputs": [f[2] for f in sorted(files)],
+            }
+        )
+    return plan
+
+
+def _concat_sorted(tables: list[pa.Table]) -> pa.Table:
+    target: pa.DataType = tables[0].schema.field("data").type
+    for table in tables[1:]:
+        merged = merge_types(target, table.schema.field("data").type)
+        target = merged if merged is not None else target
+    fixed = []
+    for table in tables:
+        if not table.schema.field("data").type.equals(target):
+            index = table.schema.get_field_index("data")
+            table = table.set_column(index, "data", table.column("data").cast(target))
+        fixed.append(table.replace_schema_metadata(tables[0].schema.metadata))
+    combined = pa.concat_tables(fixed)
+    return combined.sort_by("seq").replace_schema_metadata(tables[0].schema.metadata)
