@@ -1,0 +1,169 @@
+"""One timer thread with a heap: request deadlines and reconnection attempts of a client.
+
+Every request a client sends gets a deadline (seed 003: a timed-out request must be abandoned
+cleanly, not wait forever). One thread per client service serves all of them from a heap,
+rather than one ``threading.Timer`` thread per request.
+
+Cancelling is O(1): the entry is only marked, and skipped when it reaches the top. Replies
+usually arrive long before their deadline, so most entries are cancelled ones; when they
+outnumber the live ones the heap is rebuilt, which keeps memory proportional to the requests
+actually in flight.
+
+The clock is injected. The thread cannot sleep until a fake clock's deadline, so with a clock
+that offers ``on_advance`` (``rda.testing.FakeClock``) the due callbacks run right in the
+thread that advances it: after ``clock.advance(11)`` a test sees its 10 s timeouts already
+fired, with no sleep and no race. ``max_wait`` (None: off) makes the thread re-read the clock
+at least that often, for other clocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+__all__ = ["Timer", "TimerHandle"]
+
+log = logging.getLogger(__name__)
+
+
+class TimerHandle:
+    """A scheduled call; ``cancel()`` is idempotent and thread-safe."""
+
+    __slots__ = ("_timer", "callback", "cancelled", "deadline")
+
+    def __init__(self, timer: Timer, deadline: float, callback: Callable[[], None]) -> None:
+        self._timer = timer
+        self.deadline = deadline
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self._timer._cancel(self)
+
+
+class Timer:
+    """Run callbacks at deadlines of ``clock``, on one named daemon thread.
+
+    Callbacks must be short: they run one after another on the timer thread (the client's
+    callbacks only fail a future or call ``transport.connect``).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        name: str = "rda-client-timer",
+        max_wait: float | None = None,
+    ) -> None:
+        self._clock = clock
+        self._max_wait = max_wait
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._order = itertools.count()
+        self._cancelled = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        on_advance = getattr(clock, "on_advance", None)
+        self._unhook: Callable[[], None] | None = (
+            on_advance(self.run_due) if callable(on_advance) else None
+        )
+
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> TimerHandle:
+        handle = TimerHandle(self, deadline, callback)
+        with self._cond:
+            if self._closed:
+                handle.cancelled = True
+                return handle
+            heap = self._heap
+            heapq.heappush(heap, (deadline, next(self._order), handle))
+            # Only an entry that became the earliest changes how long the thread sleeps; the
+            # usual case (same timeout for every request) never wakes it.
+            if heap[0][2] is handle:
+                self._cond.notify()
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        return self.call_at(self._clock() + delay, callback)
+
+    def pending(self) -> int:
+        """Scheduled calls not yet run nor cancelled."""
+        with self._cond:
+            return len(self._heap) - self._cancelled
+
+    def _cancel(self, handle: TimerHandle) -> None:
+        with self._cond:
+            # Under the lock: the thread may be popping this very entry as due.
+            if handle.cancelled or self._closed:
+                return
+            handle.cancelled = True
+            self._cancelled += 1
+            if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _pop_due(self) -> list[TimerHandle]:
+        """Remove and return the handles whose deadline has passed (lock held)."""
+        heap = self._heap
+        now = self._clock()
+        due: list[TimerHandle] = []
+        while heap and heap[0][0] <= now:
+            handle = heapq.heappop(heap)[2]
+            if handle.cancelled:
+                self._cancelled -= 1
+            else:
+                # Marked so that a late cancel() does not count it.
+                handle.cancelled = True
+                due.append(handle)
+        return due
+
+    def run_due(self) -> None:
+        """Run the callbacks that are due now, in this thread (a fake clock's advance)."""
+        with self._cond:
+            due = [] if self._closed else self._pop_due()
+        _run_all(due)
+
+    def _due(self) -> list[TimerHandle] | None:
+        """Wait for the earliest deadline; return the due handles, None once closed."""
+        with self._cond:
+            while not self._closed:
+                heap = self._heap
+                while heap and heap[0][2].cancelled:
+                    heapq.heappop(heap)
+                    self._cancelled -= 1
+                due = self._pop_due()
+                if due:
+                    return due
+                now = self._clock()
+                wait = None if not heap else heap[0][0] - now
+                if self._max_wait is not None:
+                    wait = self._max_wait if wait is None else min(wait, self._max_wait)
+                self._cond.wait(wait)
+            return None
+
+    def _run(self) -> None:
+        while (due := self._due()) is not None:
+            _run_all(due)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the thread; scheduled calls never run. Idempotent."""
+        if self._unhook is not None:
+            self._unhook()
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            self._cancelled = 0
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def _run_all(due: list[TimerHandle]) -> None:
+    for handle in due:
+        try:
+            handle.callback()
+        except Exception:
+            log.exception("timer callback %r raised", handle.callback)
