@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fnmatch import translate
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from rda.business.config import Config
 from rda.serialization.errors import NoSuchDeviceError, RdaError, TimeoutError
@@ -181,6 +181,7 @@ class FileDirectory:
         self.path = Path(path)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._host = socket.gethostname()
+        self._cache: _Snapshot | None = None
 
     def __repr__(self) -> str:
         return f"FileDirectory('{self.path}')"
@@ -192,6 +193,9 @@ class FileDirectory:
         if not isinstance(server, str) or not server.strip():
             raise ValueError(f"server name must be a non-empty string, got {server!r}")
         _check_endpoint(endpoint, f"server {server!r}")
+        if isinstance(devices, str):
+            # list("PS1") would register devices "P", "S" and "1".
+            raise ValueError(f"server {server!r}: devices must be a collection of names, not a str")
         names = list(devices)
         for name in names:
             if not isinstance(name, str) or not name.strip():
@@ -227,10 +231,16 @@ class FileDirectory:
     # -- readers -----------------------------------------------------------------------------
 
     def resolve(self, device: str) -> str:
-        endpoint = self._matcher().match(device)
-        if endpoint is None:
-            raise NoSuchDeviceError(f"{device}: no such device registered in {self!r}")
-        return endpoint
+        snapshot = self._snapshot()
+        # Exact names first, then patterns; newest registration first in each; a dead
+        # server's claim falls through to the next candidate.
+        for record in snapshot.exact.get(device, ()):
+            if self._alive(record):
+                return record.entry.endpoint
+        for pattern, record in snapshot.patterns:
+            if pattern.match(device) and self._alive(record):
+                return record.entry.endpoint
+        raise NoSuchDeviceError(f"{device}: no such device registered in {self!r}")
 
     def devices(self) -> dict[str, str]:
         mapping: dict[str, str] = {}
@@ -241,29 +251,38 @@ class FileDirectory:
 
     def servers(self) -> list[ServerEntry]:
         """Live servers in registration order."""
-        entries = []
-        for name, raw in self._live(self._read()).items():
-            entry = _entry(name, raw)
-            if entry is not None:
-                entries.append(entry)
-        return entries
+        return [r.entry for r in self._snapshot().records if self._alive(r)]
 
-    def _matcher(self) -> _Matcher:
-        # Newest registration first, so it wins both exact and pattern conflicts. The file is
-        # read on every call: it is small, and a cache keyed on mtime could miss two writes
-        # within one timestamp tick.
-        pairs = [(name, e.endpoint) for e in reversed(self.servers()) for name in e.devices]
-        return _Matcher(pairs)
+    def _snapshot(self) -> _Snapshot:
+        # The file is read on every call (it is small, and the only way to be sure of seeing
+        # the latest version: an mtime can stay the same across two writes within one clock
+        # tick); parsing and pattern compilation are skipped when the text is unchanged.
+        text = self._read_text()
+        cached = self._cache
+        if cached is not None and cached.text == text:
+            return cached
+        records = [
+            record
+            for name, raw in self._parse(text).items()
+            if (record := _record(name, raw)) is not None
+        ]
+        snapshot = _Snapshot(text, records)
+        self._cache = snapshot
+        return snapshot
 
     # -- file handling -----------------------------------------------------------------------
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    def _read_text(self) -> str:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return {}
+            return ""
         except OSError as exc:
             raise RdaError(f"cannot read directory file {self.path}: {exc}") from exc
+
+    def _parse(self, text: str) -> dict[str, dict[str, Any]]:
+        if not text:
+            return {}
         try:
             content = json.loads(text)
         except ValueError:
@@ -275,30 +294,35 @@ class FileDirectory:
             return {}
         return {k: v for k, v in servers.items() if isinstance(v, dict)}
 
-    def _live(self, servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        return {name: raw for name, raw in servers.items() if self._alive(name, raw)}
+    def _read(self) -> dict[str, dict[str, Any]]:
+        return self._parse(self._read_text())
 
-    def _alive(self, name: str, raw: dict[str, Any]) -> bool:
-        if _entry(name, raw) is None:
-            return False
-        if raw["host"] != self._host:
+    def _live(self, servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The well-formed records of live processes, as raw dicts (what writers keep)."""
+        return {
+            name: raw
+            for name, raw in servers.items()
+            if (record := _record(name, raw)) is not None and self._alive(record)
+        }
+
+    def _alive(self, record: _Record) -> bool:
+        entry = record.entry
+        if entry.host != self._host:
             # Another machine's process (a shared home directory): cannot check, keep it.
             return True
-        pid = raw["pid"]
         try:
-            os.kill(pid, 0)
+            os.kill(entry.pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             pass  # exists, owned by another user
         except OSError:
             return False
-        start = raw.get("start")
-        if start is None:
+        if record.start is None:
             return True
         # Unknown now (e.g. /proc mounted with hidepid): trust the pid rather than drop it.
-        current = _process_start(pid)
-        return current is None or current == start
+        current = _process_start(entry.pid)
+        return current is None or current == record.start
 
     def _owned(self, raw: dict[str, Any]) -> bool:
         return bool(raw.get("pid") == os.getpid() and raw.get("host") == self._host)
@@ -349,8 +373,13 @@ class FileDirectory:
             os.close(dir_fd)
 
 
-def _entry(name: str, raw: dict[str, Any]) -> ServerEntry | None:
-    """A ServerEntry from a file record, or None if the record is malformed (hand-edited)."""
+class _Record(NamedTuple):
+    entry: ServerEntry
+    start: int | None  # process start time, to tell a live process from a recycled pid
+
+
+def _record(name: str, raw: dict[str, Any]) -> _Record | None:
+    """A record from the file, or None if it is malformed (hand-edited)."""
     endpoint, devices = raw.get("endpoint"), raw.get("devices")
     pid, host, at = raw.get("pid"), raw.get("host"), raw.get("registered_at")
     if (
@@ -364,7 +393,29 @@ def _entry(name: str, raw: dict[str, Any]) -> ServerEntry | None:
         or not isinstance(at, int | float)
     ):
         return None
-    return ServerEntry(name, endpoint, tuple(devices), pid, host, float(at))
+    start = raw.get("start")
+    if not isinstance(start, int) or isinstance(start, bool):
+        start = None
+    return _Record(ServerEntry(name, endpoint, tuple(devices), pid, host, float(at)), start)
+
+
+class _Snapshot:
+    """One version of the file, parsed: records in file (registration) order, and the
+    lookup structures with the newest registration first."""
+
+    __slots__ = ("exact", "patterns", "records", "text")
+
+    def __init__(self, text: str, records: list[_Record]) -> None:
+        self.text = text
+        self.records = records
+        self.exact: dict[str, list[_Record]] = {}
+        self.patterns: list[tuple[re.Pattern[str], _Record]] = []
+        for record in reversed(records):
+            for name in record.entry.devices:
+                if _is_pattern(name):
+                    self.patterns.append((re.compile(translate(name)), record))
+                else:
+                    self.exact.setdefault(name, []).append(record)
 
 
 def _process_start(pid: int) -> int | None:

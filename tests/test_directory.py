@@ -173,6 +173,18 @@ def test_entries_of_dead_processes_are_ignored_then_pruned(tmp_path: Path) -> No
     assert list(json.loads(path.read_text())["servers"]) == ["Alive"]
 
 
+def test_a_dead_exact_claim_falls_through_to_a_live_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    files = FileDirectory(path)
+    files.register("Raw", "tcp://127.0.0.1:1", ["PS*"])
+    files.register("Exact", "tcp://127.0.0.1:2", ["PS1"])
+    assert files.resolve("PS1") == "tcp://127.0.0.1:2"
+    content = json.loads(path.read_text())
+    content["servers"]["Exact"]["pid"] = dead_pid()
+    path.write_text(json.dumps(content))
+    assert files.resolve("PS1") == "tcp://127.0.0.1:1"
+
+
 def test_a_recycled_pid_does_not_revive_a_dead_entry(tmp_path: Path) -> None:
     path = tmp_path / "d.json"
     files = FileDirectory(path)
@@ -212,6 +224,8 @@ def test_register_validates_its_arguments(tmp_path: Path) -> None:
         files.register("S1", "localhost:1", ["PS1"])
     with pytest.raises(ValueError, match="device names"):
         files.register("S1", "tcp://127.0.0.1:1", ["PS1", ""])
+    with pytest.raises(ValueError, match="not a str"):
+        files.register("S1", "tcp://127.0.0.1:1", "PS1")
     assert not (tmp_path / "d.json").exists()
 
 
