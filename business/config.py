@@ -112,6 +112,12 @@ class Config(BaseSettings):
             reason = f": {exc.__cause__}" if exc.__cause__ is not None else ""
             raise ConfigError(f"invalid rda configuration: {exc}{reason}") from exc
 
+    @field_validator("directory_file")
+    @classmethod
+    def _expand_home(cls, path: Path) -> Path:
+        # ``RDA_DIRECTORY_FILE=~/rda.json`` is not expanded by every shell (e.g. inside quotes).
+        return path.expanduser()
+
     @field_validator("directory")
     @classmethod
     def _check_directory(cls, mapping: dict[str, str]) -> dict[str, str]:

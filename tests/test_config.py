@@ -77,6 +77,11 @@ def test_environment_overrides_every_kind_of_setting(
     assert config.max_message_size == 1048576
 
 
+def test_directory_file_expands_the_home_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDA_DIRECTORY_FILE", "~/rda/directory.json")
+    assert Config().directory_file == Path.home() / "rda" / "directory.json"
+
+
 def test_lowercase_environment_names_work_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("rda_workers", "2")
     assert Config().workers == 2
