@@ -1,0 +1,431 @@
+"""The server's request/reply plumbing: from the transport's callback to the encoded answer.
+
+:class:`Dispatch` is the transport's ``ServerHandler``. Its ``on_*`` methods run on the
+dispatcher thread and do only constant-time work: look the peer up, build a request object,
+``scheduler.submit``. Everything that decodes a body or runs user code happens in a worker
+(``_run``) or in whichever thread answers the request (``_respond``).
+
+Outcomes and their replies (docs/protocol.md, "Application messages"):
+
+=================  =====================================  =========================
+what happened      reply                                   counted as
+=================  =====================================  =========================
+complete()         REPLY [DATA, DATA_CONTEXT] / REPLY      ok
+fail() / raise     EXCEPTION [EXCEPTION]                   error
+queue full         EXCEPTION OverloadError                 overload
+deadline passed    EXCEPTION TimeoutError                  timeout
+reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         rejected
+=================  =====================================  =========================
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from rda.business.common import AcquiredData
+from rda.business.scheduler import GroupTaskScheduler
+from rda.business.server_requests import (
+    SERVER_CLIENT,
+    ClientInfo,
+    DeadlineWatcher,
+    GetRequest,
+    RequestReplyCallback,
+    ServerRequest,
+    SubscriptionCallback,
+    UnsubscribeRequest,
+    describe_error,
+    new_request,
+)
+from rda.business.server_stats import RequestCounters
+from rda.business.subscriptions import SubscriptionRegistry, SubscriptionSource
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import Header, RequestType, UpdateType, encode_context
+from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.serialization.errors import (
+    DecodeError,
+    NoSuchDeviceError,
+    OverloadError,
+    ProtocolError,
+    RdaError,
+    TimeoutError,
+)
+from rda.transport.api import Buffer, ServerTransport
+from rda.transport.protocol import Kind, encode_message
+
+if TYPE_CHECKING:
+    from rda.business.server import Server
+
+__all__ = ["ADMIN_GROUP", "AdminHandler", "Dispatch", "PeerState"]
+
+log = logging.getLogger("rda.server")
+
+ADMIN_GROUP = "__admin__"
+AdminHandler = Callable[["Server", str, Data, ClientInfo], Data]
+
+_TYPE_NAMES = {t: t.name.lower() for t in RequestType}
+_REQUESTS = frozenset({RequestType.GET, RequestType.SET, RequestType.SUBSCRIBE})
+
+
+@dataclass(slots=True)
+class PeerState:
+    client: ClientInfo
+    connected_since: float
+    last_heard: float
+
+
+class Dispatch:
+    """Routes requests to workers and answers them; one per started :class:`Server`."""
+
+    def __init__(
+        self,
+        *,
+        server: Server,
+        scheduler: GroupTaskScheduler,
+        deadlines: DeadlineWatcher,
+        counters: RequestCounters,
+        request_reply: RequestReplyCallback,
+        subscription: SubscriptionCallback,
+        admin_handler: AdminHandler | None,
+        clock: Callable[[], float],
+        default_timeout: float,
+        immediate_updates: bool,
+    ) -> None:
+        self._server = server
+        self._scheduler = scheduler
+        self._deadlines = deadlines
+        self._counters = counters
+        self._rr = request_reply
+        self._subs = subscription
+        self._admin = admin_handler
+        self._clock = clock
+        self._default_timeout = default_timeout
+        self._immediate = immediate_updates
+        self._peers: dict[bytes, PeerState] = {}
+        self._peers_lock = threading.Lock()
+        self._transport: ServerTransport | None = None
+        self._registry: SubscriptionRegistry | None = None
+        # Set at stop: answers after that are dropped instead of sent to a closed transport.
+        self.stopping = False
+
+    def attach(self, transport: ServerTransport, registry: SubscriptionRegistry) -> None:
+        self._transport = transport
+        self._registry = registry
+
+    def peers(self) -> list[tuple[bytes, PeerState]]:
+        with self._peers_lock:
+            return list(self._peers.items())
+
+    # -- ServerHandler: the dispatcher thread ------------------------------------------------
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        now = time.time()
+        state = PeerState(ClientInfo.from_info(peer, client_info), now, now)
+        with self._peers_lock:
+            self._peers[peer] = state
+        if self._registry is not None:
+            self._registry.peer_connected(peer)
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        with self._peers_lock:
+            self._peers.pop(peer, None)
+        if self._registry is None:
+            return
+        for source in self._registry.remove_peer(peer):
+            self._submit_callback(source.device, self._subs.source_removed, source)
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        received_at = self._clock()
+        state = self._peers.get(peer)
+        if state is not None:
+            state.last_heard = time.time()
+            client = state.client
+        else:
+            client = ClientInfo(peer)
+        header = message.header
+        rtype = header.request_type
+        if rtype in _REQUESTS:
+            request = new_request(
+                message, client, received_at, self._respond, self._counters.late_completion
+            )
+            if not self._scheduler.submit(
+                header.device, partial(self._run, request), partial(self._overload, request)
+            ):
+                self._overload(request)
+        elif rtype is RequestType.ADMIN:
+            task = partial(self._run_admin, peer, message, client, received_at)
+            if not self._scheduler.submit(ADMIN_GROUP, task):
+                overload = OverloadError(f"admin queue full; {header.device!r} rejected")
+                self._send_error(peer, header, RequestType.EXCEPTION, overload)
+                self._counters.record("admin", "overload", self._clock() - received_at)
+        elif rtype is RequestType.UNSUBSCRIBE:
+            self._unsubscribe(peer, header, client)
+        else:
+            error = ProtocolError(f"{rtype.name} is not a request a client may send")
+            self._send_error(peer, header, RequestType.EXCEPTION, error)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _run(self, request: ServerRequest) -> None:
+        """Worker: check the deadline, call the user callback, arm the deadline watcher."""
+        try:
+            timeout = request.timeout
+        except DecodeError as exc:
+            request._answer(None, exc)
+            return
+        if timeout is None:
+            timeout = self._default_timeout
+        deadline = request.received_at + timeout
+        if self._clock() >= deadline:
+            # The client gave up while this waited in the queue: running it would be a
+            # surprise (a set applied after the caller saw a timeout).
+            request._answer(None, _timeout_error(request, timeout, queued=True))
+            return
+        rtype = request.header.request_type
+        try:
+            if rtype is RequestType.GET:
+                self._rr.get(request)  # type: ignore[arg-type]
+            elif rtype is RequestType.SET:
+                self._rr.set(request)  # type: ignore[arg-type]
+            else:
+                self._subs.subscribe(request)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._handler_raised(request, exc)
+        self._arm(request, deadline, timeout)
+
+    def _arm(self, request: ServerRequest, deadline: float, timeout: float) -> None:
+        if request.done:
+            return
+        expire = partial(self._expire, request, timeout)
+        cancel = self._deadlines.add(deadline, expire)
+        if not request._arm(cancel):
+            cancel()
+
+    def _expire(self, request: ServerRequest, timeout: float) -> None:
+        request._answer(None, _timeout_error(request, timeout, queued=False))
+
+    def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
+        self._counters.handler_error()
+        if isinstance(exc, RdaError):
+            log.debug("%r: handler raised %r", request, exc)
+        else:
+            log.warning("%r: handler raised", request, exc_info=True)
+        if not request._answer(None, exc):
+            log.warning("%r: handler raised after answering: %r", request, exc)
+
+    def _overload(self, request: ServerRequest) -> None:
+        limit = self._scheduler.queue_limit
+        request._answer(
+            None,
+            OverloadError(
+                f"{request.device}: server overloaded ({limit} requests already queued for "
+                f"this device); {request.header.request_type.name} {request.property} rejected"
+            ),
+        )
+
+    def _run_admin(self, peer: bytes, message: Message, client: ClientInfo, at: float) -> None:
+        header = message.header
+        try:
+            if self._admin is None:
+                raise NoSuchDeviceError("no admin interface")
+            args = message.data if message.data is not None else Data()
+            result = self._admin(self._server, header.device, args, client)
+            body = [(BodyKind.DATA, _binary.encode(result))]
+            reply = Header(RequestType.REPLY, header.id, header.device, header.property)
+            self._send(peer, encode_message(Kind.REPLY, reply, body))
+            outcome = "ok"
+        except Exception as exc:
+            if not isinstance(exc, RdaError):
+                log.warning("admin command %r raised", header.device, exc_info=True)
+                self._counters.handler_error()
+            self._send_error(peer, header, RequestType.EXCEPTION, exc)
+            outcome = "error"
+        self._counters.record("admin", outcome, self._clock() - at)
+
+    # -- answers: any thread -----------------------------------------------------------------
+
+    def _respond(
+        self, request: ServerRequest, result: AcquiredData | None, error: BaseException | None
+    ) -> None:
+        header = request.header
+        rtype = header.request_type
+        peer = request.client.peer
+        if error is not None:
+            reply_type = (
+                RequestType.SUBSCRIBE_EXCEPTION
+                if rtype is RequestType.SUBSCRIBE
+                else RequestType.EXCEPTION
+            )
+            self._send_error(peer, header, reply_type, error)
+            outcome = _outcome(rtype, error)
+        elif rtype is RequestType.GET:
+            assert result is not None  # GetRequest.complete guarantees it
+            body: list[tuple[BodyKind, Buffer]] = [
+                (BodyKind.DATA, _binary.encode(result.data)),
+                (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)),
+            ]
+            self._send(peer, encode_message(Kind.REPLY, _reply_header(header), body))
+            outcome = "ok"
+        elif rtype is RequestType.SET:
+            self._send(peer, encode_message(Kind.REPLY, _reply_header(header)))
+            outcome = "ok"
+            if self._immediate:
+                self._updates(header.device, header.property)
+        else:
+            self._accepted(request)
+            outcome = "ok"
+        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
+
+    def _send_error(
+        self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
+    ) -> None:
+        reply = Header(reply_type, header.id, header.device, header.property, header.selector)
+        frame = encode_exception(*describe_error(error))
+        self._send(peer, encode_message(Kind.REPLY, reply, [(BodyKind.EXCEPTION, frame)]))
+
+    def _send(self, peer: bytes, frames: list[Buffer]) -> None:
+        transport = self._transport
+        if transport is None or self.stopping:
+            return
+        try:
+            transport.send(peer, frames)
+        except Exception:
+            log.warning("reply to %s could not be sent", peer.hex(), exc_info=True)
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def _accepted(self, request: ServerRequest) -> None:
+        registry = self._registry
+        if registry is None:
+            return
+        peer = request.client.peer
+        added = registry.add(
+            peer,
+            request.id,
+            request.client,
+            request.device,
+            request.property,
+            request.selector,
+            request.filters,
+        )
+        if added is None:
+            return  # the client left or unsubscribed meanwhile
+        source, created = added
+        if created:
+            try:
+                self._subs.source_added(source)
+            except Exception:
+                self._counters.handler_error()
+                log.exception("%r: source_added raised", source)
+        sub_id = request.id
+
+        def first(result: AcquiredData | None, error: BaseException | None) -> None:
+            source._send_first(peer, sub_id, result, error)
+
+        self._produce(source, first)
+
+    def _updates(self, device: str, prop: str) -> None:
+        """IMMEDIATE updates after a set, one get per source of (device, property)."""
+        registry = self._registry
+        if registry is None:
+            return
+        for source in registry.find(device, prop):
+            self._produce(source, partial(_deliver_immediate, source))
+
+    def _produce(
+        self,
+        source: SubscriptionSource,
+        deliver: Callable[[AcquiredData | None, BaseException | None], None],
+    ) -> None:
+        """Run the get handler for a source in its device group; ``deliver`` gets the result."""
+
+        def answered(
+            _: ServerRequest, result: AcquiredData | None, error: BaseException | None
+        ) -> None:
+            deliver(result, error)
+
+        header = Header(RequestType.GET, 0, source.device, source.property, source.selector)
+        request = GetRequest(
+            Message(header), SERVER_CLIENT, self._clock(), answered, filters=source.filters
+        )
+
+        def task() -> None:
+            try:
+                self._rr.get(request)
+            except Exception as exc:
+                self._handler_raised(request, exc)
+            self._arm(request, request.received_at + self._default_timeout, self._default_timeout)
+
+        if not self._scheduler.submit(source.device, task, partial(self._overload, request)):
+            self._overload(request)
+
+    def _unsubscribe(self, peer: bytes, header: Header, client: ClientInfo) -> None:
+        registry = self._registry
+        if registry is None:
+            return
+        removed = registry.remove(peer, header.id)
+        if removed is None:
+            return
+        source, emptied = removed
+        request = UnsubscribeRequest(
+            source.device,
+            source.property,
+            source.selector,
+            source.filters,
+            client,
+            header.id,
+            source,
+        )
+        self._submit_callback(source.device, self._subs.unsubscribe, request)
+        if emptied:
+            self._submit_callback(source.device, self._subs.source_removed, source)
+
+    def _submit_callback(self, group: str, callback: Callable[[Any], None], arg: Any) -> None:
+        """User notification callbacks run on a worker, in the device's order."""
+
+        def task() -> None:
+            try:
+                callback(arg)
+            except Exception:
+                self._counters.handler_error()
+                log.exception("subscription callback %r raised", callback)
+
+        if not self._scheduler.submit(group, task):
+            log.warning("%s: queue full, %r not called for %r", group, callback, arg)
+
+
+def _deliver_immediate(
+    source: SubscriptionSource, result: AcquiredData | None, error: BaseException | None
+) -> None:
+    if result is not None:
+        source.notify(result, UpdateType.IMMEDIATE)
+    else:
+        source.notify_error(error or RuntimeError("no update"), UpdateType.IMMEDIATE)
+
+
+def _reply_header(header: Header) -> Header:
+    return Header(RequestType.REPLY, header.id, header.device, header.property, header.selector)
+
+
+def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
+    where = "waited in the queue past" if queued else "was not completed within"
+    return TimeoutError(
+        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
+        f"the client's deadline of {timeout:.3g} s"
+    )
+
+
+def _outcome(rtype: RequestType, error: BaseException) -> str:
+    if isinstance(error, OverloadError):
+        return "overload"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if rtype is RequestType.SUBSCRIBE:
+        return "rejected"
+    return "error"

@@ -1,0 +1,393 @@
+"""Subscription sources: who listens to what, and the fan-out of notifications.
+
+A :class:`SubscriptionSource` exists for every (device, property, selector, filters) that has at
+least one subscriber; the :class:`SubscriptionRegistry` owns them. ``notify`` encodes the DATA
+frame once and hands the transport one ``publish`` per distinct sequence number.
+
+Why "per distinct sequence number" and not strictly one ``publish``: docs/protocol.md makes
+``seq`` per subscriber (from 1, +1 per notification sent to that subscriber) and it travels in
+the DATA_CONTEXT frame, which ``publish`` shares between targets. Subscribers that joined
+together share a seq forever (the usual case: one ``publish`` for all of them); one that joined
+later gets its own. The DATA frame, the expensive part, is encoded once either way; the context
+frame is one ``struct.pack`` per group.
+
+Locks (never held while calling user code):
+
+- ``SubscriptionSource._send_lock`` is held from seq assignment to the end of the ``publish``
+  hand-off, so concurrent ``notify`` calls reach the wire in seq order. It may wait on the
+  transport's back-pressure, so nothing else is ever acquired while holding it except
+- ``SubscriptionSource._lock``: the subscriber table; held for a few dictionary operations.
+- ``SubscriptionRegistry._lock``: the source and peer tables; may take a source's ``_lock``
+  inside it, never a ``_send_lock``. So the dispatcher thread (disconnects, unsubscribes) only
+  ever waits for short critical sections and can always drain the back-pressure a notifier
+  is waiting on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from threading import Lock
+
+from rda.business.common import AcquiredData
+from rda.business.server_requests import ClientInfo, describe_error
+from rda.business.server_stats import SourceSnapshot
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import (
+    DataContext,
+    Header,
+    HeaderFlags,
+    RequestType,
+    UpdateType,
+    encode_context,
+    encode_header,
+)
+from rda.serialization._message import BodyKind, encode_exception
+from rda.transport.api import Buffer, ServerTransport
+
+__all__ = ["SourceKey", "SubscriptionRegistry", "SubscriptionSource"]
+
+log = logging.getLogger("rda.server")
+
+# (device, property, selector, binary-encoded filters or b"")
+SourceKey = tuple[str, str, str, bytes]
+
+# Looked up at call time (not bound at import) so that tests can count encodings.
+_encode_data = _binary.encode
+
+_DATA_TAIL = bytes([BodyKind.DATA, BodyKind.DATA_CONTEXT])
+_EXC_TAIL = bytes([BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT])
+
+
+def filters_key(filters: Data | None) -> bytes:
+    return b"" if filters is None else bytes(_binary.encode(filters))
+
+
+class _Subscriber:
+    __slots__ = ("active", "client", "headers", "id", "peer", "seq")
+
+    def __init__(self, peer: bytes, sub_id: int, client: ClientInfo) -> None:
+        self.peer = peer
+        self.id = sub_id
+        self.client = client
+        self.seq = 0
+        # Inactive until its FIRST update went out: nothing may overtake the FIRST.
+        self.active = False
+        self.headers: dict[tuple[RequestType, UpdateType], bytes] = {}
+
+
+class SubscriptionSource:
+    """All subscribers of one (device, property, selector, filters); see the module docstring.
+
+    ``notify`` and ``notify_error`` may be called from any thread, at any time, also while
+    subscribers come and go; on a source whose subscribers are all gone they do nothing.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        property: str,
+        selector: str,
+        filters: Data | None,
+        key: SourceKey,
+        transport: ServerTransport,
+    ) -> None:
+        self.device = device
+        self.property = property
+        self.selector = selector
+        self.filters = filters
+        self.key = key
+        self._transport = transport
+        self._lock = Lock()
+        self._send_lock = Lock()
+        self._subscribers: dict[tuple[bytes, int], _Subscriber] = {}
+        self._closed = False
+        self.notifications_sent = 0
+        self.errors_sent = 0
+        self.last_update: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<SubscriptionSource {self.device}/{self.property} selector={self.selector!r} "
+            f"subscribers={len(self._subscribers)}>"
+        )
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def notify(
+        self, acquired: AcquiredData | Data, update_type: UpdateType = UpdateType.NORMAL
+    ) -> None:
+        """Send a value to every subscriber (encoded once). NORMAL updates are conflatable."""
+        if isinstance(acquired, Data):
+            acquired = AcquiredData(acquired)
+        if self._closed or not self._subscribers:
+            return
+        body = _encode_data(acquired.data)
+        self._fan_out(
+            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, acquired.context
+        )
+
+    def notify_error(
+        self, error: BaseException | str, update_type: UpdateType = UpdateType.NORMAL
+    ) -> None:
+        """Send a NOTIFICATION_EXC to every subscriber (the client sees ``.error`` set)."""
+        if self._closed or not self._subscribers:
+            return
+        exc = error if isinstance(error, BaseException) else RuntimeError(error)
+        frame = encode_exception(*describe_error(exc))
+        self._fan_out(RequestType.NOTIFICATION_EXC, update_type, frame, _EXC_TAIL, _now_context())
+
+    def _fan_out(
+        self,
+        rtype: RequestType,
+        update_type: UpdateType,
+        body: Buffer,
+        descriptor: bytes,
+        context: DataContext,
+    ) -> None:
+        conflatable = update_type is UpdateType.NORMAL
+        with self._send_lock:
+            groups: dict[int, list[tuple[bytes, int, Buffer]]] = {}
+            with self._lock:
+                for sub in self._subscribers.values():
+                    if not sub.active:
+                        continue
+                    sub.seq += 1
+                    target = (sub.peer, sub.id, self._header(sub, rtype, update_type))
+                    group = groups.get(sub.seq)
+                    if group is None:
+                        groups[sub.seq] = [target]
+                    else:
+                        group.append(target)
+                self._count(rtype, sum(len(g) for g in groups.values()))
+            for seq, targets in groups.items():
+                tail = (body, encode_context(context, seq), descriptor)
+                self._publish(targets, tail, conflatable)
+
+    def _send_first(
+        self, peer: bytes, sub_id: int, acquired: AcquiredData | None, error: BaseException | None
+    ) -> bool:
+        """The FIRST update of one subscriber (from the get handler); activates it.
+
+        False when the subscriber left meanwhile (nothing sent)."""
+        if acquired is not None:
+            rtype, body, descriptor = (
+                RequestType.NOTIFICATION_DATA,
+                _encode_data(acquired.data),
+                _DATA_TAIL,
+            )
+            context = acquired.context
+        else:
+            exc = error if error is not None else RuntimeError("no first update")
+            rtype, body, descriptor = (
+                RequestType.NOTIFICATION_EXC,
+                encode_exception(*describe_error(exc)),
+                _EXC_TAIL,
+            )
+            context = _now_context()
+        with self._send_lock:
+            with self._lock:
+                sub = self._subscribers.get((peer, sub_id))
+                if sub is None or sub.active or self._closed:
+                    return False
+                sub.seq += 1
+                sub.active = True
+                target = (sub.peer, sub.id, self._header(sub, rtype, UpdateType.FIRST))
+                self._count(rtype, 1)
+                seq = sub.seq
+            self._publish([target], (body, encode_context(context, seq), descriptor), False)
+        return True
+
+    def _header(self, sub: _Subscriber, rtype: RequestType, update_type: UpdateType) -> bytes:
+        # Per subscriber only because the id differs; cached, a header rarely changes.
+        frame = sub.headers.get((rtype, update_type))
+        if frame is None:
+            flags = (
+                HeaderFlags.CONFLATABLE if update_type is UpdateType.NORMAL else HeaderFlags.NONE
+            )
+            frame = encode_header(
+                Header(rtype, sub.id, self.device, self.property, self.selector, update_type, flags)
+            )
+            sub.headers[(rtype, update_type)] = frame
+        return frame
+
+    def _count(self, rtype: RequestType, sent: int) -> None:
+        # Caller holds self._lock.
+        self.notifications_sent += sent
+        if rtype is RequestType.NOTIFICATION_EXC:
+            self.errors_sent += sent
+        self.last_update = time.time()
+
+    def _publish(
+        self, targets: Sequence[tuple[bytes, int, Buffer]], tail: Sequence[Buffer], conflate: bool
+    ) -> None:
+        try:
+            self._transport.publish(targets, tail, conflate)
+        except Exception:
+            # A closed transport at shutdown, typically; the notifier must not crash for it.
+            log.warning("%r: publish to %d subscriber(s) failed", self, len(targets), exc_info=True)
+
+    # -- membership (called by the registry) -------------------------------------------------
+
+    def _add(self, peer: bytes, sub_id: int, client: ClientInfo) -> None:
+        with self._lock:
+            self._subscribers[(peer, sub_id)] = _Subscriber(peer, sub_id, client)
+
+    def _remove(self, peer: bytes, sub_id: int) -> bool:
+        """Drop one subscriber; True when the source is now empty."""
+        with self._lock:
+            self._subscribers.pop((peer, sub_id), None)
+            return not self._subscribers
+
+    def _close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._subscribers.clear()
+
+    def snapshot(self) -> SourceSnapshot:
+        with self._lock:
+            return SourceSnapshot(
+                device=self.device,
+                property=self.property,
+                selector=self.selector,
+                filters=None if self.filters is None else dict(self.filters.to_dict()),
+                subscribers=len(self._subscribers),
+                notifications_sent=self.notifications_sent,
+                errors_sent=self.errors_sent,
+                last_update=self.last_update,
+            )
+
+
+def _now_context() -> DataContext:
+    return DataContext(acq_stamp=time.time_ns())
+
+
+class SubscriptionRegistry:
+    """Sources by key, subscriptions by peer, and which peers are alive.
+
+    A peer is registered alive when it connects and marked gone on disconnect; ``add`` refuses
+    subscribers of a gone peer, and an UNSUBSCRIBE that overtook its SUBSCRIBE (the subscribe
+    still queued) is remembered so the late ``add`` is refused too: no subscriber can leak.
+    """
+
+    def __init__(self, transport: ServerTransport) -> None:
+        self._transport = transport
+        self._lock = Lock()
+        self._sources: dict[SourceKey, SubscriptionSource] = {}
+        self._by_peer: dict[bytes, dict[int, SubscriptionSource]] = {}
+        self._cancelled: dict[bytes, set[int]] = {}
+        self._removed_sent = 0
+        self._closed = False
+
+    def peer_connected(self, peer: bytes) -> None:
+        with self._lock:
+            if not self._closed:
+                self._by_peer.setdefault(peer, {})
+
+    def add(
+        self,
+        peer: bytes,
+        sub_id: int,
+        client: ClientInfo,
+        device: str,
+        property: str,
+        selector: str,
+        filters: Data | None,
+    ) -> tuple[SubscriptionSource, bool] | None:
+        """Register a subscriber (inactive until its FIRST); returns (source, created) or
+        None when the peer is gone or already cancelled this subscription."""
+        key: SourceKey = (device, property, selector, filters_key(filters))
+        with self._lock:
+            subs = self._by_peer.get(peer)
+            if subs is None or self._closed:
+                return None
+            cancelled = self._cancelled.get(peer)
+            if cancelled is not None and sub_id in cancelled:
+                cancelled.discard(sub_id)
+                return None
+            old = subs.get(sub_id)
+            if old is not None:
+                # A client re-using a live subscription id replaces the old subscription.
+                self._detach(old, peer, sub_id)
+            source = self._sources.get(key)
+            created = source is None
+            if source is None:
+                source = SubscriptionSource(
+                    device, property, selector, filters, key, self._transport
+                )
+                self._sources[key] = source
+            source._add(peer, sub_id, client)
+            subs[sub_id] = source
+            return source, created
+
+    def remove(self, peer: bytes, sub_id: int) -> tuple[SubscriptionSource, bool] | None:
+        """End one subscription: (source, source now empty) or None if it was not (yet)
+        registered, in which case a later ``add`` of it is refused."""
+        with self._lock:
+            subs = self._by_peer.get(peer)
+            if subs is None:
+                return None
+            source = subs.pop(sub_id, None)
+            if source is None:
+                self._cancelled.setdefault(peer, set()).add(sub_id)
+                return None
+            return source, self._detach(source, peer, sub_id)
+
+    def remove_peer(self, peer: bytes) -> list[SubscriptionSource]:
+        """Forget a disconnected peer; returns the sources it left empty."""
+        with self._lock:
+            subs = self._by_peer.pop(peer, None)
+            self._cancelled.pop(peer, None)
+            if not subs:
+                return []
+            return [s for sub_id, s in subs.items() if self._detach(s, peer, sub_id)]
+
+    def _detach(self, source: SubscriptionSource, peer: bytes, sub_id: int) -> bool:
+        # Caller holds self._lock.
+        if not source._remove(peer, sub_id):
+            return False
+        if self._sources.get(source.key) is source:
+            del self._sources[source.key]
+            self._removed_sent += source.notifications_sent
+            return True
+        return False
+
+    def sources(self) -> list[SubscriptionSource]:
+        with self._lock:
+            return list(self._sources.values())
+
+    def find(self, device: str, property: str) -> list[SubscriptionSource]:
+        """Every source of (device, property), whatever its selector and filters."""
+        with self._lock:
+            return [
+                s for s in self._sources.values() if s.device == device and s.property == property
+            ]
+
+    def subscriptions_of(self, peer: bytes) -> int:
+        with self._lock:
+            return len(self._by_peer.get(peer, ()))
+
+    def counts(self) -> tuple[int, int, int]:
+        """(subscriptions, sources, notifications sent since start)."""
+        with self._lock:
+            subscriptions = sum(len(s) for s in self._by_peer.values())
+            sent = self._removed_sent + sum(s.notifications_sent for s in self._sources.values())
+            return subscriptions, len(self._sources), sent
+
+    def close(self) -> list[SubscriptionSource]:
+        """Stop: every source goes quiet; returns them (for ``source_removed``)."""
+        with self._lock:
+            self._closed = True
+            sources = list(self._sources.values())
+            self._sources.clear()
+            self._by_peer.clear()
+            self._cancelled.clear()
+        for source in sources:
+            source._close()
+        return sources
