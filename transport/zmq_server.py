@@ -75,6 +75,8 @@ _TARGET = struct.Struct("<QB")
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
 _BACKOFF_MIN, _BACKOFF_MAX = 0.001, 0.05
+# Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
+_PROBE_FIRST, _PROBES = 0.001, 8
 # Replies already handed to libzmq get this long to leave at close.
 _CLOSE_LINGER_MS = 100
 
@@ -146,6 +148,8 @@ class ZmqServerTransport:
         self._retry_at: float | None = None
         self._backoff = _BACKOFF_MIN
         self._next_check = float("inf")
+        self._suspects: dict[bytes, int] = {}
+        self._probe_at: float | None = None
         # Counters: plain ints written only by the dispatcher, read by statistics().
         self._messages_in = 0
         self._messages_out = 0
@@ -310,6 +314,8 @@ class ZmqServerTransport:
                 if self._retry_at is not None and now >= self._retry_at:
                     self._retry_at = None
                     self._retry_blocked()
+                if self._probe_at is not None and now >= self._probe_at:
+                    self._probe_suspects(now)
         except Exception:
             log.exception("server dispatcher failed; closing the transport")
         finally:
@@ -319,6 +325,8 @@ class ZmqServerTransport:
         deadline = self._next_check
         if self._retry_at is not None:
             deadline = min(deadline, self._retry_at)
+        if self._probe_at is not None:
+            deadline = min(deadline, self._probe_at)
         if deadline == float("inf"):
             return -1
         return max(0, int((deadline - self._clock()) * 1000.0) + 1)
@@ -548,17 +556,37 @@ class ZmqServerTransport:
             rid = self._by_fd.get(fd)
             p = None if rid is None else self._peers.get(rid)
             if p is not None and p.fd == fd:
-                self._probe(p)
+                self._suspects[p.rid] = 0
+                self._probe_suspects(self._clock())
 
-    def _probe(self, p: _Peer) -> None:
-        """Confirm a lost connection: the ROUTER refuses a send to a peer it has forgotten."""
+    def _probe_suspects(self, now: float) -> None:
+        """Confirm lost connections: the ROUTER refuses a send to a peer it has forgotten.
+
+        libzmq forgets the peer a little after the monitor event (the pipe's termination is
+        asynchronous), so a probe that still succeeds is repeated after 1, 2, 4 ... 128 ms;
+        if the peer is still routable after that, the heartbeat decides.
+        """
         assert self._router is not None
-        try:
-            self._router.send_multipart([p.rid, *_HEARTBEAT_FRAMES], zmq.NOBLOCK)
-            p.heartbeat.last_sent = self._clock()
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+        for rid, attempt in list(self._suspects.items()):
+            p = self._peers.get(rid)
+            if p is None:
+                del self._suspects[rid]
+                continue
+            try:
+                self._router.send_multipart([rid, *_HEARTBEAT_FRAMES], zmq.NOBLOCK)
+                p.heartbeat.last_sent = now
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    del self._suspects[rid]
+                    self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+                    continue
+            if attempt >= _PROBES:
+                del self._suspects[rid]
+            else:
+                self._suspects[rid] = attempt + 1
+        self._probe_at = (
+            now + _PROBE_FIRST * 2 ** min(self._suspects.values()) if self._suspects else None
+        )
 
     def _check_heartbeats(self, now: float) -> None:
         next_check = float("inf")

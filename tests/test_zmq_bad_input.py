@@ -1,0 +1,233 @@
+"""Garbage from a raw pyzmq DEALER: dropped and counted, other peers unaffected, no crash."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from rda.serialization._header import HEADER_FIXED, Header, RequestType, encode_header
+from rda.serialization._message import BodyKind, Message
+from rda.transport.api import TransportSettings
+from rda.transport.protocol import (
+    ConnectAck,
+    Incoming,
+    Kind,
+    decode_frames,
+    encode_connect,
+    encode_message,
+)
+from rda.transport.zmq_server import ZmqServerTransport
+
+WAIT = 10.0
+WAIT_MS = 10_000
+MAX = 4096
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+class Echo:
+    def __init__(self) -> None:
+        self.transport: ZmqServerTransport | None = None
+        self.gone: dict[bytes, str] = {}
+        self.requests = 0
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        pass
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        self.requests += 1
+        assert self.transport is not None
+        reply = Header(RequestType.REPLY, message.header.id)
+        self.transport.send(peer, encode_message(Kind.REPLY, reply, message.body))
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        self.gone[peer] = reason
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[ZmqServerTransport, Echo, Ctx]]:
+    handler = Echo()
+    srv = ZmqServerTransport("tcp://127.0.0.1:0", handler, TransportSettings(max_message_size=MAX))
+    handler.transport = srv
+    srv.start()
+    ctx: Ctx = zmq.Context()
+    yield srv, handler, ctx
+    srv.close()
+    ctx.term()
+
+
+def dealer(ctx: Ctx, endpoint: str, rid: bytes) -> zmq.Socket[bytes]:
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    # Like the rda client: no silent reconnection under the same routing id.
+    d.setsockopt(zmq.RECONNECT_IVL, -1)
+    d.setsockopt(zmq.ROUTING_ID, rid)
+    d.connect(endpoint)
+    d.send_multipart(encode_connect({"application": "raw"}))
+    assert d.poll(WAIT_MS)
+    assert isinstance(decode_frames(d.recv_multipart(), from_server=True), ConnectAck)
+    return d
+
+
+def request(rid: int, body: bytes = b"ok") -> list[Any]:
+    return encode_message(Kind.REQUEST, Header(RequestType.GET, rid), [(BodyKind.DATA, body)])
+
+
+def echo_works(d: zmq.Socket[bytes], rid: int) -> bool:
+    d.send_multipart(request(rid))
+    if not d.poll(WAIT_MS):
+        return False
+    event = decode_frames(d.recv_multipart(), from_server=True)
+    return isinstance(event, Incoming) and event.message.header.id == rid
+
+
+GOOD_HEADER = encode_header(Header(RequestType.GET, 5, "D", "P"))
+DATA = bytes([BodyKind.DATA])
+
+BAD: dict[str, tuple[list[bytes], bool]] = {
+    # name: (frames, is a protocol error rather than undecodable bytes)
+    "empty single frame": ([b""], False),
+    "wrong kind byte": ([b"\x99", GOOD_HEADER, b""], False),
+    "two-byte kind": ([b"\x21\x21", GOOD_HEADER, b""], False),
+    "server kind from a client": ([bytes([Kind.REPLY]), GOOD_HEADER, b""], True),
+    "short header": ([bytes([Kind.REQUEST]), GOOD_HEADER[:10], b""], False),
+    "header longer than its names": ([bytes([Kind.REQUEST]), GOOD_HEADER + b"zz", b""], False),
+    "name lengths past the frame": (
+        [bytes([Kind.REQUEST]), HEADER_FIXED.pack(1, 0, 0, 0, 5, 999, 0, 0) + b"D", b""],
+        False,
+    ),
+    "unknown request type": (
+        [bytes([Kind.REQUEST]), HEADER_FIXED.pack(1, 99, 0, 0, 5, 0, 0, 0), b""],
+        False,
+    ),
+    "missing descriptor": ([bytes([Kind.REQUEST]), GOOD_HEADER], False),
+    "descriptor count mismatch": (
+        [bytes([Kind.REQUEST]), GOOD_HEADER, b"body", DATA + DATA],
+        False,
+    ),
+    "extra frames": ([bytes([Kind.REQUEST]), GOOD_HEADER, b"a", b"b", DATA], False),
+    "unknown body kind": ([bytes([Kind.REQUEST]), GOOD_HEADER, b"a", b"\x09"], False),
+    "heartbeat with frames": ([bytes([Kind.HEARTBEAT]), b"x"], False),
+    "connect with junk info": ([bytes([Kind.CONNECT]), b"\x01{not json"], False),
+    "connect info not an object": ([bytes([Kind.CONNECT]), b"\x01[1,2]"], False),
+    "over max_message_size in parts": (
+        [bytes([Kind.REQUEST]), GOOD_HEADER, b"a" * (MAX // 2), b"b" * (MAX // 2), DATA + DATA],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_message_is_dropped_counted_and_others_unaffected(
+    name: str, env: tuple[ZmqServerTransport, Echo, Ctx]
+) -> None:
+    srv, handler, ctx = env
+    frames, protocol = BAD[name]
+    bad = dealer(ctx, srv.endpoint, b"bad")
+    good = dealer(ctx, srv.endpoint, b"good")
+    try:
+        bad.send_multipart(frames)
+        assert wait_for(lambda: srv.statistics().decode_errors == 1)
+        assert srv.statistics().protocol_errors == (1 if protocol else 0)
+        assert handler.requests == 0
+        assert bad.poll(100) == 0  # dropped: no answer
+        # The offender and everybody else are still served.
+        assert echo_works(good, 1)
+        assert echo_works(bad, 2)
+        assert handler.gone == {}
+    finally:
+        bad.close(0)
+        good.close(0)
+
+
+def test_unknown_protocol_version_gets_an_explicit_error_reply(
+    env: tuple[ZmqServerTransport, Echo, Ctx],
+) -> None:
+    srv, handler, ctx = env
+    d = dealer(ctx, srv.endpoint, b"future")
+    try:
+        header = HEADER_FIXED.pack(7, 0, 0, 0, 4242, 0, 0, 0)
+        d.send_multipart([bytes([Kind.REQUEST]), header, b""])
+        assert d.poll(WAIT_MS)
+        event = decode_frames(d.recv_multipart(), from_server=True)
+        assert isinstance(event, Incoming)
+        msg = event.message
+        assert msg.header.request_type is RequestType.EXCEPTION and msg.header.id == 4242
+        assert msg.exception is not None
+        assert msg.exception[0] == "ProtocolError" and "version 7" in msg.exception[1]
+        stats = srv.statistics()
+        assert stats.protocol_errors == 1 and stats.decode_errors == 1
+        assert handler.requests == 0
+    finally:
+        d.close(0)
+
+
+def test_connect_of_another_version_is_refused_in_the_ack(
+    env: tuple[ZmqServerTransport, Echo, Ctx],
+) -> None:
+    srv, _, ctx = env
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.connect(srv.endpoint)
+    try:
+        d.send_multipart([bytes([Kind.CONNECT]), b"\x02{}"])
+        assert d.poll(WAIT_MS)
+        kind, info = d.recv_multipart()
+        assert kind == bytes([Kind.CONNECT_ACK])
+        assert b"error" in info and b"version 2" in info
+        assert srv.statistics().peers == 0
+    finally:
+        d.close(0)
+
+
+def test_giant_frame_is_cut_off_by_libzmq_and_others_unaffected(
+    env: tuple[ZmqServerTransport, Echo, Ctx],
+) -> None:
+    srv, handler, ctx = env
+    bad = dealer(ctx, srv.endpoint, b"giant")
+    good = dealer(ctx, srv.endpoint, b"good")
+    try:
+        # One frame above MAXMSGSIZE: libzmq closes that connection without handing it over.
+        bad.send_multipart([bytes([Kind.REQUEST]), GOOD_HEADER, b"x" * (MAX * 4), DATA])
+        assert wait_for(lambda: b"giant" in handler.gone)
+        assert handler.gone[b"giant"] == "peer gone"
+        assert handler.requests == 0
+        assert echo_works(good, 3)
+    finally:
+        bad.close(0)
+        good.close(0)
+
+
+def test_random_garbage_never_kills_the_dispatcher(
+    env: tuple[ZmqServerTransport, Echo, Ctx],
+) -> None:
+    srv, _, ctx = env
+    bad = dealer(ctx, srv.endpoint, b"fuzz")
+    good = dealer(ctx, srv.endpoint, b"good")
+    try:
+        rng = random.Random(1234)
+        for _ in range(200):
+            n = rng.randint(1, 5)
+            frames = [rng.randbytes(rng.randint(0, 40)) for _ in range(n)]
+            if rng.random() < 0.5:
+                frames[0] = bytes([rng.choice([0x20, 0x21, 0x22])])
+            bad.send_multipart(frames)
+        bad.send_multipart([bytes([Kind.HEARTBEAT])])
+        assert echo_works(good, 9)
+        assert srv.statistics().decode_errors > 100
+    finally:
+        bad.close(0)
+        good.close(0)
