@@ -8,12 +8,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rda.business.scheduler import GroupTaskScheduler, SchedulerStatistics
+from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
 from rda.serialization import _binary
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
@@ -441,3 +444,90 @@ def test_a_task_may_submit_to_its_own_group(
     sched.submit("chain", partial(step, 0))
     assert done.wait(WAIT)
     assert order == [0, 1, 2, 3, 4, 5]
+
+
+def test_groups_take_turns_so_a_flood_cannot_starve_another_group(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1)
+    block = Blocker()
+    order: list[str] = []
+    sched.submit("flooded", block)
+    assert block.started.wait(WAIT)
+    for i in range(100):
+        sched.submit("flooded", partial(order.append, f"flood-{i}"))
+    sched.submit("admin", partial(order.append, "admin"))
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 102)
+    # Groups take turns: "admin" became ready while "flooded" was running, so it goes next,
+    # ahead of the 100 flood tasks queued before it (a global FIFO would put it last).
+    assert order.index("admin") == 0
+    assert order[1:] == [f"flood-{i}" for i in range(100)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(["reject", "drop_oldest", "drop_newest"]),
+    limit=st.integers(1, 3),
+    groups=st.lists(st.sampled_from("abc"), max_size=12),
+)
+def test_overflow_matches_a_model(policy: OverflowPolicy, limit: int, groups: list[str]) -> None:
+    """With the only worker pinned, every submission is decided by the queue state alone."""
+    model: dict[str, deque[int]] = {g: deque() for g in "abc"}
+    expected_drops: list[int] = []
+    expected_results: list[bool] = []
+    for i, g in enumerate(groups):
+        queue = model[g]
+        if len(queue) < limit:
+            queue.append(i)
+            expected_results.append(True)
+        elif policy == "reject":
+            expected_results.append(False)
+        elif policy == "drop_newest":
+            expected_drops.append(i)
+            expected_results.append(False)
+        else:
+            expected_drops.append(queue.popleft())
+            queue.append(i)
+            expected_results.append(True)
+
+    ran: dict[str, list[int]] = {g: [] for g in "abc"}
+    drops: list[int] = []
+    with GroupTaskScheduler(workers=1, queue_limit=limit, policy=policy) as sched:
+        block = Blocker()
+        sched.submit("pin", block)
+        assert block.started.wait(WAIT)
+        results = [
+            sched.submit(g, partial(ran[g].append, i), on_drop=partial(drops.append, i))
+            for i, g in enumerate(groups)
+        ]
+        assert results == expected_results
+        assert drops == expected_drops
+        assert {g: sched.queue_depth(g) for g in "abc"} == {g: len(q) for g, q in model.items()}
+        stats = sched.statistics()
+        assert stats.queued == sum(len(q) for q in model.values())
+        assert stats.rejected == expected_results.count(False) - (
+            len(expected_drops) if policy == "drop_newest" else 0
+        )
+        assert stats.dropped_oldest + stats.dropped_newest == len(expected_drops)
+        block.release.set()
+        total = 1 + stats.queued
+        wait_until(lambda: sched.statistics().executed == total)
+    assert ran == {g: list(q) for g, q in model.items()}
+
+
+def test_busy_groups_interleave_on_one_worker(
+    scheduler_factory: Callable[..., GroupTaskScheduler],
+) -> None:
+    sched = scheduler_factory(workers=1)
+    block = Blocker()
+    sched.submit("pin", block)
+    assert block.started.wait(WAIT)
+    order: list[str] = []
+    for i in range(3):
+        sched.submit("a", partial(order.append, f"a{i}"))
+    for i in range(3):
+        sched.submit("b", partial(order.append, f"b{i}"))
+    block.release.set()
+    wait_until(lambda: sched.statistics().executed == 7)
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
