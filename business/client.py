@@ -1,0 +1,682 @@
+"""The client runtime: ``ClientService`` and ``AccessPoint`` (DESIGN.md §2 and §6).
+
+One transport (one dispatcher thread) per service and one connection per server endpoint,
+opened on first use. Requests are multiplexed (seed 003): each gets a 64-bit id from a
+per-service counter and waits in the pending table until the reply with that id arrives, so
+one connection carries any number of concurrent requests. Each request has a deadline on the
+service's timer thread; when it passes, the entry leaves the table and the caller gets
+``rda.TimeoutError``; a reply arriving afterwards finds no entry and is dropped and counted
+(``late_replies``), never handed to anyone else.
+
+Nothing is decoded on the dispatcher: a reply completes its future with the undecoded message
+and the conversion (body decoding, error mapping) happens in ``Future.result()``, in the
+caller's thread. Subscriptions are in ``client_subscription``; the reconnection schedule in
+``reconnect``.
+
+Locking: ``_lock`` guards the endpoint and subscription bookkeeping; it is never held while
+calling into the transport (``send``/``connect`` may block on a full pipe, and the dispatcher
+takes ``_lock`` in its callbacks: holding it there could deadlock). The pending table is a dict
+whose single-key operations are atomic; the one race that matters (a request registered on a
+connection just as it dies) is closed by re-checking the connection after registering.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, TypeVar
+
+from rda.business.client_access import AccessPoint, build_request_context, to_data
+from rda.business.client_stats import ClientCounters, ClientStatistics
+from rda.business.client_subscription import Notification, Subscription, remote_error
+from rda.business.client_timer import Timer, TimerHandle
+from rda.business.common import AcquiredData
+from rda.business.config import Config
+from rda.business.directory import ChainDirectory, Directory, default_directory
+from rda.business.reconnect import Backoff, BackoffPolicy
+from rda.business.scheduler import GroupTaskScheduler
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import BodyKind, Message
+from rda.serialization.errors import (
+    DisconnectedError,
+    NoSuchDeviceError,
+    ProtocolError,
+    RdaError,
+    TimeoutError,
+)
+from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
+from rda.transport.protocol import Kind, encode_message
+
+__all__ = ["AccessPoint", "ClientService", "Notification", "Subscription", "TransportFactory"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TransportFactory = Callable[[ClientHandler, TransportSettings, dict[str, Any]], ClientTransport]
+
+_NOTIFICATIONS = frozenset(
+    {
+        RequestType.NOTIFICATION_DATA,
+        RequestType.NOTIFICATION_EXC,
+        RequestType.SUBSCRIBE_EXCEPTION,
+    }
+)
+
+
+def _zmq_transport(
+    handler: ClientHandler, settings: TransportSettings, info: dict[str, Any]
+) -> ClientTransport:
+    # Imported here so that tests over the in-memory transport never load zmq's machinery.
+    from rda.transport.zmq_client import ZmqClientTransport
+
+    return ZmqClientTransport(handler, settings, info)
+
+
+class _ReplyFuture(Future[Any]):
+    """A future completed with the undecoded reply; ``result()`` converts it in the caller.
+
+    ``concurrent.futures`` and ``asyncio.wrap_future`` read a future only through ``result()``
+    and ``exception()``, so converting there keeps decoding off the dispatcher.
+    """
+
+    def __init__(self, convert: Callable[[Message], Any]) -> None:
+        super().__init__()
+        self._convert = convert
+        self._converted = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.on_cancel: Callable[[], None] | None = None
+
+    def _conversion(self, message: Message) -> Any:
+        if not self._converted:
+            try:
+                self._value = self._convert(message)
+            except Exception as exc:
+                self._error = exc
+            self._converted = True
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._conversion(super().result(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        if error is not None:
+            return error
+        try:
+            self._conversion(super().result(0))
+        except Exception as exc:
+            return exc
+        return None
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
+
+
+class _Pending:
+    __slots__ = ("connection", "device", "future", "op", "property", "timeout", "timer")
+
+    def __init__(
+        self, future: _ReplyFuture, connection: int, op: str, device: str, prop: str, timeout: float
+    ) -> None:
+        self.future = future
+        self.connection = connection
+        self.op = op
+        self.device = device
+        self.property = prop
+        self.timeout = timeout
+        self.timer: TimerHandle | None = None
+
+
+class _Endpoint:
+    """One server endpoint: its current connection, back-off and subscriptions."""
+
+    __slots__ = (
+        "address",
+        "backoff",
+        "connection",
+        "connections",
+        "retry",
+        "subs",
+        "was_connected",
+    )
+
+    def __init__(self, address: str, backoff: Backoff) -> None:
+        self.address = address
+        self.backoff = backoff
+        self.connection: int | None = None
+        self.connections = 0  # connection ids opened so far
+        self.was_connected = False
+        self.retry: TimerHandle | None = None
+        self.subs: dict[int, Subscription] = {}
+
+
+class _Handler:
+    """The transport's view of the service: bound methods, no extra call per message."""
+
+    __slots__ = ("on_connected", "on_disconnected", "on_message")
+
+    def __init__(self, service: ClientService) -> None:
+        self.on_connected = service._on_connected
+        self.on_message = service._on_message
+        self.on_disconnected = service._on_disconnected
+
+
+class ClientService:
+    """Get, set and subscribe to ``(device, property)`` access points of rda servers.
+
+    ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
+    ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
+    ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
+    Use it as a context manager or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        directory: Directory | None = None,
+        config: Config | None = None,
+        *,
+        transport_factory: TransportFactory | None = None,
+        clock: Callable[[], float] | None = None,
+        client_info: Mapping[str, Any] | None = None,
+        rng_seed: int | None = None,
+    ) -> None:
+        self.config = config if config is not None else Config()
+        self.directory = directory if directory is not None else default_directory(self.config)
+        self._clock = clock if clock is not None else time.monotonic
+        self._policy = BackoffPolicy(
+            initial=self.config.reconnect_initial, maximum=self.config.reconnect_max
+        )
+        self._rng_seed = rng_seed
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._request_count = itertools.count()
+        self._pending: dict[int, _Pending] = {}
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._by_connection: dict[int, _Endpoint] = {}
+        # Transport events for a connection id not yet registered (a transport may report
+        # before ``connect`` returns to us); replayed on registration.
+        self._early: dict[int, list[Callable[[], None]]] = {}
+        self._subs: dict[int, Subscription] = {}
+        self._counters = ClientCounters()
+        self._closing = False
+        self._scheduler: GroupTaskScheduler | None = None
+        # A fake clock cannot be slept on: re-read it every 10 ms of real time.
+        self._timer = Timer(self._clock, max_wait=None if clock is None else 0.01)
+        factory = transport_factory if transport_factory is not None else _zmq_transport
+        self._transport = factory(
+            _Handler(self), self.config.transport_settings(), dict(client_info or {})
+        )
+        try:
+            self._transport.start()
+        except BaseException:
+            self._timer.close()
+            raise
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closing else "open"
+        return f"<ClientService {state}, {len(self._endpoints)} server(s), {self.directory!r}>"
+
+    def __enter__(self) -> ClientService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- public API ------------------------------------------------------------------------
+
+    def access_point(self, device: str, prop: str) -> AccessPoint:
+        """The access point ``device/prop``; the device is resolved on first use."""
+        return AccessPoint(self, device, prop)
+
+    def admin(self, target: str, command: str, timeout: float | None = None, **args: Any) -> Data:
+        """Run an admin command on a server and return its reply.
+
+        ``target`` is an endpoint (contains "://"), else a device name (resolved through the
+        directory), else the name of a server registered in a file directory.
+        """
+        endpoint = self._admin_endpoint(target)
+        fut = self.request(
+            RequestType.ADMIN,
+            endpoint,
+            command,
+            "",
+            "",
+            [(BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))],
+            timeout,
+            _admin_result,
+        )
+        result: Data = fut.result()
+        return result
+
+    def statistics(self) -> ClientStatistics:
+        c = self._counters
+        return ClientStatistics(
+            transport=self._transport.statistics(),
+            requests=self._requests_made(),
+            replies=c.replies,
+            errors=c.errors,
+            pending=len(self._pending),
+            timeouts=c.timeouts,
+            late_replies=c.late_replies,
+            disconnected_requests=c.disconnected_requests,
+            subscriptions=len(self._subs),
+            notifications=c.notifications,
+            gaps=c.gaps,
+            dropped=c.dropped,
+            listener_errors=c.listener_errors,
+            connections=len(self._endpoints),
+            reconnects=c.reconnects,
+        )
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Fail pending requests, end subscriptions, stop every thread. Idempotent, bounded."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            pending = list(self._pending.values())
+            self._pending.clear()
+            subs = list(self._subs.values())
+            self._subs.clear()
+            for ep in self._endpoints.values():
+                if ep.retry is not None:
+                    ep.retry.cancel()
+                ep.subs.clear()
+            scheduler = self._scheduler
+        for p in pending:
+            self._fail(p, DisconnectedError(f"{p.op} {p.device}/{p.property}: client closed"))
+        for sub in subs:
+            sub.terminate()
+        deadline = time.monotonic() + timeout
+        self._transport.close(timeout)
+        if scheduler is not None:
+            scheduler.close(max(0.0, deadline - time.monotonic()))
+        self._timer.close(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    # -- requests (AccessPoint calls these) ------------------------------------------------
+
+    def request(
+        self,
+        op: RequestType,
+        endpoint: str,
+        device: str,
+        prop: str,
+        selector: str,
+        body: list[tuple[BodyKind, bytes]],
+        timeout: float | None,
+        convert: Callable[[Message], Any],
+    ) -> Future[Any]:
+        """Send one request to ``endpoint``; the future completes with ``convert(reply)``."""
+        fut = _ReplyFuture(convert)
+        if timeout is None:
+            timeout = self.config.request_timeout
+        name = _op_name(op)
+        if self._closing:
+            fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
+            return fut
+        rid = next(self._ids)
+        next(self._request_count)
+        ep = self._endpoint(endpoint)
+        conn = self._connection(ep)
+        if conn is None:
+            fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
+            return fut
+        pending = _Pending(fut, conn, name, device, prop, timeout)
+        self._pending[rid] = pending
+        pending.timer = self._timer.call_at(
+            self._clock() + timeout, functools.partial(self._expire, rid)
+        )
+        fut.on_cancel = functools.partial(self._abandon, rid)
+        if ep.connection != conn:
+            # The connection died between choosing it and registering: its on_disconnected
+            # may have scanned the table before our entry was there.
+            self._disconnected(rid, ep.address, "connection lost while sending")
+            return fut
+        header = Header(op, rid, device, prop, selector)
+        self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
+        return fut
+
+    def request_context(self, timeout: float | None, filters: Data | None) -> bytes:
+        """The REQUEST_CONTEXT frame for a request with this deadline and filters."""
+        if timeout is None:
+            timeout = self.config.request_timeout
+        return build_request_context(int(timeout * 1000), filters)
+
+    def _requests_made(self) -> int:
+        # ``next`` on an itertools.count is atomic (no lock on the hot path); the count is
+        # readable only through its repr, "count(N)".
+        return int(repr(self._request_count)[6:-1])
+
+    def _expire(self, rid: int) -> None:
+        p = self._pending.pop(rid, None)
+        if p is None:
+            return
+        self._counters.add_timeout()
+        error = TimeoutError(
+            f"{p.op} {p.device}/{p.property}: no reply within {p.timeout:g} s (request abandoned)"
+        )
+        _complete(p.future, error)
+
+    def _abandon(self, rid: int) -> None:
+        p = self._pending.pop(rid, None)
+        if p is not None and p.timer is not None:
+            p.timer.cancel()
+
+    def _disconnected(self, rid: int, address: str, reason: str) -> None:
+        p = self._pending.pop(rid, None)
+        if p is not None:
+            self._fail(p, self._disconnect_error(p, address, reason))
+
+    def _disconnect_error(self, p: _Pending, address: str, reason: str) -> DisconnectedError:
+        return DisconnectedError(
+            f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
+        )
+
+    def _fail(self, p: _Pending, error: RdaError) -> None:
+        if p.timer is not None:
+            p.timer.cancel()
+        if isinstance(error, DisconnectedError):
+            self._counters.disconnected_requests += 1
+        _complete(p.future, error)
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _endpoint(self, address: str) -> _Endpoint:
+        ep = self._endpoints.get(address)
+        if ep is None:
+            with self._lock:
+                ep = self._endpoints.get(address)
+                if ep is None:
+                    seed = None if self._rng_seed is None else self._rng_seed + len(self._endpoints)
+                    ep = _Endpoint(address, Backoff(self._policy, random.Random(seed)))
+                    self._endpoints[address] = ep
+        return ep
+
+    def _connection(self, ep: _Endpoint) -> int | None:
+        """The endpoint's current connection, opening one now if there is none."""
+        conn = ep.connection
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._closing:
+                return None
+            if ep.connection is not None:
+                return ep.connection
+            if ep.retry is not None:
+                # Someone wants this server now: try at once rather than after the back-off.
+                ep.retry.cancel()
+                ep.retry = None
+        conn = self._transport.connect(ep.address)
+        return self._register(ep, conn)
+
+    def _register(self, ep: _Endpoint, conn: int) -> int:
+        with self._lock:
+            if ep.connection is not None and ep.connection != conn:
+                # Another thread connected first: keep its connection, drop ours.
+                keep = ep.connection
+                drop: int | None = conn
+            else:
+                keep, drop = conn, None
+                ep.connection = conn
+                ep.connections += 1
+                self._by_connection[conn] = ep
+            early = self._early.pop(conn, [])
+        if drop is not None:
+            self._transport.disconnect(drop)
+        for event in early:
+            event()
+        return keep
+
+    def _reconnect(self, ep: _Endpoint) -> None:
+        """Back-off elapsed (timer thread): connect again if still needed."""
+        with self._lock:
+            ep.retry = None
+            if self._closing or ep.connection is not None:
+                return
+        self._connection(ep)
+
+    def _on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+        to_send: list[Subscription] = []
+        with self._lock:
+            ep = self._by_connection.get(connection)
+            if ep is None:
+                self._early.setdefault(connection, []).append(
+                    functools.partial(self._on_connected, connection, server_info)
+                )
+                return
+            if self._closing or ep.connection != connection:
+                return
+            ep.backoff.reset()
+            if ep.was_connected:
+                self._counters.reconnects += 1
+            ep.was_connected = True
+            for sub in ep.subs.values():
+                if sub.connection != connection:
+                    sub.connection = connection
+                    to_send.append(sub)
+        for sub in to_send:
+            self._send_subscribe(sub, connection)
+
+    def _on_disconnected(self, connection: int, reason: str) -> None:
+        with self._lock:
+            ep = self._by_connection.pop(connection, None)
+            if ep is None:
+                if not self._closing:
+                    self._early.setdefault(connection, []).append(
+                        functools.partial(self._on_disconnected, connection, reason)
+                    )
+                return
+            if ep.connection != connection:
+                return
+            ep.connection = None
+            lost = [rid for rid, p in self._pending.items() if p.connection == connection]
+            subs = list(ep.subs.values())
+            if not self._closing:
+                delay = ep.backoff.next_delay()
+                ep.retry = self._timer.call_later(delay, functools.partial(self._reconnect, ep))
+        for rid in lost:
+            self._disconnected(rid, ep.address, reason)
+        for sub in subs:
+            sub.deliver_error(
+                DisconnectedError(
+                    f"{sub.device}/{sub.property}: connection to {ep.address} lost ({reason}); "
+                    "reconnecting"
+                )
+            )
+
+    def _on_message(self, connection: int, message: Message) -> None:
+        header = message.header
+        if header.request_type in _NOTIFICATIONS:
+            sub = self._subs.get(header.id)
+            if sub is None:
+                self._counters.late_replies += 1
+                return
+            if header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+                self._forget(sub)
+            sub.deliver_message(message)
+            return
+        p = self._pending.pop(header.id, None)
+        if p is None:
+            self._counters.late_replies += 1
+            return
+        if p.timer is not None:
+            p.timer.cancel()
+        if header.request_type is RequestType.EXCEPTION:
+            self._counters.errors += 1
+        else:
+            self._counters.replies += 1
+        _complete(p.future, message)
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        endpoint: str,
+        device: str,
+        prop: str,
+        selector: str,
+        filters: Data | None,
+        listener: Callable[[Notification], object] | None,
+        queue_size: int,
+    ) -> Subscription:
+        sub = Subscription(
+            next(self._ids),
+            endpoint,
+            device,
+            prop,
+            selector,
+            filters,
+            listener,
+            queue_size,
+            self._counters,
+            self._submit,
+            self._unsubscribe,
+        )
+        if self._closing:
+            raise DisconnectedError(f"subscribe {device}/{prop}: client closed")
+        ep = self._endpoint(endpoint)
+        with self._lock:
+            self._subs[sub.id] = sub
+            ep.subs[sub.id] = sub
+        conn = self._connection(ep)
+        if conn is None:
+            raise DisconnectedError(f"subscribe {device}/{prop}: client closed")
+        with self._lock:
+            send = ep.connection == conn and sub.connection != conn
+            if send:
+                sub.connection = conn
+        if send:
+            self._send_subscribe(sub, conn)
+        return sub
+
+    def _send_subscribe(self, sub: Subscription, conn: int) -> None:
+        header = Header(RequestType.SUBSCRIBE, sub.id, sub.device, sub.property, sub.selector)
+        body = [(BodyKind.REQUEST_CONTEXT, build_request_context(None, sub.filters))]
+        self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
+
+    def _forget(self, sub: Subscription) -> int | None:
+        """Drop ``sub`` from the tables; returns the live connection its SUBSCRIBE went on."""
+        with self._lock:
+            found = self._subs.pop(sub.id, None)
+            ep = self._endpoints.get(sub.endpoint)
+            conn = None
+            if ep is not None:
+                ep.subs.pop(sub.id, None)
+                conn = ep.connection
+        if found is None or conn is None or sub.connection != conn:
+            return None
+        return conn
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        if self._closing:
+            return
+        conn = self._forget(sub)
+        if conn is not None:
+            header = Header(RequestType.UNSUBSCRIBE, sub.id, sub.device, sub.property, sub.selector)
+            self._transport.send(conn, encode_message(Kind.REQUEST, header))
+
+    def _submit(
+        self, group: str, task: Callable[[], None], on_drop: Callable[[], None] | None
+    ) -> bool:
+        scheduler = self._scheduler
+        if scheduler is None:
+            with self._lock:
+                if self._closing:
+                    return False
+                if self._scheduler is None:
+                    self._scheduler = GroupTaskScheduler(
+                        workers=self.config.workers,
+                        queue_limit=self.config.queue_limit,
+                        policy="drop_oldest",
+                        name="rda-client-listener",
+                    )
+                scheduler = self._scheduler
+        return scheduler.submit(group, task, on_drop)
+
+    # -- admin target --------------------------------------------------------------------
+
+    def _admin_endpoint(self, target: str) -> str:
+        if "://" in target:
+            return target
+        try:
+            return self.directory.resolve(target)
+        except NoSuchDeviceError as exc:
+            for directory in _flatten(self.directory):
+                servers = getattr(directory, "servers", None)
+                if servers is None:
+                    continue
+                for entry in servers():
+                    if entry.name == target:
+                        return str(entry.endpoint)
+            raise NoSuchDeviceError(
+                f"admin target {target!r} is neither an endpoint, a known device nor a "
+                f"registered server ({exc})"
+            ) from exc
+
+
+def _flatten(directory: Directory) -> list[Directory]:
+    if isinstance(directory, ChainDirectory):
+        return [d for inner in directory.directories for d in _flatten(inner)]
+    return [directory]
+
+
+def _complete(future: _ReplyFuture, outcome: Message | BaseException) -> None:
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:
+        pass  # cancelled by its owner meanwhile
+
+
+def _op_name(op: RequestType) -> str:
+    return op.name.lower()
+
+
+def _raise_if_exception(message: Message) -> None:
+    header = message.header
+    if header.request_type is RequestType.EXCEPTION:
+        exc = message.exception
+        if exc is None:
+            raise ProtocolError(
+                f"{header.device}/{header.property}: EXCEPTION reply without an EXCEPTION frame"
+            )
+        raise remote_error(header.device, header.property, exc[0], exc[1])
+
+
+def get_result(message: Message) -> AcquiredData:
+    _raise_if_exception(message)
+    data = message.data
+    if data is None:
+        header = message.header
+        raise ProtocolError(f"{header.device}/{header.property}: get reply without a DATA frame")
+    return AcquiredData(data, message.context)
+
+
+def set_result(message: Message) -> None:
+    _raise_if_exception(message)
+
+
+def _admin_result(message: Message) -> Data:
+    _raise_if_exception(message)
+    data = message.data
+    return data if data is not None else Data()

@@ -1,0 +1,76 @@
+"""Counters of a client service and their frozen snapshot (STYLE.md 12).
+
+Most counters have a single writer (the dispatcher thread: replies, late replies, gaps,
+drops, reconnects); those are plain integer increments. Counters written from several threads
+(timeouts from the timer, listener errors from the workers) are bumped under one small lock,
+and only on those rare paths, never per message.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from rda.transport.api import ClientTransportStatistics
+
+__all__ = ["ClientCounters", "ClientStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    """A snapshot of a ``ClientService``.
+
+    ``pending`` and ``subscriptions`` are current values; the rest count since creation.
+    ``late_replies``: replies that arrived after their request timed out (dropped).
+    ``gaps``: updates the server's sequence numbers say were missed (conflated or lost).
+    ``dropped``: notifications this client discarded because a subscription's queue was full.
+    """
+
+    transport: ClientTransportStatistics = field(default_factory=ClientTransportStatistics)
+    requests: int = 0
+    replies: int = 0
+    errors: int = 0
+    pending: int = 0
+    timeouts: int = 0
+    late_replies: int = 0
+    disconnected_requests: int = 0
+    subscriptions: int = 0
+    notifications: int = 0
+    gaps: int = 0
+    dropped: int = 0
+    listener_errors: int = 0
+    connections: int = 0
+    reconnects: int = 0
+
+
+class ClientCounters:
+    """The mutable counters behind :class:`ClientStatistics`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Dispatcher-only writers.
+        self.replies = 0
+        self.errors = 0
+        self.late_replies = 0
+        self.notifications = 0
+        self.gaps = 0
+        self.dropped = 0
+        self.reconnects = 0
+        self.disconnected_requests = 0
+        # Several writers: use the add_* methods.
+        self.timeouts = 0
+        self.listener_errors = 0
+
+    def add_timeout(self) -> None:
+        with self._lock:
+            self.timeouts += 1
+
+    def add_listener_error(self) -> None:
+        with self._lock:
+            self.listener_errors += 1
+
+    def add_dropped(self, n: int = 1) -> None:
+        # Listener tasks are dropped from the scheduler on the submitting thread, and a closing
+        # service drops them from its own thread: not only the dispatcher.
+        with self._lock:
+            self.dropped += n

@@ -1,0 +1,539 @@
+"""The client runtime driven step by step: a scripted transport, the test plays the dispatcher.
+
+Every transport event (CONNECT_ACK, a reply, a disconnection) is delivered by the test thread
+at a moment it chooses, with a fake clock for deadlines and back-off, so the assertions about
+ordering, timeouts, late replies and reconnection are exact and need no sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+import rda.serialization.errors as errors
+from rda.business.client import ClientService
+from rda.business.client_subscription import Notification
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import (
+    DataContext,
+    Header,
+    HeaderFlags,
+    RequestType,
+    UpdateType,
+    encode_context,
+)
+from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.testing._clock import FakeClock
+from rda.transport.api import Buffer, ClientHandler, ClientTransportStatistics, TransportSettings
+from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
+
+ENDPOINT = "tcp://127.0.0.1:7001"
+
+
+class ScriptedTransport:
+    """A ClientTransport that records what the client sends and lets the test answer."""
+
+    def __init__(self, handler: ClientHandler, settings: TransportSettings, info: dict[str, Any]):
+        self.handler = handler
+        self.lock = threading.Lock()
+        self.connects: list[tuple[int, str]] = []
+        self.sent: list[tuple[int, list[Buffer]]] = []
+        self.disconnects: list[int] = []
+        self.closed = False
+        self._next = 0
+
+    def start(self) -> None:
+        pass
+
+    def connect(self, endpoint: str) -> int:
+        with self.lock:
+            self._next += 1
+            self.connects.append((self._next, endpoint))
+            return self._next
+
+    def send(self, connection: int, frames: Sequence[Buffer]) -> None:
+        with self.lock:
+            self.sent.append((connection, list(frames)))
+
+    def disconnect(self, connection: int) -> None:
+        self.disconnects.append(connection)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+    def statistics(self) -> ClientTransportStatistics:
+        return ClientTransportStatistics(messages_out=len(self.sent))
+
+    # -- the test's side --------------------------------------------------------------------
+
+    def requests(self) -> list[tuple[int, Message]]:
+        with self.lock:
+            sent = list(self.sent)
+        out = []
+        for conn, frames in sent:
+            event = decode_frames(frames, from_server=False)
+            assert isinstance(event, Incoming)
+            out.append((conn, event.message))
+        return out
+
+    def reply(
+        self,
+        conn: int,
+        request_type: RequestType,
+        rid: int,
+        body: Sequence[tuple[BodyKind, bytes]] = (),
+        update: UpdateType = UpdateType.NORMAL,
+        device: str = "PS1",
+        prop: str = "Acquisition",
+    ) -> None:
+        header = Header(request_type, rid, device, prop, "", update, HeaderFlags.NONE)
+        event = decode_frames(encode_message(Kind.REPLY, header, body), from_server=True)
+        assert isinstance(event, Incoming)
+        self.handler.on_message(conn, event.message)
+
+
+Fixture = tuple[ClientService, ScriptedTransport, FakeClock]
+
+
+@pytest.fixture
+def client(no_thread_leak: None) -> Iterator[Fixture]:
+    clock = FakeClock()
+    made: list[ScriptedTransport] = []
+
+    def factory(h: ClientHandler, s: TransportSettings, i: dict[str, Any]) -> ScriptedTransport:
+        made.append(ScriptedTransport(h, s, i))
+        return made[0]
+
+    service = ClientService(
+        StaticDirectory({"PS*": ENDPOINT}),
+        Config(request_timeout=5.0, reconnect_initial=0.02, reconnect_max=0.5, workers=2),
+        transport_factory=factory,
+        clock=clock,
+        rng_seed=1,
+    )
+    try:
+        yield service, made[0], clock
+    finally:
+        service.close()
+
+
+def data_body(data: Data, seq: int = 0, cycle: str = "") -> list[tuple[BodyKind, bytes]]:
+    return [
+        (BodyKind.DATA, _binary.encode(data)),
+        (BodyKind.DATA_CONTEXT, encode_context(DataContext(cycle, 1, 2), seq)),
+    ]
+
+
+def exception_body(type_name: str, message: str) -> list[tuple[BodyKind, bytes]]:
+    return [(BodyKind.EXCEPTION, encode_exception(type_name, message))]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.002)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def test_get_sends_one_request_and_decodes_the_reply_in_the_caller(client: Fixture) -> None:
+    service, transport, _ = client
+    fut = service.access_point("PS1", "Acquisition").get_async(selector="CPS.USER.ALL")
+    [(conn, request)] = transport.requests()
+    assert transport.connects == [(conn, ENDPOINT)]
+    assert request.header.request_type is RequestType.GET
+    assert (request.header.device, request.header.property) == ("PS1", "Acquisition")
+    assert request.header.selector == "CPS.USER.ALL"
+    assert request.timeout == pytest.approx(5.0)  # the default deadline travels to the server
+    transport.reply(conn, RequestType.REPLY, request.header.id, data_body(Data(current=1.5)))
+    assert fut.done()
+    raw = Future.result(fut)  # the undecoded message the dispatcher handed over
+    assert isinstance(raw, Message)
+    assert "data" not in raw.__dict__  # nothing was decoded on the "dispatcher"
+    acq = fut.result()
+    assert acq.data == Data(current=1.5)
+    assert (acq.context.cycle_stamp, acq.context.acq_stamp) == (1, 2)
+    assert "data" in raw.__dict__
+
+
+def test_a_thousand_concurrent_requests_are_matched_by_id(client: Fixture) -> None:
+    service, transport, _ = client
+    ap = service.access_point("PS1", "Acquisition")
+    futures = [ap.get_async() for _ in range(1000)]
+    requests = transport.requests()
+    assert len({m.header.id for _, m in requests}) == 1000
+    assert len(transport.connects) == 1  # one connection carries them all
+    by_id = {m.header.id: i for i, (_, m) in enumerate(requests)}
+    for conn, message in reversed(requests):  # replies in the opposite order
+        value = Data(index=by_id[message.header.id])
+        transport.reply(conn, RequestType.REPLY, message.header.id, data_body(value))
+    assert [f.result().data["index"] for f in futures] == list(range(1000))
+    assert service.statistics().pending == 0
+    assert service.statistics().requests == 1000
+
+
+def test_timeout_abandons_the_request_and_the_late_reply_is_dropped(client: Fixture) -> None:
+    service, transport, clock = client
+    ap = service.access_point("PS1", "Acquisition")
+    slow = ap.get_async(timeout=1.0)
+    other = ap.get_async(timeout=3.0)
+    (conn, first), (_, second) = transport.requests()
+    assert first.timeout == pytest.approx(1.0)
+    clock.advance(0.9)
+    assert not slow.done()
+    clock.advance(0.2)
+    with pytest.raises(errors.TimeoutError, match=r"PS1/Acquisition.*1 s") as info:
+        slow.result()
+    assert isinstance(info.value, TimeoutError)  # also the builtin
+    assert not other.done()
+    # The late reply must not reach anyone, and the other request still gets its own.
+    transport.reply(conn, RequestType.REPLY, first.header.id, data_body(Data(v=1)))
+    transport.reply(conn, RequestType.REPLY, second.header.id, data_body(Data(v=2)))
+    assert other.result().data == Data(v=2)
+    stats = service.statistics()
+    assert (stats.timeouts, stats.late_replies, stats.pending) == (1, 1, 0)
+
+
+def test_blocking_get_waits_for_the_reply(client: Fixture) -> None:
+    service, transport, _ = client
+    results: list[Any] = []
+    caller = threading.Thread(
+        target=lambda: results.append(service.access_point("PS1", "P").get()), name="caller"
+    )
+    caller.start()
+    wait_for(lambda: len(transport.sent) == 1)
+    [(conn, request)] = transport.requests()
+    transport.reply(conn, RequestType.REPLY, request.header.id, data_body(Data(x=3)))
+    caller.join(10)
+    assert results[0].data == Data(x=3)
+
+
+@pytest.mark.parametrize(
+    ("type_name", "expected"),
+    [
+        ("NoSuchDeviceError", errors.NoSuchDeviceError),
+        ("NotAuthorizedError", errors.NotAuthorizedError),
+        ("OverloadError", errors.OverloadError),
+        ("TimeoutError", errors.TimeoutError),
+        ("ZeroDivisionError", errors.RemoteError),
+    ],
+)
+def test_exception_replies_become_typed_errors_naming_the_access_point(
+    client: Fixture, type_name: str, expected: type[errors.RdaError]
+) -> None:
+    service, transport, _ = client
+    fut = service.access_point("PS1", "Acquisition").get_async()
+    [(conn, request)] = transport.requests()
+    body = exception_body(type_name, "the cause")
+    transport.reply(conn, RequestType.EXCEPTION, request.header.id, body)
+    with pytest.raises(expected) as info:
+        fut.result()
+    assert "PS1/Acquisition" in str(info.value) and "the cause" in str(info.value)
+    if isinstance(info.value, errors.RemoteError):
+        assert info.value.type == "ZeroDivisionError"
+    assert fut.exception() is info.value
+    assert service.statistics().errors == 1
+
+
+def test_unknown_device_fails_with_no_such_device(client: Fixture) -> None:
+    service, transport, _ = client
+    ap = service.access_point("BPM9", "Orbit")
+    with pytest.raises(errors.NoSuchDeviceError, match="BPM9"):
+        ap.get()
+    with pytest.raises(errors.NoSuchDeviceError, match="BPM9"):
+        ap.get_async().result()
+    assert transport.sent == []
+
+
+def test_set_sends_data_then_context_and_accepts_a_mapping(client: Fixture) -> None:
+    service, transport, _ = client
+    ap = service.access_point("PS1", "Setting")
+    first = ap.set_async(Data(current=2.5))
+    second = ap.set_async({"current": 3.5, "mode": "dc"}, timeout=2.0)
+    (conn, m1), (_, m2) = transport.requests()
+    assert [k for k, _ in m1.body] == [BodyKind.DATA, BodyKind.REQUEST_CONTEXT]
+    assert m1.header.request_type is RequestType.SET
+    assert m1.data == Data(current=2.5)
+    assert m2.data == Data(current=3.5, mode="dc") and m2.timeout == pytest.approx(2.0)
+    transport.reply(conn, RequestType.REPLY, m1.header.id, device="PS1", prop="Setting")
+    transport.reply(conn, RequestType.REPLY, m2.header.id, device="PS1", prop="Setting")
+    assert first.result() is None and second.result() is None
+    with pytest.raises(TypeError, match="PS1/Setting"):
+        ap.set_async(42)  # type: ignore[arg-type]
+
+
+def test_filters_travel_in_the_request_context(client: Fixture) -> None:
+    service, transport, _ = client
+    service.access_point("PS1", "Acquisition").get_async(filters={"window": 3})
+    [(_, request)] = transport.requests()
+    assert request.filters == Data(window=3)
+
+
+def test_cancelled_future_leaves_the_pending_table(client: Fixture) -> None:
+    service, transport, _ = client
+    fut = service.access_point("PS1", "Acquisition").get_async()
+    [(conn, request)] = transport.requests()
+    assert fut.cancel()
+    assert service.statistics().pending == 0
+    transport.reply(conn, RequestType.REPLY, request.header.id, data_body(Data(v=1)))
+    assert fut.cancelled()
+    assert service.statistics().late_replies == 1
+
+
+def test_admin_sends_the_command_as_device_and_returns_the_reply_data(client: Fixture) -> None:
+    service, transport, _ = client
+    results: list[Data] = []
+    caller = threading.Thread(
+        target=lambda: results.append(service.admin(ENDPOINT, "log-level", level="DEBUG")),
+        name="admin-caller",
+    )
+    caller.start()
+    wait_for(lambda: len(transport.sent) == 1)
+    [(conn, request)] = transport.requests()
+    assert request.header.request_type is RequestType.ADMIN
+    assert request.header.device == "log-level"
+    assert request.data == Data(level="DEBUG")
+    reply = [(BodyKind.DATA, _binary.encode(Data(previous="INFO")))]
+    transport.reply(conn, RequestType.REPLY, request.header.id, reply, device="log-level", prop="")
+    caller.join(10)
+    assert results == [Data(previous="INFO")]
+    with pytest.raises(errors.NoSuchDeviceError, match="nowhere"):
+        service.admin("nowhere", "ping")
+
+
+# -- subscriptions ----------------------------------------------------------------------------
+
+
+def notify(
+    transport: ScriptedTransport,
+    conn: int,
+    sid: int,
+    seq: int,
+    value: int,
+    update: UpdateType = UpdateType.NORMAL,
+) -> None:
+    body = data_body(Data(v=value), seq=seq)
+    transport.reply(conn, RequestType.NOTIFICATION_DATA, sid, body, update)
+
+
+def test_subscription_counts_gaps_from_sequence_numbers(client: Fixture) -> None:
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe(selector="CPS.USER.ALL")
+    [(conn, request)] = transport.requests()
+    assert request.header.request_type is RequestType.SUBSCRIBE
+    assert request.header.id == sub.id and request.header.selector == "CPS.USER.ALL"
+    notify(transport, conn, sub.id, 1, 10, UpdateType.FIRST)
+    notify(transport, conn, sub.id, 2, 11)
+    notify(transport, conn, sub.id, 5, 14)  # 3 and 4 were conflated on the server
+    got = [sub.poll(0) for _ in range(3)]
+    assert all(n is not None for n in got)
+    notes = [n for n in got if n is not None]
+    assert [n.data["v"] for n in notes] == [10, 11, 14]
+    assert [n.gap for n in notes] == [0, 0, 2]
+    assert [n.seq for n in notes] == [1, 2, 5]
+    assert notes[0].update_type is UpdateType.FIRST
+    assert sub.poll(0) is None
+    assert service.statistics().gaps == 2
+
+
+def test_full_queue_drops_the_oldest_and_reports_it_as_a_gap(client: Fixture) -> None:
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe(queue_size=2)
+    [(conn, _)] = transport.requests()
+    notify(transport, conn, sub.id, 1, 1, UpdateType.FIRST)
+    for seq in range(2, 6):
+        notify(transport, conn, sub.id, seq, seq)
+    first, second = sub.poll(0), sub.poll(0)
+    assert first is not None and second is not None
+    assert (first.data["v"], first.gap) == (4, 3)  # 1, 2 and 3 were dropped here
+    assert (second.data["v"], second.gap) == (5, 0)
+    stats = service.statistics()
+    assert (stats.dropped, stats.gaps, stats.notifications) == (3, 0, 5)
+
+
+def test_notification_is_immutable_and_decodes_late(client: Fixture) -> None:
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, _)] = transport.requests()
+    notify(transport, conn, sub.id, 1, 7, UpdateType.FIRST)
+    n = sub.poll(0)
+    assert n is not None
+    assert n._message is not None and "data" not in n._message.__dict__
+    assert n.error is None and n.data == Data(v=7)
+    with pytest.raises(AttributeError):
+        n.gap = 3
+
+
+def test_listener_runs_in_order_off_the_dispatcher_and_survives_raising(client: Fixture) -> None:
+    service, transport, _ = client
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def listener(n: Notification) -> None:
+        value = n.data["v"]
+        seen.append((value, threading.current_thread().name))
+        if value == 3:
+            raise ValueError("listener bug")
+        if value == 199:
+            done.set()
+
+    sub = service.access_point("PS1", "Acquisition").subscribe(listener=listener)
+    [(conn, _)] = transport.requests()
+    notify(transport, conn, sub.id, 1, 0, UpdateType.FIRST)
+    for seq in range(2, 201):
+        notify(transport, conn, sub.id, seq, seq - 1)
+    assert done.wait(10)
+    assert [v for v, _ in seen] == list(range(200))
+    assert all(name != threading.current_thread().name for _, name in seen)
+    assert service.statistics().listener_errors == 1
+    with pytest.raises(RuntimeError, match="listener"):
+        sub.poll(0)
+
+
+def test_rejected_subscription_reports_the_error_then_ends(client: Fixture) -> None:
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, request)] = transport.requests()
+    body = exception_body("NotAuthorizedError", "PS1/Acquisition: role missing")
+    transport.reply(conn, RequestType.SUBSCRIBE_EXCEPTION, request.header.id, body)
+    notes = list(sub)  # iteration stops by itself
+    assert len(notes) == 1
+    assert isinstance(notes[0].error, errors.NotAuthorizedError)
+    with pytest.raises(errors.NotAuthorizedError):
+        _ = notes[0].data
+    assert sub.closed and sub.poll(0) is None
+    assert service.statistics().subscriptions == 0
+
+
+def test_close_sends_unsubscribe_once(client: Fixture) -> None:
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, _)] = transport.requests()
+    transport.handler.on_connected(conn, {})
+    sub.close()
+    sub.close()
+    kinds = [m.header.request_type for _, m in transport.requests()]
+    assert kinds == [RequestType.SUBSCRIBE, RequestType.UNSUBSCRIBE]
+    assert sub.poll(0) is None
+    notify(transport, conn, sub.id, 2, 2)  # in flight when we unsubscribed: dropped
+    assert service.statistics().subscriptions == 0
+
+
+# -- reconnection -----------------------------------------------------------------------------
+
+
+def test_disconnect_fails_pending_reports_to_subscriptions_and_resubscribes(
+    client: Fixture,
+) -> None:
+    service, transport, clock = client
+    ap = service.access_point("PS1", "Acquisition")
+    sub = ap.subscribe()
+    pending = ap.get_async()
+    (conn, sub_request), _ = transport.requests()
+    transport.handler.on_connected(conn, {})
+    notify(transport, conn, sub.id, 1, 1, UpdateType.FIRST)
+    notify(transport, conn, sub.id, 2, 2)
+
+    transport.handler.on_disconnected(conn, "peer gone")
+    with pytest.raises(errors.DisconnectedError, match=r"PS1/Acquisition.*7001.*peer gone"):
+        pending.result()
+    assert [n.data["v"] for n in (sub.poll(0), sub.poll(0)) if n is not None] == [1, 2]
+    lost = sub.poll(0)
+    assert lost is not None and isinstance(lost.error, errors.DisconnectedError)
+    assert ENDPOINT in str(lost.error) and not sub.closed
+
+    # Back-off: nothing before 15 ms (20 ms minus at most 25 % jitter), a reconnect by 20 ms.
+    clock.advance(0.0149)
+    assert len(transport.connects) == 1
+    clock.advance(0.0052)
+    assert len(transport.connects) == 2
+    conn2 = transport.connects[1][0]
+    assert transport.connects[1][1] == ENDPOINT
+    transport.handler.on_connected(conn2, {})
+    resent = [m for c, m in transport.requests() if c == conn2]
+    assert [m.header.request_type for m in resent] == [RequestType.SUBSCRIBE]
+    assert resent[0].header.id == sub_request.header.id
+    # The new sequence starts with FIRST at 1: no gap, whatever the old numbers were.
+    notify(transport, conn2, sub.id, 1, 100, UpdateType.FIRST)
+    notify(transport, conn2, sub.id, 2, 101)
+    after = [sub.poll(0), sub.poll(0)]
+    assert [(n.data["v"], n.gap, n.update_type) for n in after if n is not None] == [
+        (100, 0, UpdateType.FIRST),
+        (101, 0, UpdateType.NORMAL),
+    ]
+    stats = service.statistics()
+    assert (stats.reconnects, stats.disconnected_requests, stats.gaps) == (1, 1, 0)
+
+
+def test_failed_attempts_back_off_exponentially_and_report_once(client: Fixture) -> None:
+    service, transport, clock = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    conn = transport.connects[0][0]
+    transport.handler.on_connected(conn, {})
+    times: list[float] = []
+    for _ in range(6):
+        transport.handler.on_disconnected(transport.connects[-1][0], "connection refused")
+        before = len(transport.connects)
+        while len(transport.connects) == before:
+            clock.advance(0.001)
+        times.append(clock.now())
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    # Each wait is at least 75 % of 20, 40, 80, 160 ms, then capped at 0.5 s.
+    for wait, nominal in zip(gaps, [0.02, 0.04, 0.08, 0.16, 0.32, 0.5], strict=True):
+        assert nominal * 0.75 - 0.002 <= wait <= nominal + 0.002
+    errors_seen = [n for n in iter(lambda: sub.poll(0), None) if n.error is not None]
+    assert len(errors_seen) == 1  # one report per outage, not per failed attempt
+
+
+def test_request_during_back_off_connects_at_once(client: Fixture) -> None:
+    service, transport, _ = client
+    ap = service.access_point("PS1", "Acquisition")
+    ap.get_async()
+    transport.handler.on_disconnected(transport.connects[0][0], "peer gone")
+    assert len(transport.connects) == 1
+    fut = ap.get_async()
+    assert len(transport.connects) == 2
+    conn2 = transport.connects[1][0]
+    [(_, request)] = [(c, m) for c, m in transport.requests() if c == conn2]
+    transport.reply(conn2, RequestType.REPLY, request.header.id, data_body(Data(v=9)))
+    assert fut.result().data == Data(v=9)
+
+
+# -- shutdown ---------------------------------------------------------------------------------
+
+
+def test_close_fails_pending_ends_subscriptions_and_is_idempotent(client: Fixture) -> None:
+    service, transport, _ = client
+    ap = service.access_point("PS1", "Acquisition")
+    fut = ap.get_async()
+    sub = ap.subscribe()
+    ended = threading.Event()
+
+    def iterate() -> None:
+        for _ in sub:
+            pass
+        ended.set()
+
+    reader = threading.Thread(target=iterate, name="iterator")
+    reader.start()
+    service.close()
+    service.close()
+    with pytest.raises(errors.DisconnectedError, match="client closed"):
+        fut.result()
+    assert ended.wait(10)
+    reader.join(10)
+    assert transport.closed
+    with pytest.raises(errors.DisconnectedError, match="client closed"):
+        ap.get_async().result()
+    with pytest.raises(errors.DisconnectedError, match="client closed"):
+        ap.subscribe()
