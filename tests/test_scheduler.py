@@ -497,20 +497,23 @@ def test_overflow_matches_a_model(policy: OverflowPolicy, limit: int, groups: li
         block = Blocker()
         sched.submit("pin", block)
         assert block.started.wait(WAIT)
-        results = [
-            sched.submit(g, partial(ran[g].append, i), on_drop=partial(drops.append, i))
-            for i, g in enumerate(groups)
-        ]
-        assert results == expected_results
-        assert drops == expected_drops
-        assert {g: sched.queue_depth(g) for g in "abc"} == {g: len(q) for g, q in model.items()}
-        stats = sched.statistics()
-        assert stats.queued == sum(len(q) for q in model.values())
-        assert stats.rejected == expected_results.count(False) - (
-            len(expected_drops) if policy == "drop_newest" else 0
-        )
-        assert stats.dropped_oldest + stats.dropped_newest == len(expected_drops)
-        block.release.set()
+        try:
+            results = [
+                sched.submit(g, partial(ran[g].append, i), on_drop=partial(drops.append, i))
+                for i, g in enumerate(groups)
+            ]
+            assert results == expected_results
+            assert drops == expected_drops
+            depths = {g: sched.queue_depth(g) for g in "abc"}
+            assert depths == {g: len(q) for g, q in model.items()}
+            stats = sched.statistics()
+            assert stats.queued == sum(len(q) for q in model.values())
+            assert stats.rejected == expected_results.count(False) - (
+                len(expected_drops) if policy == "drop_newest" else 0
+            )
+            assert stats.dropped_oldest + stats.dropped_newest == len(expected_drops)
+        finally:
+            block.release.set()  # a failed example must not leave the worker pinned
         total = 1 + stats.queued
         wait_until(lambda: sched.statistics().executed == total)
     assert ran == {g: list(q) for g, q in model.items()}
