@@ -1,5 +1,7 @@
 """rda.serialization: the Data container, its codecs, and the message header and body."""
 
+from rda.serialization._binary import DecodeLimits, decode, encode
+from rda.serialization._data import Data, DataType
 from rda.serialization._header import (
     DataContext,
     Header,
@@ -12,22 +14,32 @@ from rda.serialization._header import (
     encode_header,
 )
 from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
+from rda.serialization._text import from_csv, from_json, to_csv, to_json
 from rda.serialization.errors import DecodeError, RdaError
 
 __all__ = [
     "BodyKind",
+    "Data",
     "DataContext",
+    "DataType",
     "DecodeError",
+    "DecodeLimits",
     "Header",
     "HeaderFlags",
     "Message",
     "RdaError",
     "RequestType",
     "UpdateType",
+    "decode",
     "decode_context",
     "decode_exception",
     "decode_header",
+    "encode",
     "encode_context",
     "encode_exception",
     "encode_header",
+    "from_csv",
+    "from_json",
+    "to_csv",
+    "to_json",
 ]
