@@ -59,6 +59,7 @@ class RecorderStatistics:
     recorder_id: str
     received: int  # rows taken from the queue (each got a seq)
     overflow: int  # notifications refused because the queue was full
+    gaps: int  # updates the server-side subscription reported as missed
     queue_depth: int
     queue_limit: int
     pending_rows: int  # rows in the writer waiting for their segment
@@ -144,6 +145,7 @@ class Recorder:
         self._acked_rows = 0
         self._received = 0
         self._overflow = 0
+        self._gaps = 0
         self._segments = 0
         self._bytes = 0
         self._write_errors = 0
@@ -271,6 +273,7 @@ class Recorder:
             recorder_id=self.recorder_id,
             received=self._received,
             overflow=self._overflow,
+            gaps=self._gaps,
             queue_depth=len(queue),
             queue_limit=self.queue_limit,
             pending_rows=self._pending,
@@ -401,7 +404,13 @@ class Recorder:
     ) -> bool:
         context = notification.context
         error = notification.error
-        data = notification.data
+        data = None
+        if error is None:
+            try:
+                data = notification.data  # decoded late, here: a bad body becomes an error row
+            except Exception as exc:
+                error = exc
+        self._gaps += getattr(notification, "gap", 0)
         value: Any = None
         error_text: str | None = None
         route: int | None = None
