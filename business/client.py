@@ -248,19 +248,23 @@ class ClientService:
         ``target`` is an endpoint (contains "://"), else a device name (resolved through the
         directory), else the name of a server registered in a file directory.
         """
-        endpoint = self._admin_endpoint(target)
-        fut = self.request(
-            RequestType.ADMIN,
-            endpoint,
-            command,
-            "",
-            "",
-            [(BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))],
-            timeout,
-            _admin_result,
-        )
-        result: Data = fut.result()
+        result: Data = self.admin_async(target, command, timeout, **args).result()
         return result
+
+    def admin_async(
+        self, target: str, command: str, timeout: float | None = None, **args: Any
+    ) -> Future[Data]:
+        """``admin`` returning a future."""
+        try:
+            endpoint = self._admin_endpoint(target)
+        except NoSuchDeviceError as exc:
+            failed: Future[Data] = Future()
+            failed.set_exception(exc)
+            return failed
+        body = [(BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))]
+        return self.request(
+            RequestType.ADMIN, endpoint, command, "", "", body, timeout, _admin_result
+        )
 
     def statistics(self) -> ClientStatistics:
         c = self._counters
