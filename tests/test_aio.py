@@ -18,7 +18,6 @@ from rda.business.server_requests import (
     RequestReplyCallback,
     SetRequest,
     SubscriptionCallback,
-    SubscriptionRequest,
 )
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
@@ -83,6 +82,11 @@ def test_admin_without_hook_fails_with_a_typed_error(server: Server) -> None:
 
 
 def test_async_iteration_of_a_subscription(server: Server) -> None:
+    def publish() -> None:
+        for i in range(3):
+            for source in server.subscriptions():
+                source.notify(Data(current=float(i)))
+
     async def main() -> list[UpdateType]:
         async with client_for(server) as client:
             ap = client.access_point("PS1", "Acquisition")
@@ -92,14 +96,7 @@ def test_async_iteration_of_a_subscription(server: Server) -> None:
                 seen.append(n.update_type)
                 if n.update_type is UpdateType.FIRST:
                     # Publish from another thread, as equipment code would.
-                    threading.Thread(
-                        target=lambda: [
-                            s.notify(Data(current=float(i)))
-                            for i in range(3)
-                            for s in server.subscriptions()
-                        ],
-                        name="publisher",
-                    ).start()
+                    threading.Thread(target=publish, name="publisher").start()
                 if len(seen) == 4:
                     sub.close()  # ends the loop
             assert sub.closed
