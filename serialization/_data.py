@@ -299,7 +299,9 @@ def _coerce_numeric_array(name: str, value: Any, t: DataType) -> np.ndarray[Any,
             # Rounding to float32 is what pinning means; overflowing to inf is not.
             lossy = bool((np.isinf(out) & np.isfinite(src)).any())
         else:
-            lossy = not bool((out.astype(src.dtype) == src).all())
+            # Both directions: a wrapped value can survive the round trip back (uint8 200 ->
+            # int8 -56 -> uint8 200), a rounded one can compare equal after promotion.
+            lossy = not (bool((out == src).all()) and bool((out.astype(src.dtype) == src).all()))
     if lossy:
         raise ValueError(f"{_field(name)}: values do not fit {t.label} exactly")
     return out
