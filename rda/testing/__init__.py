@@ -1,0 +1,39 @@
+"""rda.testing: fakes for testing code built on rda, without a network or real time.
+
+* :class:`FakeClock`: time that moves only when the test says so;
+* :class:`MemoryNetwork`: in-memory client and server transports that speak the real wire
+  protocol, with fault hooks (partition, kill/restart, stalled client), and :func:`memory_pair`;
+* :func:`check_transport`: the conformance suite every transport passes (in-memory and ZeroMQ);
+* :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
+  and let a test wait for a condition with a bound.
+"""
+
+from rda.testing._clock import FakeClock
+from rda.testing._conformance import (
+    CONFORMANCE_CHECKS,
+    MakePair,
+    TransportPair,
+    check_transport,
+    transport_pair,
+)
+from rda.testing._memory import MemoryNetwork, MemoryPair, RawPeer, memory_pair
+from rda.testing._memory_client import MemoryClientTransport
+from rda.testing._memory_server import MemoryServerTransport
+from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
+
+__all__ = [
+    "CONFORMANCE_CHECKS",
+    "FakeClock",
+    "MakePair",
+    "MemoryClientTransport",
+    "MemoryNetwork",
+    "MemoryPair",
+    "MemoryServerTransport",
+    "RawPeer",
+    "RecordingClientHandler",
+    "RecordingServerHandler",
+    "TransportPair",
+    "check_transport",
+    "memory_pair",
+    "transport_pair",
+]

@@ -1,0 +1,261 @@
+"""The in-memory transports' plumbing: an inbox, a dispatcher thread, and the link records.
+
+Each in-memory transport copies the real one's threading contract (``rda.transport.api``):
+ONE named dispatcher thread calls every handler; other threads reach it only through its
+:class:`Inbox` (user commands bounded by ``send_hwm`` so a flooding sender blocks, network
+deliveries unbounded); a call made on the dispatcher thread itself (from a handler) is queued
+locally and run right after the current item, never re-entrantly and never blocking.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from rda.testing._clock import FakeClock
+from rda.transport.api import Buffer
+
+if TYPE_CHECKING:
+    from rda.testing._memory_server import MemoryServerTransport
+
+__all__ = ["Barrier", "ClientEnd", "Dispatcher", "Inbox", "Link", "frames_size", "wire_copy"]
+
+log = logging.getLogger("rda.testing")
+
+# Items handled per wake-up before timers are checked again (a real dispatcher batches too).
+_BATCH = 1000
+
+
+def wire_copy(frames: Sequence[Buffer]) -> list[memoryview]:
+    """What the receiving side of a real socket gets: a copy, as ``memoryview`` (copy=False)."""
+    return [memoryview(bytes(f)) for f in frames]
+
+
+def frames_size(frames: Sequence[Buffer]) -> int:
+    return sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+
+
+class ClientEnd(Protocol):
+    """The client side of a :class:`Link`: a client transport or a raw test peer."""
+
+    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None: ...
+
+    def _link_gone(self, conn: int) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Link:
+    """One client connection to one server endpoint (a DEALER's TCP connection)."""
+
+    endpoint: str
+    peer: bytes  # the routing id the server sees
+    client: ClientEnd
+    conn: int  # the client's connection id
+    server: MemoryServerTransport | None = None
+    closed: bool = False
+    # Frames sent before any server bound the endpoint (ZeroMQ queues them in the DEALER).
+    waiting: list[list[memoryview]] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Barrier:
+    """Set once the dispatcher has handled everything queued before it, timers included."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class Inbox:
+    """One FIFO feeding one dispatcher; commands count against ``hwm`` (back-pressure)."""
+
+    def __init__(self, hwm: int, on_put: Callable[[], None]) -> None:
+        self._cond = threading.Condition()
+        self._items: deque[tuple[bool, object]] = deque()
+        self._commands = 0
+        self._hwm = max(1, hwm)
+        self._on_put = on_put
+        self._woken = False
+        self.closed = False
+
+    def put_command(self, item: object) -> bool:
+        """Queue a user command; blocks while ``hwm`` commands wait. False once closed."""
+        with self._cond:
+            while self._commands >= self._hwm and not self.closed:
+                self._cond.wait()
+            if self.closed:
+                return False
+            self._items.append((True, item))
+            self._commands += 1
+            self._cond.notify_all()
+        self._on_put()
+        return True
+
+    def put_network(self, item: object) -> bool:
+        with self._cond:
+            if self.closed:
+                return False
+            self._items.append((False, item))
+            self._cond.notify_all()
+        self._on_put()
+        return True
+
+    def put_barrier(self, barrier: Barrier) -> bool:
+        with self._cond:
+            if self.closed:
+                return False
+            self._items.append((False, barrier))
+            self._cond.notify_all()
+        return True
+
+    def wake(self) -> None:
+        """Make the dispatcher re-check its timers (the fake clock moved)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def close(self, discard: bool) -> None:
+        with self._cond:
+            self.closed = True
+            if discard:
+                self._items.clear()
+                self._commands = 0
+            self._cond.notify_all()
+
+    def take(self, timeout: float | None) -> list[tuple[bool, object]]:
+        with self._cond:
+            if not (self._items or self._woken or self.closed):
+                self._cond.wait(timeout)
+            self._woken = False
+            batch: list[tuple[bool, object]] = []
+            while self._items and len(batch) < _BATCH:
+                entry = self._items.popleft()
+                if entry[0]:
+                    self._commands -= 1
+                batch.append(entry)
+            if batch:
+                self._cond.notify_all()  # senders blocked at the high-water mark
+            return batch
+
+    def empty(self) -> bool:
+        with self._cond:
+            return not self._items
+
+
+class Dispatcher(ABC):
+    """A named thread that owns one transport's state; subclasses supply the handling."""
+
+    def __init__(self, name: str, clock: Callable[[], float], hwm: int, on_put: Callable[[], None]):
+        self._name = name
+        self._clock = clock
+        self._inbox = Inbox(hwm, on_put)
+        self._local: deque[object] = deque()
+        self._thread: threading.Thread | None = None
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._killed = False
+        self._stop_clock: Callable[[], None] | None = None
+
+    # --- lifecycle (any thread) ---
+
+    def _start_thread(self) -> None:
+        with self._close_lock:
+            if self._thread is not None or self._closed:
+                raise RuntimeError(f"{self._name}: a transport can be started once")
+            if isinstance(self._clock, FakeClock):
+                self._stop_clock = self._clock.on_advance(self._inbox.wake)
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _on_dispatcher(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _stop(self, timeout: float, kill: bool) -> None:
+        with self._close_lock:
+            first = not self._closed
+            self._closed = True
+            if first:
+                self._killed = kill
+            thread = self._thread
+        if first:
+            self._inbox.close(discard=kill)
+        if thread is None:
+            if first:
+                self._shutdown()
+            return
+        if self._on_dispatcher():
+            return  # it cannot join itself; it cleans up on its way out
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("%s did not stop within %.1f s (a handler blocks?)", self._name, timeout)
+
+    def _post(self, item: object) -> None:
+        if self._on_dispatcher():
+            self._local.append(item)
+        else:
+            self._inbox.put_command(item)
+
+    def _barrier(self) -> Barrier | None:
+        barrier = Barrier()
+        return barrier if self._inbox.put_barrier(barrier) else None
+
+    # --- the loop (dispatcher thread) ---
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._inbox.take(self._wait_timeout())
+                barriers: list[Barrier] = []
+                for is_command, item in batch:
+                    if isinstance(item, Barrier):
+                        barriers.append(item)
+                    # After close(), queued commands (replies) still go out; arrivals do not.
+                    elif is_command or not self._inbox.closed:
+                        self._handle(item)
+                        self._run_local()
+                if not self._inbox.closed:
+                    self._check_timers(self._clock())
+                    self._run_local()
+                for barrier in barriers:
+                    barrier.event.set()
+                if self._inbox.closed and self._inbox.empty():
+                    break
+        except Exception:  # a bug here must not leave a zombie transport behind silently
+            log.exception("%s crashed", self._name)
+        finally:
+            self._shutdown()
+
+    def _run_local(self) -> None:
+        while self._local:
+            self._handle(self._local.popleft())
+
+    def _wait_timeout(self) -> float | None:
+        if isinstance(self._clock, FakeClock):
+            return None  # advance() wakes us
+        deadline = self._next_deadline()
+        if deadline is None:
+            return None
+        return max(0.0, deadline - self._clock())
+
+    def _shutdown(self) -> None:
+        if self._stop_clock is not None:
+            self._stop_clock()
+            self._stop_clock = None
+        self._teardown(report=not self._killed)
+
+    # --- supplied by the transports ---
+
+    @abstractmethod
+    def _handle(self, item: object) -> None: ...
+
+    @abstractmethod
+    def _check_timers(self, now: float) -> None: ...
+
+    @abstractmethod
+    def _next_deadline(self) -> float | None: ...
+
+    @abstractmethod
+    def _teardown(self, report: bool) -> None: ...
