@@ -25,6 +25,7 @@ import pydantic
 
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
 from rda.business.server_stats import HistogramSnapshot
+from rda.serialization._data import Data, DataType
 
 __all__ = ["histogram_quantile", "plain"]
 
@@ -71,7 +72,7 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
 
 
 @command("clients")
-def clients(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+def clients(ctx: AdminContext, args: pydantic.BaseModel) -> Data:
     """Who is connected: peer id, client info, since when, last heard, subscriptions."""
     now = time.time()
     rows = []
@@ -80,7 +81,7 @@ def clients(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         connected = float(row.get("connected_since", 0.0))
         row["connected_for"] = max(0.0, now - connected) if connected else 0.0
         rows.append(row)
-    return {"count": len(rows), "clients": rows}
+    return _records("clients", rows)
 
 
 class SubscriptionsArgs(pydantic.BaseModel):
@@ -90,7 +91,7 @@ class SubscriptionsArgs(pydantic.BaseModel):
 
 
 @command("subscriptions", SubscriptionsArgs)
-def subscriptions(ctx: AdminContext, args: SubscriptionsArgs) -> dict[str, Any]:
+def subscriptions(ctx: AdminContext, args: SubscriptionsArgs) -> Data:
     """Per source: subscribers, notifications sent, last update, drops ("why is it blind?")."""
     rows = [
         plain(snap)
@@ -98,7 +99,7 @@ def subscriptions(ctx: AdminContext, args: SubscriptionsArgs) -> dict[str, Any]:
         if fnmatch.fnmatchcase(snap.device, args.device)
         and fnmatch.fnmatchcase(snap.property, args.property)
     ]
-    return {"count": len(rows), "sources": rows}
+    return _records("sources", rows)
 
 
 @command("stats")
@@ -231,6 +232,14 @@ def histogram_quantile(q: float, buckets: tuple[float, ...], counts: tuple[int, 
         if running >= rank:
             return bound
     return buckets[-1] if buckets else float("nan")
+
+
+def _records(name: str, rows: list[dict[str, Any]]) -> Data:
+    """``{count, name: rows}`` with ``rows`` pinned as a Data array even when empty (an empty
+    list would otherwise infer as an empty float64 array)."""
+    result = Data(count=len(rows))
+    result.append(name, rows, type=DataType.DATA_ARRAY)
+    return result
 
 
 def _requests_table(requests: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
