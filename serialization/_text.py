@@ -211,7 +211,8 @@ def to_csv(data: Data) -> str:
             columns.append([_csv_cell(t, v)])
             header.append(t.label)
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # CRLF as RFC 4180 says; it also makes the writer quote fields holding a lone "\r".
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(list(data._values))
     writer.writerow(header)
     rows = max((len(c) for c in columns), default=0)
