@@ -46,8 +46,8 @@ class Magnet(Device):
         data.append("mode", 3, type=DataType.INT32)
         return data
 
-    @setting.setter
-    def setting(self, value: Data, request: SetRequest) -> None:  # type: ignore[no-redef]
+    @setting.setter  # type: ignore[no-redef]
+    def setting(self, value: Data, request: SetRequest) -> None:
         self.current = float(value["current"])
 
     @Device.property("Slow")
