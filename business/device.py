@@ -8,13 +8,15 @@
             return Data(current=self.current)
 
         @setting.setter
-        def setting(self, value: SettingModel, request: SetRequest) -> None:
+        def write_setting(self, value: SettingModel, request: SetRequest) -> None:
             self.current = value.current
 
     server = ServerBuilder("PS").device("PS1", PowerSupply()).build()
 
 ``Device.property(name, schema=None)`` (also importable as :func:`prop`) turns a getter into a
-:class:`DeviceProperty`; ``@<attr>.setter`` adds the setter. The getter may return ``Data``,
+:class:`DeviceProperty`; ``@<attr>.setter`` adds the setter (and returns the same property, so
+the setter function may keep the getter's name as with ``builtins.property``; a distinct name, as
+above, keeps ``mypy`` from reporting a redefinition). The getter may return ``Data``,
 a ``dict``, an ``AcquiredData`` or a pydantic model (stamped with the current time unless it is
 an ``AcquiredData``), or ``None`` when it completes the request itself (later, from any thread).
 With a schema the setter receives the validated model; without one, the ``Data``. Validation
