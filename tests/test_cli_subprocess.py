@@ -54,7 +54,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
         if not selector.select(timeout):
-            raise AssertionError(f"no output from {proc.args} within {timeout} s")
+            raise AssertionError(f"no output from {proc.args!r} within {timeout} s")
     return proc.stdout.readline()
 
 
