@@ -65,6 +65,8 @@ class MemoryNetwork:
         # Guards the topology below; the inboxes' locks nest inside it, never the other way.
         self._lock = threading.RLock()
         self._bound: dict[str, MemoryServerTransport] = {}
+        # The latest server built for each endpoint, kept for restart_server.
+        self._last_server: dict[str, MemoryServerTransport] = {}
         self._links: dict[bytes, Link] = {}
         self._waiting: dict[str, list[Link]] = {}
         self._partitioned: set[str] = set()
@@ -100,6 +102,7 @@ class MemoryNetwork:
         )
         with self._lock:
             self._dispatchers.append(server)
+            self._last_server[endpoint] = server
         return server
 
     def client(
@@ -151,14 +154,7 @@ class MemoryNetwork:
         settings and info unless ``handler`` is given); returns the new, started server."""
         endpoint = _endpoint(endpoint)
         with self._lock:
-            old = self._bound.get(endpoint) or next(
-                (
-                    d
-                    for d in reversed(self._dispatchers)
-                    if isinstance(d, MemoryServerTransport) and d.endpoint == endpoint
-                ),
-                None,
-            )
+            old = self._last_server.get(endpoint)
         if old is None:
             raise TransportError(f"no server was ever bound to {endpoint}")
         old.kill()
