@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install bench clean
+.PHONY: test lint typecheck unit install bench clean demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ unit: install
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+demo: install
+	$(BIN)/python examples/demo_session.py
 
 bench: install
 	$(BIN)/python benchmarks/serialization.py

@@ -29,6 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rda.business.common import AcquiredData
+from rda.business.device import PropertyValidationError
 from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server_requests import (
     SERVER_CLIENT,
@@ -212,10 +213,13 @@ class Dispatch:
 
     def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
         self._counters.handler_error()
-        if isinstance(exc, RdaError):
+        # The client gets the error and the counter moves; the log is for whoever debugs the
+        # handler, so the traceback goes at INFO, and expected errors (rda's own, a value
+        # refused by a schema) at DEBUG.
+        if isinstance(exc, RdaError | PropertyValidationError):
             log.debug("%r: handler raised %r", request, exc)
         else:
-            log.warning("%r: handler raised", request, exc_info=True)
+            log.info("%r: handler raised", request, exc_info=True)
         if not request._answer(None, exc):
             log.warning("%r: handler raised after answering: %r", request, exc)
 

@@ -1,0 +1,246 @@
+"""A demo equipment server with simulated devices (``make demo``, ``rda serve demo``).
+
+Devices:
+
+- ``PS1``..``PS3``: power converters. ``Setting`` (get/set ``current`` in A, validated to
+  -100..100 by a pydantic schema); ``Acquisition`` (the measured current: follows the setting
+  with a first-order lag plus noise, published at 10 Hz for the cycles of a simulated
+  super-cycle, stamped in ns).
+- ``BPM1``: a beam position monitor. ``Orbit``: a 2x64 float64 array (horizontal and vertical
+  positions in mm) with the monitor ``positions`` along the ring, published with the cycle.
+- ``FAULTY``: its ``Status`` property fails on purpose, to show an error reaching a client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from rda.business.common import AcquiredData
+from rda.business.config import Config
+from rda.business.device import Device, prop
+from rda.business.directory import FileDirectory
+from rda.business.server import Server, ServerBuilder
+from rda.business.server_requests import GetRequest, SetRequest
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext
+
+__all__ = [
+    "CYCLES",
+    "BeamPositionMonitor",
+    "Faulty",
+    "PowerConverter",
+    "SettingModel",
+    "build_demo_server",
+    "main",
+]
+
+log = logging.getLogger("rda.demo")
+
+# A simulated PS super-cycle: one cycle name per 100 ms basic period.
+CYCLES: tuple[str, ...] = (
+    "CPS.USER.SFTPRO",
+    "CPS.USER.SFTPRO",
+    "CPS.USER.MD1",
+    "CPS.USER.TOF",
+    "CPS.USER.LHC1",
+)
+MONITORS = 64
+
+
+class SettingModel(BaseModel):
+    """What a power converter accepts as ``Setting``."""
+
+    current: float = Field(ge=-100.0, le=100.0, description="Current set point, A")
+
+
+class PowerConverter(Device):
+    """A power converter whose measured current follows the set point."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(seed)
+        self.set_point = 0.0
+        self.measured = 0.0
+
+    @prop("Setting", schema=SettingModel)
+    def setting(self, request: GetRequest) -> Data:
+        with self._lock:
+            return Data(current=self.set_point)
+
+    @setting.setter
+    def write_setting(self, value: SettingModel, request: SetRequest) -> None:
+        with self._lock:
+            self.set_point = value.current
+
+    @prop("Acquisition")
+    def acquisition(self, request: GetRequest) -> AcquiredData:
+        with self._lock:
+            return self._acquired(request.selector or "CPS.USER.ALL", self.measured)
+
+    def step(self, cycle: str, cycle_stamp: int) -> AcquiredData:
+        """Advance the simulation by one cycle and return the new acquisition."""
+        with self._lock:
+            # First-order lag towards the set point (time constant ~3 cycles) plus 5 mA noise.
+            self.measured += (self.set_point - self.measured) * 0.3
+            self.measured += float(self._rng.normal(0.0, 0.005))
+            return self._acquired(cycle, self.measured, cycle_stamp)
+
+    def _acquired(self, cycle: str, measured: float, cycle_stamp: int = 0) -> AcquiredData:
+        data = Data(current=measured, set_point=self.set_point, unit="A")
+        stamp = time.time_ns()
+        return AcquiredData(data, DataContext(cycle, cycle_stamp or stamp, stamp, cycle))
+
+
+class BeamPositionMonitor(Device):
+    """Closed-orbit readings of 64 monitors, horizontal and vertical."""
+
+    def __init__(self, seed: int = 1) -> None:
+        super().__init__()
+        self._rng = np.random.default_rng(seed)
+        self._positions = np.linspace(0.0, 628.3, MONITORS)
+        self._lock = threading.Lock()
+        self._orbit = self._measure(0)
+
+    @prop("Orbit")
+    def orbit(self, request: GetRequest) -> AcquiredData:
+        with self._lock:
+            orbit = self._orbit
+        stamp = time.time_ns()
+        cycle = request.selector or "CPS.USER.ALL"
+        return AcquiredData(self._data(orbit), DataContext(cycle, stamp, stamp, cycle))
+
+    def step(self, cycle: str, cycle_stamp: int, turn: int) -> AcquiredData:
+        orbit = self._measure(turn)
+        with self._lock:
+            self._orbit = orbit
+        return AcquiredData(
+            self._data(orbit), DataContext(cycle, cycle_stamp, time.time_ns(), cycle)
+        )
+
+    def _measure(self, turn: int) -> np.ndarray:
+        phase = 2 * math.pi * np.arange(MONITORS) / MONITORS
+        betatron = np.vstack([np.sin(6.25 * phase + 0.1 * turn), np.cos(6.18 * phase)])
+        noise = self._rng.normal(0.0, 0.02, size=(2, MONITORS))
+        return np.ascontiguousarray(betatron * 1.5 + noise, dtype=np.float64)
+
+    def _data(self, orbit: np.ndarray) -> Data:
+        return Data(orbit=orbit, positions=self._positions, planes=["H", "V"], unit="mm")
+
+
+class Faulty(Device):
+    """A device whose ``Status`` always fails: the error case of the demo."""
+
+    @prop("Status")
+    def status(self, request: GetRequest) -> Data:
+        raise RuntimeError("interlock chain open: converter in fault state (simulated)")
+
+
+class _Cycler:
+    """Publishes every device's acquisition once per basic period, on its own thread."""
+
+    def __init__(
+        self,
+        converters: Sequence[PowerConverter],
+        bpm: BeamPositionMonitor,
+        rate_hz: float,
+    ) -> None:
+        self._converters = converters
+        self._bpm = bpm
+        self._period = 1.0 / rate_hz
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rda-demo-cycler", daemon=True)
+
+    def start(self, server: Server) -> None:
+        self._thread.start()
+
+    def stop(self, server: Server) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        turn = 0
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            cycle = CYCLES[turn % len(CYCLES)]
+            stamp = time.time_ns()
+            try:
+                for converter in self._converters:
+                    converter.publish("Acquisition", converter.step(cycle, stamp))
+                self._bpm.publish("Orbit", self._bpm.step(cycle, stamp, turn))
+            except Exception:
+                log.exception("demo cycler: publishing failed")
+            turn += 1
+            next_at += self._period
+            # Keep the cadence (no drift); after a stall, skip ahead rather than burst.
+            delay = next_at - time.monotonic()
+            if delay < 0:
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+
+def build_demo_server(
+    endpoint: str = "tcp://127.0.0.1:0",
+    *,
+    name: str = "RdaDemoServer",
+    config: Config | None = None,
+    directory: FileDirectory | Literal["default"] | None = "default",
+    rate_hz: float = 10.0,
+    seed: int = 0,
+) -> Server:
+    """The demo server, built and not started. ``directory="default"`` registers into the
+    file directory of ``config`` (so ``rda get PS1 Setting`` finds it); None registers nowhere."""
+    converters = [PowerConverter(seed + i) for i in range(3)]
+    bpm = BeamPositionMonitor(seed + 10)
+    cycler = _Cycler(converters, bpm, rate_hz)
+    builder = ServerBuilder(name).endpoint(endpoint)
+    if config is not None:
+        builder.config(config)
+    if directory != "default":
+        builder.directory(directory)
+    for i, converter in enumerate(converters, start=1):
+        builder.device(f"PS{i}", converter)
+    builder.device("BPM1", bpm).device("FAULTY", Faulty())
+    return builder.on_start(cycler.start).on_stop(cycler.stop).build()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo server until interrupted (Ctrl-C or SIGTERM)."""
+    parser = argparse.ArgumentParser(prog="python -m rda.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--endpoint", default="tcp://127.0.0.1:0", help="where to bind")
+    parser.add_argument("--name", default="RdaDemoServer", help="server name in the directory")
+    parser.add_argument("--no-register", action="store_true", help="skip the file directory")
+    parser.add_argument("--rate", type=float, default=10.0, help="publications per second")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    server = build_demo_server(
+        args.endpoint,
+        name=args.name,
+        directory=None if args.no_register else "default",
+        rate_hz=args.rate,
+    )
+    done = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with server:
+        print(f"{server.name} serving {', '.join(server.devices())} on {server.endpoint}")
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
+    signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

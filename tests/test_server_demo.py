@@ -1,0 +1,55 @@
+"""The demo equipment server (rda.demo), exercised with ClientService over tcp loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.demo import CYCLES, build_demo_server
+from rda.serialization._header import UpdateType
+from rda.serialization.errors import RemoteError
+
+CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)
+
+
+def test_demo_devices_end_to_end() -> None:
+    before = set(threading.enumerate())
+    server = build_demo_server(directory=None, config=CONFIG, rate_hz=50.0)
+    with server:
+        assert server.devices() == ["PS1", "PS2", "PS3", "BPM1", "FAULTY"]
+        directory = StaticDirectory({"*": server.endpoint})
+        with ClientService(directory=directory, config=CONFIG) as client:
+            setting = client.access_point("PS2", "Setting")
+            setting.set({"current": -40.0}, timeout=5)
+            assert setting.get(timeout=5).data["current"] == -40.0
+            with pytest.raises(RemoteError, match="current: Input should be greater than"):
+                setting.set({"current": -101.0}, timeout=5)
+            sub = client.access_point("PS2", "Acquisition").subscribe()
+            first = sub.poll(10)
+            assert first is not None and first.update_type is UpdateType.FIRST
+            cycles = set()
+            last = None
+            for _ in range(30):
+                n = sub.poll(10)
+                assert n is not None and n.update_type is UpdateType.NORMAL
+                assert n.context.acq_stamp > 0
+                cycles.add(n.context.cycle_name)
+                last = n.data["current"]
+            assert cycles <= set(CYCLES) and len(cycles) > 1
+            assert last is not None and abs(last + 40.0) < 1.0  # followed the setting
+            sub.close()
+            orbit = client.access_point("BPM1", "Orbit").get(timeout=5).data
+            assert orbit.get_array("orbit").shape == (2, 64)
+            assert str(orbit.get_array("orbit").dtype) == "float64"
+            with pytest.raises(RemoteError, match="interlock chain open") as info:
+                client.access_point("FAULTY", "Status").get(timeout=5)
+            assert info.value.type == "RuntimeError"
+    deadline = time.monotonic() + 10
+    while [t for t in threading.enumerate() if t not in before] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t for t in threading.enumerate() if t not in before]
