@@ -16,13 +16,14 @@ in memory (bounded: the queue then overflows, counted) and retries.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fnmatch
 import logging
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -245,10 +246,9 @@ class Recorder:
         if self._converter_thread is not None:
             self._converter_thread.join(timeout)
         if self._convert if convert is None else convert:
-            try:
+            # A failure is logged and counted by the converter; the journal keeps the rows.
+            with contextlib.suppress(Exception):
                 self.converter.convert_pending()
-            except OSError as exc:
-                log.error("recorder %s: final conversion failed: %s", self.recorder_id, exc)
         if self._state != "created":
             self._state = "stopped" if self._state != "error" else "error"
 
@@ -301,7 +301,9 @@ class Recorder:
             from rda.business.directory import default_directory
 
             directory = default_directory()
-        devices = sorted(d for d in directory.devices() if fnmatch.fnmatchcase(d, glob))
+        # A directory lists names and patterns (a pattern is not a device to subscribe to).
+        known = [d for d in directory.devices() if not _GLOB.search(d)]
+        devices = sorted(d for d in known if fnmatch.fnmatchcase(d, glob))
         if not devices:
             log.warning("recorder %s: no device matches %r", self.recorder_id, glob)
         return devices
@@ -490,54 +492,5 @@ class Recorder:
             try:
                 self.converter.convert_pending()
                 self.converter.apply_retention()
-            except OSError as exc:
-                log.error("recorder %s: conversion failed: %s", self.recorder_id, exc)
-
-
-def _print_counters(
-    recorder: Recorder, previous: RecorderStatistics, interval: float
-) -> RecorderStatistics:
-    stats = recorder.statistics()
-    rate = (stats.acked_rows - previous.acked_rows) / interval
-    print(
-        f"\r{stats.state:7} rows/s {rate:10.0f}  acked seq {stats.acked_seq:>10}  "
-        f"queue {stats.queue_depth:>6}/{stats.queue_limit}  lag {stats.lag_seconds:6.2f}s  "
-        f"overflow {stats.overflow}  files {stats.parquet_files}",
-        end="",
-        flush=True,
-    )
-    return stats
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m rda.pipeline.recorder ROOT PATTERN...``: record until Ctrl-C, live counters."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m rda.pipeline.recorder")
-    parser.add_argument("root")
-    parser.add_argument(
-        "patterns", nargs="+", help="DEVICE/PROPERTY[@SELECTOR], device may be a glob"
-    )
-    parser.add_argument("--id", dest="recorder_id", default=None)
-    parser.add_argument("--retention", type=float, default=86_400.0, help="seconds")
-    args = parser.parse_args(None if argv is None else list(argv))
-    logging.basicConfig(level=logging.INFO)
-    recorder = Recorder(
-        args.root, args.patterns, recorder_id=args.recorder_id, retention=args.retention
-    )
-    recorder.start()
-    previous = recorder.statistics()
-    try:
-        while True:
-            time.sleep(1.0)
-            previous = _print_counters(recorder, previous, 1.0)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        recorder.stop()
-        print()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+            except Exception:  # logged and counted by the converter; retried next round
+                continue

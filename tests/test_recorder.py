@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rda.pipeline.journal as journal_module
+from rda.pipeline.metrics import start_recorder_metrics
 from rda.pipeline.recorder import Recorder, Sample, parse_pattern
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
@@ -299,3 +301,24 @@ def test_parse_pattern() -> None:
 def test_recorder_id_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="recorder id"):
         Recorder(tmp_path, recorder_id="a/b")
+
+
+def test_prometheus_metrics_read_the_statistics(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path)
+    recorder.start()
+    endpoint = start_recorder_metrics(recorder, 0)
+    try:
+        for i in range(3):
+            recorder.offer("PS1", "Acq", None, Sample(Data(x=i)))
+        assert recorder.flush()
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10
+        ) as reply:
+            text = reply.read().decode()
+    finally:
+        endpoint.close()
+        recorder.stop()
+    assert 'rda_recorder_rows_acked_total{recorder="r1"} 3.0' in text
+    assert 'rda_recorder_acked_seq{recorder="r1"} 3.0' in text
+    assert 'rda_recorder_state{recorder="r1",state="running"} 1.0' in text
+    assert 'rda_recorder_overflow_total{recorder="r1"} 0.0' in text

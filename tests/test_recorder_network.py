@@ -1,0 +1,162 @@
+"""The recorder against a real server over ZeroMQ: what it stores equals what a parallel
+subscription delivered; and the ``record`` command line."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rda.business.client import ClientService
+from rda.business.common import AcquiredData
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.business.server import Server, ServerBuilder
+from rda.business.server_requests import (
+    GetRequest,
+    RequestReplyCallback,
+    SetRequest,
+    SubscriptionCallback,
+    SubscriptionRequest,
+)
+from rda.pipeline.cli import record
+from rda.pipeline.recorder import Recorder
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext
+
+T0 = 1_750_000_000_000_000_000
+
+
+class Handler(RequestReplyCallback):
+    def get(self, request: GetRequest) -> None:
+        context = DataContext("CPS.USER.ALL", T0, T0, request.selector)
+        request.complete(AcquiredData(_value(0, request.device), context))
+
+    def set(self, request: SetRequest) -> None:
+        request.complete()
+
+
+class Subs(SubscriptionCallback):
+    def subscribe(self, request: SubscriptionRequest) -> None:
+        request.accept()
+
+
+def _value(i: int, device: str) -> Data:
+    return Data(
+        current=i * 0.25,
+        device=device,
+        wave=np.linspace(0, i, 8, dtype=np.float32),
+        image=np.arange(6, dtype=np.int32).reshape(2, 3) + i,
+        names=["a", f"n{i}"],
+        sub=Data(flag=i % 2 == 0),
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Data):
+        return {name: _plain(v) for name, v in value.items()}
+    if isinstance(value, np.ndarray):
+        if value.ndim == 1:
+            return value.tolist()
+        return {"elements": value.ravel().tolist(), "dims": list(value.shape)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def served(no_thread_leak: None) -> Iterator[tuple[Server, ClientService]]:
+    server = (
+        ServerBuilder("RecorderTest")
+        .endpoint("tcp://127.0.0.1:0")
+        .request_reply(Handler())
+        .subscription(Subs())
+        .devices("*")
+        .directory(None)
+        .build()
+    )
+    server.start()
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(request_timeout=5.0))
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_recorded_rows_equal_what_a_subscription_delivered(
+    served: tuple[Server, ClientService], tmp_path: Path
+) -> None:
+    server, client = served
+    recorder = Recorder(
+        tmp_path,
+        ["PS1/Acquisition", "PS2/Acquisition"],
+        client,
+        recorder_id="net",
+        flush_interval=0.02,
+    )
+    recorder.start()
+    try:
+        watcher = client.access_point("PS1", "Acquisition").subscribe()
+        delivered = []
+        first = watcher.poll(10)
+        assert first is not None and first.error is None
+        delivered.append((first.context.acq_stamp, _plain(first.data)))
+        _wait(lambda: recorder.statistics().received == 2)  # one FIRST update per device
+        _wait(lambda: sum(s.subscribers for s in server.subscriptions()) == 3)
+        for i in range(1, 31):
+            for source in server.subscriptions():
+                context = DataContext("CPS.USER.ALL", T0 + i, T0 + i, "")
+                source.notify(AcquiredData(_value(i, source.device), context))
+            note = watcher.poll(10)
+            assert note is not None and note.error is None
+            delivered.append((note.context.acq_stamp, _plain(note.data)))
+            _wait(lambda i=i: recorder.statistics().received == 2 + 2 * i)  # type: ignore[misc]
+        watcher.close()
+        assert recorder.flush()
+    finally:
+        recorder.stop()
+    table = pq.read_table(tmp_path / "device=PS1" / "property=Acquisition")
+    rows = sorted(table.to_pylist(), key=lambda r: r["seq"])
+    assert [(r["acq_stamp"], r["data"]) for r in rows] == delivered
+    assert all(r["recorder_id"] == "net" and r["error"] is None for r in rows)
+    assert recorder.statistics().gaps == 0 and recorder.statistics().overflow == 0
+
+
+def test_record_command_runs_for_a_duration(
+    served: tuple[Server, ClientService], tmp_path: Path
+) -> None:
+    server, _ = served
+    runner = CliRunner()
+    result = runner.invoke(
+        record,
+        [str(tmp_path), "PS1/Acquisition@CPS.USER.ALL", "--id", "cli", "--duration", "1", "--json"],
+        obj=SimpleNamespace(endpoint=server.endpoint),
+    )
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout.strip().splitlines()[-1])
+    assert stats["recorder_id"] == "cli" and stats["state"] == "stopped"
+    assert stats["acked_rows"] == 1  # the FIRST update
+    rows = pq.read_table(tmp_path / "device=PS1").to_pylist()
+    assert len(rows) == 1 and rows[0]["selector"] == "CPS.USER.ALL"
+    assert rows[0]["data"] == _plain(_value(0, "PS1"))
+
+
+def test_record_command_rejects_a_bad_pattern(tmp_path: Path) -> None:
+    result = CliRunner().invoke(record, [str(tmp_path), "no-slash"])
+    assert result.exit_code == 2 and "DEVICE/PROPERTY" in result.output
