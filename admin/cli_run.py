@@ -3,7 +3,9 @@
 ``rda serve MODULE:OBJECT`` accepts what a user naturally has at hand: a ``ServerBuilder``, a
 built ``Server``, a ``Device`` subclass or instance, or a callable returning one of those
 (``rda serve myapp:make_server``). ``rda serve demo`` runs ``rda.demo``'s server. The current
-directory is importable, as with ``python -m``.
+directory is importable, as with ``python -m``. ``--metrics-port`` serves ``/metrics`` for any
+of them; admin commands need the builder route (``rda.admin.install``), which a built Server
+decided for itself.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from rda.business.device import Device
 from rda.business.server import Server, ServerBuilder
 
 __all__ = ["bench", "load_server", "serve"]
-
-DEMO = "rda.demo:build"
 
 
 @click.command()
@@ -58,8 +58,10 @@ def serve(
     as_json: bool,
 ) -> None:
     """Run a server until Ctrl-C or SIGTERM, printing where it listens."""
-    spec = DEMO if target == "demo" else target
-    server = load_server(spec, bind=bind, name=name, device_name=device_name, options=options)
+    if target == "demo":
+        server: ServerBuilder | Server = _demo(bind, name, options)
+    else:
+        server = load_server(target, bind=bind, name=name, device_name=device_name, options=options)
     if isinstance(server, ServerBuilder):
         if metrics_port is not None:
             server.metrics_port(metrics_port)
@@ -127,6 +129,18 @@ def load_server(
     )
 
 
+def _demo(bind: str | None, name: str | None, options: Options) -> Server:
+    """``rda.demo``'s server, on ``bind`` (default: a free port) under ``name``."""
+    # Imported here: the demo's simulated devices are only needed by `rda serve demo`.
+    from rda.demo import build_demo_server
+
+    return build_demo_server(
+        bind or "tcp://127.0.0.1:0",
+        name=name or "RdaDemoServer",
+        config=options.config() if options.config_file is not None else None,
+    )
+
+
 def _import(spec: str) -> Any:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -164,8 +178,8 @@ def _announce(server: Server, as_json: bool) -> None:
     click.echo(f"endpoint {server.endpoint}")
     if endpoint is not None:
         click.echo(f"metrics  {endpoint.url}")
-    click.echo("Ctrl-C to stop", err=True)
     sys.stdout.flush()
+    click.echo("Ctrl-C to stop", err=True)
 
 
 _Handler = Any

@@ -121,3 +121,46 @@ def test_serve_get_subscribe_and_sigterm(
     while json.loads(run("directory", "list", "--json", cwd=tmp_path).stdout)["servers"]:
         assert time.monotonic() < deadline, "server still registered after SIGTERM"
         time.sleep(0.05)
+
+
+def test_serve_demo_get_subscribe(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [RDA, "serve", "demo", "--json", "--metrics-port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        info = json.loads(read_line(proc, 30.0))
+        assert {"PS1", "BPM1", "FAULTY"} <= set(info["devices"])
+        assert info["metrics_url"].startswith("http://127.0.0.1:")
+
+        got = run("get", "PS1/Acquisition", "--json", cwd=tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["data"]["unit"] == "A"
+
+        sub = run("subscribe", "BPM1/Orbit", "--count", "3", cwd=tmp_path)
+        assert sub.returncode == 0, sub.stderr
+        lines = sub.stdout.splitlines()
+        assert len(lines) == 3
+        assert "float64[2x64] min=" in lines[0]
+
+        faulty = run("get", "FAULTY/Status", cwd=tmp_path)
+        assert faulty.returncode == 7
+        assert "interlock chain open" in faulty.stderr
+
+        refused = run("set", "PS1/Setting", "current=1000", cwd=tmp_path)
+        assert refused.returncode == 7, refused.stderr
+        assert "current" in refused.stderr
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=20) == 0
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
