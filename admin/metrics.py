@@ -37,6 +37,7 @@ __all__ = [
     "ServerCollector",
     "metrics_endpoint",
     "registry_for",
+    "start_client_metrics",
     "start_metrics",
     "stop_metrics",
 ]
@@ -320,6 +321,14 @@ def stop_metrics(server: AdminServer) -> None:
         endpoint = _ENDPOINTS.pop(server, None)
     if endpoint is not None:
         endpoint.close()
+
+
+def start_client_metrics(
+    client: _HasClientStatistics, port: int = 0, host: str = "127.0.0.1", name: str = "client"
+) -> MetricsEndpoint:
+    """Serve a ``ClientService``'s metrics (label ``client=name``); close the endpoint when
+    done (``with start_client_metrics(client) as endpoint: ...``)."""
+    return MetricsEndpoint(registry_for(ClientCollector(client, name)), port=port, host=host)
 
 
 def metrics_endpoint(server: AdminServer) -> MetricsEndpoint | None:

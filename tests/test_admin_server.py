@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import rda.admin
-from rda.admin.metrics import metrics_endpoint
+from rda.admin.metrics import metrics_endpoint, start_client_metrics
 from rda.admin.registry import AdminContext, CommandRegistry
 from rda.business.client import ClientService
 from rda.business.common import AcquiredData
@@ -275,3 +275,13 @@ def test_custom_registry_commands_over_the_wire() -> None:
     finally:
         r.client.close()
         r.server.stop()
+
+
+def test_client_metrics_of_a_real_client(rig: Rig) -> None:
+    with start_client_metrics(rig.client, name="tester") as endpoint:
+        label = frozenset({("client", "tester")})
+        before = scrape(endpoint.url)[("rda_client_replies_total", label)]
+        rig.client.access_point("MAG1", "Setting").get(timeout=10.0)
+        after = scrape(endpoint.url)
+        assert after[("rda_client_replies_total", label)] == before + 1
+        assert after[("rda_client_connections", label)] == 1
