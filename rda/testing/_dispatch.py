@@ -121,6 +121,9 @@ class Inbox:
         with self._cond:
             self.closed = True
             if discard:
+                for _, item in self._items:
+                    if isinstance(item, Barrier):
+                        item.event.set()  # nothing left to wait for
                 self._items.clear()
                 self._commands = 0
             self._cond.notify_all()
@@ -208,12 +211,12 @@ class Dispatcher(ABC):
         try:
             while True:
                 batch = self._inbox.take(self._wait_timeout())
-                barriers: list[Barrier] = []
+                barriers = [item for _, item in batch if isinstance(item, Barrier)]
                 for is_command, item in batch:
-                    if isinstance(item, Barrier):
-                        barriers.append(item)
+                    if self._killed:
+                        break  # a dead process sends nothing more
                     # After close(), queued commands (replies) still go out; arrivals do not.
-                    elif is_command or not self._inbox.closed:
+                    if not isinstance(item, Barrier) and (is_command or not self._inbox.closed):
                         self._handle(item)
                         self._run_local()
                 if not self._inbox.closed:
@@ -226,6 +229,8 @@ class Dispatcher(ABC):
         except Exception:  # a bug here must not leave a zombie transport behind silently
             log.exception("%s crashed", self._name)
         finally:
+            # Refuse further work, so that no sender blocks forever on a dead dispatcher.
+            self._inbox.close(discard=True)
             self._shutdown()
 
     def _run_local(self) -> None:
