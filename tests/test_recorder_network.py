@@ -27,10 +27,11 @@ from rda.business.server_requests import (
     SubscriptionCallback,
     SubscriptionRequest,
 )
+from rda.demo import build_demo_server
 from rda.pipeline.cli import record
 from rda.pipeline.recorder import Recorder
 from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization._header import DataContext, UpdateType
 
 T0 = 1_750_000_000_000_000_000
 
@@ -160,3 +161,50 @@ def test_record_command_runs_for_a_duration(
 def test_record_command_rejects_a_bad_pattern(tmp_path: Path) -> None:
     result = CliRunner().invoke(record, [str(tmp_path), "no-slash"])
     assert result.exit_code == 2 and "DEVICE/PROPERTY" in result.output
+
+
+def test_record_the_demo_devices(tmp_path: Path, no_thread_leak: None) -> None:
+    """The issue's round trip: record the demo server (found through the per-test directory
+    file, device globs included) and compare with what a parallel subscription delivered."""
+    server = build_demo_server(rate_hz=50.0)  # registers into the per-test directory file
+    server.start()
+    recorder = Recorder(
+        tmp_path / "store",
+        ["PS*/Acquisition", "BPM1/Orbit", "FAULTY/Status"],
+        recorder_id="demo",
+        flush_interval=0.05,
+    )
+    try:
+        recorder.start()
+        assert recorder.statistics().subscriptions == 5
+        _wait(lambda: recorder.statistics().received >= 10)
+        delivered: dict[tuple[str, str], list[tuple[int, str, Any]]] = {}
+        with ClientService(StaticDirectory({"*": server.endpoint})) as client:
+            for device, prop in [("PS2", "Acquisition"), ("BPM1", "Orbit")]:
+                sub = client.access_point(device, prop).subscribe()
+                notes = delivered.setdefault((device, prop), [])
+                while len(notes) < 40:
+                    note = sub.poll(10)
+                    assert note is not None and note.error is None
+                    if note.update_type is UpdateType.NORMAL:
+                        notes.append(
+                            (note.context.acq_stamp, note.context.cycle_name, _plain(note.data))
+                        )
+                sub.close()
+        last = recorder.statistics().received
+        _wait(lambda: recorder.statistics().received >= last + 10)  # past what we compare
+    finally:
+        recorder.stop()
+        server.stop()
+    stats = recorder.statistics()
+    assert (stats.gaps, stats.overflow, stats.write_errors) == (0, 0, 0)
+    for (device, prop), notes in delivered.items():
+        table = pq.read_table(tmp_path / "store" / f"device={device}" / f"property={prop}")
+        stored = {
+            r["acq_stamp"]: (r["acq_stamp"], r["cycle_name"], r["data"]) for r in table.to_pylist()
+        }
+        assert [stored.get(stamp) for stamp, _, _ in notes] == notes
+    faulty = pq.read_table(tmp_path / "store" / "device=FAULTY").to_pylist()
+    assert faulty and all("interlock chain open" in r["error"] for r in faulty)
+    recorded = {p.name for p in (tmp_path / "store").glob("device=*")}
+    assert recorded == {f"device={d}" for d in ("PS1", "PS2", "PS3", "BPM1", "FAULTY")}
