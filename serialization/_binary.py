@@ -50,7 +50,6 @@ class DecodeLimits:
 
 
 DEFAULT_LIMITS = DecodeLimits()
-_MAX_BODY = 0xFFFFFFFF
 _MAX_NDIM = 32
 
 _HDR = struct.Struct("<BBHI")
@@ -97,14 +96,6 @@ _FAST_SCALARS: dict[int, tuple[DataType, struct.Struct]] = {
 _object_new = object.__new__
 
 
-def _new_data(values: dict[str, Any], types: dict[str, DataType]) -> Data:
-    """A Data around already validated dicts, without running ``__init__``."""
-    data: Data = _object_new(Data)
-    data._values = values
-    data._types = types
-    return data
-
-
 _BIG = 1 << 16  # above this, hand numpy's buffer to join instead of a tobytes() copy
 
 
@@ -116,7 +107,10 @@ def encode(data: Data) -> bytes:
     if not isinstance(data, Data):
         raise TypeError(f"encode needs a Data, not {type(data).__name__}")
     parts: list[Any] = []
-    _encode_into(data, parts, 1)
+    try:
+        _encode_into(data, parts, 1)
+    except struct.error as exc:  # a length past u32 or a name past u16 (names are checked)
+        raise ValueError(f"Data too large for the binary format: {exc}") from None
     return b"".join(parts)
 
 
@@ -125,58 +119,55 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
         raise ValueError(f"Data nested deeper than {DEFAULT_LIMITS.max_depth} levels")
     append = parts.append
     types = data._types
+    pack_hdr = _pack_hdr
     append(_pack_u32(len(types)))
     for name, v in data._values.items():
         t = types[name]
         nb = name.encode()
         if t in _NUMERIC_ARRAYS:
-            if v.ndim == 1:
-                raw = v if v.nbytes > _BIG and v.flags.c_contiguous else v.tobytes()
-                size = v.nbytes
-                if size > _MAX_BODY:
-                    raise ValueError(f"field {name!r}: {size} bytes exceed the 4 GiB entry limit")
-                append(_pack_hdr(t & 0x0F, 1, len(nb), size))
+            size = v.nbytes
+            # Small arrays: tobytes() is the cheapest call. Big contiguous ones: hand the array
+            # itself to join (buffer protocol), saving a full copy.
+            raw = v if size > _BIG and v.flags.c_contiguous else v.tobytes()
+            ndim = v.ndim
+            if ndim == 1:
+                append(pack_hdr(t & 0x0F, 1, len(nb), size))
                 append(nb)
-                append(raw)
+            else:
+                dims = _DIMS[ndim].pack(*v.shape)
+                append(pack_hdr(t & 0x0F, ndim, len(nb), len(dims) + size))
+                append(nb)
+                append(dims)
+            append(raw)
+        elif t is _T_STRING_ARRAY:
+            if type(v) is list:
+                if v:
+                    blob = "\x00".join(v).encode()
+                    append(pack_hdr(_STRING, 1, len(nb), len(blob) + 1))
+                    append(nb)
+                    append(blob)
+                    append(b"\x00")  # every element is NUL-terminated
+                else:
+                    append(pack_hdr(_STRING, 1, len(nb), 0))
+                    append(nb)
             else:
                 dims = _DIMS[v.ndim].pack(*v.shape)
-                raw = v if v.nbytes > _BIG and v.flags.c_contiguous else v.tobytes()
-                size = len(dims) + v.nbytes
-                if size > _MAX_BODY:
-                    raise ValueError(f"field {name!r}: {size} bytes exceed the 4 GiB entry limit")
-                append(_pack_hdr(t & 0x0F, v.ndim, len(nb), size))
+                items = v.ravel().tolist()
+                blob = "\x00".join(items).encode() + b"\x00" if items else b""
+                append(pack_hdr(_STRING, v.ndim, len(nb), len(dims) + len(blob)))
                 append(nb)
                 append(dims)
-                append(raw)
-        elif t is T.STRING_ARRAY:
-            if isinstance(v, list):
-                dims, items = b"", v
-            else:
-                dims, items = _DIMS[v.ndim].pack(*v.shape), v.ravel().tolist()
-            if items:
-                blob = "\x00".join(items).encode()
-                size = len(dims) + len(blob) + 1
-            else:
-                blob, size = b"", len(dims)
-            if size > _MAX_BODY:
-                raise ValueError(f"field {name!r}: strings exceed the 4 GiB entry limit")
-            append(_pack_hdr(_STRING, 1 if not dims else v.ndim, len(nb), size))
-            append(nb)
-            if dims:
-                append(dims)
-            if items:
                 append(blob)
-                append(b"\x00")
         elif t is T.STRING:
             b = v.encode()
-            append(_pack_hdr(_STRING, 0, len(nb), len(b)))
+            append(pack_hdr(_STRING, 0, len(nb), len(b)))
             append(nb)
             append(b)
         elif t is T.DATA:
             sub: list[Any] = []
             _encode_into(v, sub, depth + 1)
             body = b"".join(sub)
-            append(_pack_hdr(_DATA, 0, len(nb), len(body)))
+            append(pack_hdr(_DATA, 0, len(nb), len(body)))
             append(nb)
             append(body)
         elif t is T.DATA_ARRAY:
@@ -184,12 +175,12 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
             for item in v:
                 _encode_into(item, sub, depth + 1)
             body = b"".join(sub)
-            append(_pack_hdr(_DATA, 1, len(nb), len(body)))
+            append(pack_hdr(_DATA, 1, len(nb), len(body)))
             append(nb)
             append(body)
         else:
             raw = _ENCODE_SCALAR[t](v)
-            append(_pack_hdr(t, 0, len(nb), len(raw)))
+            append(pack_hdr(t, 0, len(nb), len(raw)))
             append(nb)
             append(raw)
 
@@ -241,15 +232,17 @@ def _read_data(
     types: dict[str, DataType] = {}
     is_bytes = type(buf) is bytes
     fast_arrays = _FAST_ARRAYS
-    fast_scalars = _FAST_SCALARS
     frombuffer = np.frombuffer
+    unpack_hdr = _unpack_hdr
+    start = pos
     for _ in range(count):
-        # The common types are handled inline; the rest (bool, N-D, strings scalars, Data,
-        # errors) in _read_other. The u16 ``code`` is tag | ndim << 8.
+        # The common kinds are decoded inline (a function call costs as much as the work);
+        # the rest (bool, N-D, Data, scalars but float64/int64, errors) in _read_other. The
+        # u16 ``code`` is tag | ndim << 8.
         start = pos
         if pos + 8 > end:
             raise DecodeError(f"truncated: an entry header needs 8 bytes, {end - pos} left", pos)
-        code, nlen, size = _unpack_hdr(buf, pos)
+        code, nlen, size = unpack_hdr(buf, pos)
         bpos = pos + 8 + nlen
         pos = bpos + size
         if pos > end or not nlen:
@@ -264,43 +257,60 @@ def _read_data(
             name = (
                 buf[start + 8 : bpos].decode() if is_bytes else str(buf[start + 8 : bpos], "utf-8")
             )
-        except UnicodeDecodeError:
-            raise DecodeError("field name is not valid UTF-8", start + 8) from None
+        except UnicodeDecodeError as exc:
+            raise DecodeError("field name is not valid UTF-8", start + 8 + exc.start) from None
         if "\x00" in name:
             raise DecodeError(f"field name {name!r} contains NUL", start + 8)
-        spec = fast_arrays.get(code)
-        if spec is not None:
-            t, dtype, itemsize = spec
-            n = size // itemsize
-            if n * itemsize != size:
-                raise DecodeError(
-                    f"field {name!r}: {size} bytes is not a whole number of "
-                    f"{itemsize}-byte elements",
-                    start + 4,
-                )
-            value = frombuffer(buf, dtype, n, bpos)
-            budget -= n
-            if budget < 0:
-                raise DecodeError(f"more than max_elements={lim.max_elements} elements", start)
-        elif code == 0x108:  # 1-D string array
-            t = _T_STRING_ARRAY
-            value, budget = _read_strings(buf, bpos, pos, 1, name, budget, lim)
-        else:
-            scalar = fast_scalars.get(code)
-            if scalar is not None:
-                t, st = scalar
-                if size != st.size:
-                    raise DecodeError(f"field {name!r}: {t.label} body is {size} bytes", start)
-                (value,) = st.unpack_from(buf, bpos)
+        try:
+            spec = fast_arrays.get(code)
+            if spec is not None:
+                t, dtype, itemsize = spec
+                n = size // itemsize
+                if n * itemsize != size:
+                    raise DecodeError(
+                        f"field {name!r}: {size} bytes is not a whole number of "
+                        f"{itemsize}-byte elements",
+                        start + 4,
+                    )
+                budget -= n
+                values[name] = frombuffer(buf, dtype, n, bpos)
+            elif code == 0x108:  # 1-D string array: NUL-terminated elements, one split
+                t = _T_STRING_ARRAY
+                if size:
+                    if buf[pos - 1] or size > budget:
+                        _check_strings(buf, bpos, pos, name, budget, lim)
+                    items = (
+                        buf[bpos : pos - 1].decode()
+                        if is_bytes
+                        else str(buf[bpos : pos - 1], "utf-8")
+                    ).split("\x00")
+                    budget -= len(items)
+                    values[name] = items
+                else:
+                    values[name] = []
             else:
-                t, value, budget = _read_other(
+                t, values[name], budget = _read_other(
                     buf, start, code, bpos, pos, depth, name, budget, lim
                 )
-        values[name] = value
+        except UnicodeDecodeError as exc:  # only the inline string-array path gets here
+            raise DecodeError(f"field {name!r}: invalid UTF-8", bpos + exc.start) from None
         types[name] = t
+    if budget < 0:
+        raise DecodeError(f"more than max_elements={lim.max_elements} elements", start)
     if len(values) != count:
         raise DecodeError("duplicate field names in one Data", start)
-    return _new_data(values, types), pos, budget
+    data: Data = _object_new(Data)
+    data._values = values
+    data._types = types
+    return data, pos, budget
+
+
+def _check_strings(buf: Any, pos: int, end: int, name: str, budget: int, lim: DecodeLimits) -> None:
+    """Raise for a string-array body that is not NUL-terminated or holds too many elements."""
+    if buf[end - 1] != 0:
+        raise DecodeError(f"field {name!r}: string array does not end with NUL", end - 1)
+    if bytes(buf[pos:end]).count(b"\0") > budget:
+        raise DecodeError(f"more than max_elements={lim.max_elements} elements", pos)
 
 
 def _read_other(
@@ -317,6 +327,14 @@ def _read_other(
     """Decode an entry of a type without an inline fast path: (type, value, elements left)."""
     tag, ndim = code & 0xFF, code >> 8
     size = pos - bpos
+    scalar = _FAST_SCALARS.get(code)
+    if scalar is not None:
+        t, st = scalar
+        if size != st.size:
+            raise DecodeError(
+                f"field {name!r}: a {t.label} body is {st.size} bytes, not {size}", start
+            )
+        return t, st.unpack_from(buf, bpos)[0], budget
     if not 0 < tag < 10:
         raise DecodeError(f"field {name!r}: unknown type tag {tag}", start)
     value: Any
@@ -396,10 +414,8 @@ def _read_strings(
     if size == 0:
         items: list[str] = []
     else:
-        if buf[end - 1] != 0:
-            raise DecodeError(f"field {name!r}: string array does not end with NUL", end - 1)
-        if size > budget and bytes(buf[pos:end]).count(b"\0") > budget:
-            raise DecodeError(f"more than max_elements={lim.max_elements} elements", pos)
+        if buf[end - 1] != 0 or size > budget:
+            _check_strings(buf, pos, end, name, budget, lim)
         try:
             items = str(buf[pos : end - 1], "utf-8").split("\x00")
         except UnicodeDecodeError as exc:
