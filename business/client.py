@@ -51,6 +51,7 @@ from rda.serialization.errors import (
     ProtocolError,
     RdaError,
     TimeoutError,
+    TransportError,
 )
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_message
@@ -149,6 +150,7 @@ class _Endpoint:
         "backoff",
         "connection",
         "connections",
+        "last_reason",
         "retry",
         "subs",
         "was_connected",
@@ -160,6 +162,7 @@ class _Endpoint:
         self.connection: int | None = None
         self.connections = 0  # connection ids opened so far
         self.was_connected = False
+        self.last_reason = "connection lost"
         self.retry: TimerHandle | None = None
         self.subs: dict[int, Subscription] = {}
 
@@ -210,6 +213,9 @@ class ClientService:
         # Transport events for a connection id not yet registered (a transport may report
         # before ``connect`` returns to us); replayed on registration.
         self._early: dict[int, list[Callable[[], None]]] = {}
+        # Connections opened by a thread that lost the race to connect an endpoint; their
+        # events are ignored.
+        self._discarded: set[int] = set()
         self._subs: dict[int, Subscription] = {}
         self._counters = ClientCounters()
         self._closing = False
@@ -339,7 +345,12 @@ class ClientService:
         rid = next(self._ids)
         next(self._request_count)
         ep = self._endpoint(endpoint)
-        conn = self._connection(ep)
+        try:
+            conn = self._connection(ep)
+        except TransportError:
+            if not self._closing:
+                raise
+            conn = None  # closed while we were connecting
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return fut
@@ -352,7 +363,7 @@ class ClientService:
         if ep.connection != conn:
             # The connection died between choosing it and registering: its on_disconnected
             # may have scanned the table before our entry was there.
-            self._disconnected(rid, ep.address, "connection lost while sending")
+            self._disconnected(rid, ep.address, ep.last_reason)
             return fut
         header = Header(op, rid, device, prop, selector)
         self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
@@ -437,6 +448,7 @@ class ClientService:
                 # Another thread connected first: keep its connection, drop ours.
                 keep = ep.connection
                 drop: int | None = conn
+                self._discarded.add(conn)
             else:
                 keep, drop = conn, None
                 ep.connection = conn
@@ -462,9 +474,10 @@ class ClientService:
         with self._lock:
             ep = self._by_connection.get(connection)
             if ep is None:
-                self._early.setdefault(connection, []).append(
-                    functools.partial(self._on_connected, connection, server_info)
-                )
+                if connection not in self._discarded:
+                    self._early.setdefault(connection, []).append(
+                        functools.partial(self._on_connected, connection, server_info)
+                    )
                 return
             if self._closing or ep.connection != connection:
                 return
@@ -483,7 +496,9 @@ class ClientService:
         with self._lock:
             ep = self._by_connection.pop(connection, None)
             if ep is None:
-                if not self._closing:
+                if connection in self._discarded:
+                    self._discarded.discard(connection)
+                elif not self._closing:
                     self._early.setdefault(connection, []).append(
                         functools.partial(self._on_disconnected, connection, reason)
                     )
@@ -491,6 +506,7 @@ class ClientService:
             if ep.connection != connection:
                 return
             ep.connection = None
+            ep.last_reason = reason
             lost = [rid for rid, p in self._pending.items() if p.connection == connection]
             subs = list(ep.subs.values())
             if not self._closing:

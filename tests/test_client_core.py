@@ -537,3 +537,36 @@ def test_close_fails_pending_ends_subscriptions_and_is_idempotent(client: Fixtur
         ap.get_async().result()
     with pytest.raises(errors.DisconnectedError, match="client closed"):
         ap.subscribe()
+
+
+def test_events_reported_before_connect_returns_are_replayed(no_thread_leak: None) -> None:
+    """A transport may report a connection's fate from inside ``connect`` (before the client
+    knows the id): the client must still fail the request and schedule a retry."""
+    clock = FakeClock()
+    made: list[ScriptedTransport] = []
+
+    class Refusing(ScriptedTransport):
+        def connect(self, endpoint: str) -> int:
+            conn = super().connect(endpoint)
+            self.handler.on_disconnected(conn, "connection refused")
+            return conn
+
+    def factory(h: ClientHandler, s: TransportSettings, i: dict[str, Any]) -> ScriptedTransport:
+        made.append(Refusing(h, s, i))
+        return made[0]
+
+    with ClientService(
+        StaticDirectory({"PS*": ENDPOINT}),
+        Config(reconnect_initial=0.02),
+        transport_factory=factory,
+        clock=clock,
+    ) as service:
+        sub = service.access_point("PS1", "Acquisition").subscribe()
+        lost = sub.poll(0)
+        assert lost is not None and isinstance(lost.error, errors.DisconnectedError)
+        assert "connection refused" in str(lost.error)
+        clock.advance(0.05)
+        assert len(made[0].connects) == 2  # the back-off retry happened
+        fut = service.access_point("PS1", "Acquisition").get_async()
+        with pytest.raises(errors.DisconnectedError, match="connection refused"):
+            fut.result(timeout=5)

@@ -1,0 +1,427 @@
+"""Client/server round trips through the whole rda stack beside raw pyzmq DEALER/ROUTER.
+
+Both arrangements run in this one process, in the same run, on tcp loopback: the server is a
+thread (raw: a ROUTER loop answering with pre-encoded bytes; rda: a ``Server`` from
+``ServerBuilder``, dispatcher + worker), the client is driven from the main thread (raw: a
+DEALER; rda: a ``ClientService``). Ratios are rda / raw (or raw / rda for latencies), so they
+survive a noisy machine. Measured:
+
+* get p50/p99 of a scalar and of the RDA3 benchmark object (int32[40], float64[40],
+  string[40]), set p50;
+* get throughput with 64 requests in flight;
+* 1 MiB float64 array get, MB/s;
+* subscription updates/s received with 1 and with 10 subscribers, and the count of updates
+  dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
+  without being counted);
+* time from a restarted server listening to the FIRST update of a resumed subscription.
+
+Prints one JSON object.
+
+    .venv/bin/python benchmarks/rpc.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.business.server import Server, ServerBuilder
+from rda.business.server_requests import (
+    GetRequest,
+    RequestReplyCallback,
+    SetRequest,
+    SubscriptionCallback,
+)
+from rda.serialization import _binary
+from rda.serialization._data import Data, DataType
+from rda.serialization._header import UpdateType
+
+SCALAR = Data(current=1.5)
+OBJECT = Data()
+OBJECT.append("ints", np.arange(40, dtype=np.int32), DataType.INT32_ARRAY)
+OBJECT.append("doubles", np.linspace(0.0, 1.0, 40))
+OBJECT.append("strings", [f"element-{i:02d}" for i in range(40)])
+MIB = Data(values=np.zeros(131072, dtype=np.float64))  # 1 MiB of float64
+
+PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB}
+RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
+
+
+def pct(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {"p50_us": s[len(s) // 2] * 1e6, "p99_us": s[int(len(s) * 0.99)] * 1e6}
+
+
+# ----------------------------------------------------------------------------- raw pyzmq
+
+
+class RawServer:
+    """ROUTER thread: a request ``[name]`` gets the pre-encoded payload ``name``; a request
+    ``[b"PUB", n]`` makes it send n notifications to every DEALER that said hello."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.sndhwm = 0  # unbounded: measure delivery, not zmq's silent ROUTER drops
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="raw-server", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        sock = self.sock
+        subscribers: list[bytes] = []
+        while not self.stop.is_set():
+            if not sock.poll(50):
+                continue
+            peer, *frames = sock.recv_multipart(copy=False)
+            head = frames[0].bytes
+            if head == b"HELLO":
+                subscribers.append(peer.bytes)
+            elif head == b"PUB":
+                n = int(frames[1].bytes)
+                payload = RAW_PAYLOADS["SCALAR"]
+                for i in range(n):
+                    seq = str(i).encode()
+                    for sub in subscribers:
+                        sock.send_multipart([sub, seq, payload])
+            else:
+                sock.send_multipart([peer, frames[-1], RAW_PAYLOADS[head.decode()]], copy=False)
+        sock.close()
+
+
+def raw_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    server = RawServer(ctx)
+    out: dict[str, Any] = {}
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.connect(server.endpoint)
+
+    def rtt(name: bytes, n: int) -> list[float]:
+        samples = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            dealer.send_multipart([name, str(i).encode()])
+            dealer.recv_multipart(copy=False)
+            samples.append(time.perf_counter() - t0)
+        return samples
+
+    rtt(b"SCALAR", 200)  # warm up
+    out["get_scalar"] = pct(rtt(b"SCALAR", args.round_trips))
+    out["get_object"] = pct(rtt(b"OBJECT", args.round_trips))
+    out["set"] = out["get_scalar"]  # raw has no set: the same small round trip
+    out["in_flight_64_per_s"] = raw_in_flight(dealer, args.seconds)
+    n = args.mib_gets
+    t0 = time.perf_counter()
+    for i in range(n):
+        dealer.send_multipart([b"MIB", str(i).encode()])
+        dealer.recv_multipart(copy=False)
+    out["mib_get_MBps"] = n * len(RAW_PAYLOADS["MIB"]) / (time.perf_counter() - t0) / 1e6
+    out["subscription_1"] = raw_subscribers(ctx, server.endpoint, 1, args.updates)
+    out["subscription_10"] = raw_subscribers(ctx, server.endpoint, 10, args.updates // 4)
+    dealer.close()
+    server.stop.set()
+    server.thread.join()
+    ctx.term()
+    return out
+
+
+def raw_in_flight(dealer: zmq.Socket[bytes], seconds: float) -> float:
+    done = 0
+    for i in range(64):
+        dealer.send_multipart([b"SCALAR", str(i).encode()])
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        dealer.recv_multipart(copy=False)
+        done += 1
+        dealer.send_multipart([b"SCALAR", b"x"])
+    elapsed = time.perf_counter() - t0
+    for _ in range(64):
+        dealer.recv_multipart(copy=False)
+    return done / elapsed
+
+
+def raw_subscribers(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, count: int, updates: int
+) -> dict[str, Any]:
+    socks = []
+    poller = zmq.Poller()
+    for _ in range(count):
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.rcvhwm = 0
+        s.connect(endpoint)
+        s.send(b"HELLO")
+        poller.register(s, zmq.POLLIN)
+        socks.append(s)
+    time.sleep(0.2)  # HELLOs arrive before PUB (same pipe order per DEALER)
+    control = ctx.socket(zmq.DEALER)
+    control.linger = 0
+    control.connect(endpoint)
+    control.send_multipart([b"PUB", str(updates).encode()])
+    expected = updates * count
+    received = 0
+    t0 = time.perf_counter()
+    deadline = t0 + 60
+    while received < expected and time.perf_counter() < deadline:
+        for s, _ in poller.poll(1000):
+            while True:
+                try:
+                    s.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                received += 1
+    elapsed = time.perf_counter() - t0
+    for s in [*socks, control]:
+        s.close()
+    return {"sent": expected, "received": received, "updates_per_s": received / elapsed}
+
+
+# ----------------------------------------------------------------------------- rda
+
+
+class Handler(RequestReplyCallback):
+    def get(self, request: GetRequest) -> None:
+        request.complete(PAYLOADS.get(request.device, SCALAR))
+
+    def set(self, request: SetRequest) -> None:
+        _ = request.data
+        request.complete()
+
+
+def rda_server(port: int = 0) -> Server:
+    return (
+        ServerBuilder("BENCH")
+        .endpoint(f"tcp://127.0.0.1:{port}")
+        .request_reply(Handler())
+        .subscription(SubscriptionCallback())
+        .devices("*")
+        .immediate_updates(False)
+        .directory(None)
+        .build()
+    )
+
+
+def rda_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
+    server = rda_server()
+    server.start()
+    out: dict[str, Any] = {}
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=2))
+    try:
+        scalar = client.access_point("SCALAR", "Acquisition")
+        obj = client.access_point("OBJECT", "Acquisition")
+
+        def rtt(call: Callable[[], object], n: int) -> list[float]:
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - t0)
+            return samples
+
+        rtt(scalar.get, 200)
+        out["get_scalar"] = pct(rtt(lambda: scalar.get().data["current"], args.round_trips))
+        out["get_object"] = pct(rtt(lambda: obj.get().data["doubles"], args.round_trips))
+        setting = client.access_point("SCALAR", "Setting")
+        out["set"] = pct(rtt(lambda: setting.set(SCALAR), args.round_trips))
+        out["in_flight_64_per_s"] = rda_in_flight(client, args.seconds)
+        mib = client.access_point("MIB", "Acquisition")
+        t0 = time.perf_counter()
+        for _ in range(args.mib_gets):
+            assert len(mib.get().data["values"]) == 131072
+        elapsed = time.perf_counter() - t0
+        out["mib_get_MBps"] = args.mib_gets * len(RAW_PAYLOADS["MIB"]) / elapsed / 1e6
+        out["subscription_1"] = rda_subscribers(client, server, 1, args.updates)
+        out["subscription_10"] = rda_subscribers(client, server, 10, args.updates // 4)
+        out["client_statistics"] = {
+            k: v
+            for k, v in vars_of(client.statistics()).items()
+            if k in ("requests", "replies", "late_replies", "timeouts", "gaps", "dropped")
+        }
+    finally:
+        client.close()
+        server.stop()
+    out["resume_after_restart"] = rda_resume(args.restarts)
+    return out
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def rda_in_flight(client: ClientService, seconds: float) -> float:
+    ap = client.access_point("SCALAR", "Acquisition")
+    done = 0
+    lock = threading.Lock()
+    finished = threading.Event()
+    end = time.perf_counter() + seconds
+
+    def again(fut: Any) -> None:
+        nonlocal done
+        fut.result()  # decode in the completing thread, as a caller would
+        with lock:
+            done += 1
+        if time.perf_counter() < end:
+            ap.get_async().add_done_callback(again)
+        else:
+            finished.set()
+
+    t0 = time.perf_counter()
+    for _ in range(64):
+        ap.get_async().add_done_callback(again)
+    finished.wait(seconds + 30)
+    elapsed = time.perf_counter() - t0
+    time.sleep(0.2)  # let the other 63 land
+    return done / elapsed
+
+
+def rda_subscribers(
+    client: ClientService, server: Server, count: int, updates: int
+) -> dict[str, Any]:
+    subs = [
+        client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100_000)
+        for _ in range(count)
+    ]
+    for sub in subs:
+        first = sub.poll(10)
+        assert first is not None and first.update_type is UpdateType.FIRST
+    stats0 = client.statistics()
+    sources = server.subscriptions()
+    received = [0] * count
+    gaps = [0] * count
+    last_seq = [0] * count
+
+    # One consumer thread for all subscriptions, woken by the dispatcher when a queue that
+    # was empty receives a notification (the same hook rda.aio uses).
+    wake = threading.Event()
+    for sub in subs:
+        sub.set_wakeup(wake.set)
+
+    def consume() -> None:
+        pending = set(range(count))
+        deadline = time.perf_counter() + 60
+        while pending and time.perf_counter() < deadline:
+            wake.clear()
+            for i in list(pending):
+                while (n := subs[i].poll_nowait()) is not None:
+                    received[i] += 1
+                    gaps[i] += n.gap
+                    last_seq[i] = n.seq
+                    if n.seq >= updates + 1:  # FIRST was seq 1
+                        pending.discard(i)
+                        break
+            if pending:
+                wake.wait(0.1)
+
+    consumer = threading.Thread(target=consume, name="bench-consumer")
+    t0 = time.perf_counter()
+    consumer.start()
+    for i in range(updates):
+        for source in sources:
+            source.notify(Data(current=float(i)))
+    consumer.join()
+    elapsed = time.perf_counter() - t0
+    stats1 = client.statistics()
+    for sub in subs:
+        sub.close()
+    total = sum(received)
+    counted = total + sum(gaps)
+    return {
+        "sent": updates * count,
+        "received": total,
+        "gaps": sum(gaps),
+        "dropped": stats1.dropped - stats0.dropped,
+        "uncounted_losses": updates * count - counted,
+        "updates_per_s": total / elapsed,
+    }
+
+
+def rda_resume(restarts: int) -> dict[str, Any]:
+    server = rda_server()
+    server.start()
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    times = []
+    try:
+        sub = client.access_point("SCALAR", "Acquisition").subscribe()
+        assert sub.poll(10) is not None
+        for _ in range(restarts):
+            server.stop()
+            lost = sub.poll(10)
+            assert lost is not None and lost.error is not None
+            server = rda_server(port)
+            server.start()
+            listening = time.perf_counter()
+            first = sub.poll(10)
+            assert first is not None and first.update_type is UpdateType.FIRST
+            times.append(time.perf_counter() - listening)
+    finally:
+        client.close()
+        server.stop()
+    return {
+        "restarts": restarts,
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke run)")
+    args = parser.parse_args()
+    args.round_trips = 300 if args.quick else 3000
+    args.seconds = 0.5 if args.quick else 3.0
+    args.mib_gets = 10 if args.quick else 100
+    args.updates = 2000 if args.quick else 40000
+    args.restarts = 2 if args.quick else 5
+
+    raw = raw_benchmarks(args)
+    rda = rda_benchmarks(args)
+    ratio = {
+        "get_scalar_p50": rda["get_scalar"]["p50_us"] / raw["get_scalar"]["p50_us"],
+        "get_object_p50": rda["get_object"]["p50_us"] / raw["get_object"]["p50_us"],
+        "in_flight_64": rda["in_flight_64_per_s"] / raw["in_flight_64_per_s"],
+        "mib_get": rda["mib_get_MBps"] / raw["mib_get_MBps"],
+        "subscription_1": rda["subscription_1"]["updates_per_s"]
+        / raw["subscription_1"]["updates_per_s"],
+        "subscription_10": rda["subscription_10"]["updates_per_s"]
+        / raw["subscription_10"]["updates_per_s"],
+    }
+    targets = {
+        "get_scalar_p50": ratio["get_scalar_p50"] <= 1.5,
+        "in_flight_64": ratio["in_flight_64"] >= 0.4,
+        "mib_get": ratio["mib_get"] >= 0.7,
+        "subscription_1": ratio["subscription_1"] >= 0.5,
+        "subscription_10": ratio["subscription_10"] >= 0.5,
+        "no_uncounted_loss": rda["subscription_1"]["uncounted_losses"] == 0
+        and rda["subscription_10"]["uncounted_losses"] == 0,
+        "resume_le_0.3s": rda["resume_after_restart"]["max_s"] <= 0.3,
+    }
+    json.dump(
+        {"raw": raw, "rda": rda, "ratio": ratio, "targets_met": targets},
+        sys.stdout,
+        indent=2,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()
