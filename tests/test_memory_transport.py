@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -18,14 +18,60 @@ from rda.testing import (
     RecordingServerHandler,
     check_transport,
     memory_pair,
+    transport_pair,
 )
-from rda.transport.api import Buffer, TransportSettings
+from rda.transport.api import (
+    Buffer,
+    ClientTransport,
+    ClientTransportStatistics,
+    TransportSettings,
+)
 from rda.transport.protocol import Kind, encode_connect, encode_message
 
 
 @pytest.mark.parametrize("check", CONFORMANCE_CHECKS)
 def test_conformance(check: str) -> None:
     check_transport(memory_pair, only=[check])
+
+
+class _ClientWithoutStatistics:
+    """Delegates to a real client but reports no statistics: the suite must notice."""
+
+    def __init__(self, inner: ClientTransport) -> None:
+        self._inner = inner
+
+    def start(self) -> None:
+        self._inner.start()
+
+    def connect(self, endpoint: str) -> int:
+        return self._inner.connect(endpoint)
+
+    def send(self, connection: int, frames: Sequence[Buffer]) -> None:
+        self._inner.send(connection, frames)
+
+    def disconnect(self, connection: int) -> None:
+        self._inner.disconnect(connection)
+
+    def close(self, timeout: float | None = None) -> None:
+        self._inner.close(timeout)
+
+    def statistics(self) -> ClientTransportStatistics:
+        return ClientTransportStatistics()
+
+
+def test_conformance_catches_a_broken_transport() -> None:
+    network = MemoryNetwork()
+    pair = transport_pair(
+        lambda h, s, info: network.server("", h, s, info),
+        lambda h, s, info: _ClientWithoutStatistics(network.client(h, s, info)),
+    )
+    try:
+        with pytest.raises(AssertionError, match="'statistics' failed"):
+            check_transport(pair, only=["statistics"])
+    finally:
+        network.close()
+    with pytest.raises(ValueError, match="unknown checks"):
+        check_transport(memory_pair, only=["no-such-check"])
 
 
 # --- fake-clock and fault tests ---------------------------------------------------------------

@@ -340,7 +340,8 @@ class MemoryPair:
 @contextlib.contextmanager
 def memory_pair(clock: Callable[[], float] | None = None) -> Iterator[MemoryPair]:
     """A fresh :class:`MemoryNetwork` wrapped for ``check_transport(memory_pair)``; closes
-    everything it built on exit."""
+    everything it built on exit. With a :class:`~rda.testing.FakeClock`, pass
+    ``heartbeats=False`` to ``check_transport`` (its keep-alive check needs real time)."""
     network = MemoryNetwork(clock)
     try:
         yield MemoryPair(network)
