@@ -465,7 +465,7 @@ class ClientService:
         """Back-off elapsed (timer thread): connect again if still needed."""
         with self._lock:
             ep.retry = None
-            if self._closing or ep.connection is not None:
+            if self._closing or ep.connection is not None or not ep.subs:
                 return
         self._connection(ep)
 
@@ -509,7 +509,9 @@ class ClientService:
             ep.last_reason = reason
             lost = [rid for rid, p in self._pending.items() if p.connection == connection]
             subs = list(ep.subs.values())
-            if not self._closing:
+            # Only subscriptions need the connection back by themselves; a later request
+            # connects on its own, at once.
+            if subs and not self._closing:
                 delay = ep.backoff.next_delay()
                 ep.retry = self._timer.call_later(delay, functools.partial(self._reconnect, ep))
         for rid in lost:

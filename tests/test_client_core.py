@@ -570,3 +570,14 @@ def test_events_reported_before_connect_returns_are_replayed(no_thread_leak: Non
         fut = service.access_point("PS1", "Acquisition").get_async()
         with pytest.raises(errors.DisconnectedError, match="connection refused"):
             fut.result(timeout=5)
+
+
+def test_without_subscriptions_nothing_reconnects_until_needed(client: Fixture) -> None:
+    service, transport, clock = client
+    ap = service.access_point("PS1", "Acquisition")
+    ap.get_async()
+    transport.handler.on_disconnected(transport.connects[0][0], "peer gone")
+    clock.advance(5.0)
+    assert len(transport.connects) == 1
+    ap.get_async()
+    assert len(transport.connects) == 2
