@@ -705,3 +705,54 @@ def test_start_hooks_and_metrics_port(make: Factory) -> None:
     assert events == ["start Hooks"]
     h.server.stop()
     assert events == ["start Hooks", "stop Hooks"]
+
+
+def test_drop_oldest_answers_the_evicted_request_with_overload(make: Factory) -> None:
+    blocking = Blocking()
+    h = make(request_reply=blocking, workers=1, queue_limit=1, overflow_policy="drop_oldest")
+    try:
+        h.send(request(RequestType.GET, 1, "SLOW"))
+        assert blocking.started.wait(10)
+        h.send(request(RequestType.GET, 2, "SLOW"))
+        evicted = h.call(request(RequestType.GET, 3, "SLOW"))  # pushes 2 out
+        assert evicted.header.id == 2
+        assert evicted.exception is not None and evicted.exception[0] == "OverloadError"
+    finally:
+        blocking.release.set()
+    replies = {m.header.id: m for _, m in h.transport.wait(3)}
+    assert replies[3].data == Data(device="SLOW")
+
+
+def test_concurrent_notifiers_and_churn_keep_each_subscribers_seq_contiguous(
+    make: Factory,
+) -> None:
+    h = make(request_reply=Echo())
+    h.send(request(RequestType.SUBSCRIBE, 1))
+    h.transport.wait(1)
+    source = h.server.subscriptions()[0]
+    stop = threading.Event()
+
+    def notifier() -> None:
+        i = 0
+        while not stop.is_set() and i < 300:
+            source.notify(Data(value=float(i)))
+            i += 1
+
+    threads = [threading.Thread(target=notifier) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for sub_id in range(100, 140):  # subscribers come and go meanwhile
+        h.send(request(RequestType.SUBSCRIBE, sub_id), PEER2)
+        if sub_id % 3 == 0:
+            h.send(request(RequestType.UNSUBSCRIBE, sub_id), PEER2)
+    for t in threads:
+        t.join(30)
+    stop.set()
+    by_sub: dict[int, list[tuple[UpdateType, int]]] = {}
+    for _, m in list(h.transport.sent):
+        if m.header.request_type is RequestType.NOTIFICATION_DATA:
+            by_sub.setdefault(m.header.id, []).append((m.header.update_type, m.seq))
+    assert len(by_sub[1]) == 1 + 900
+    for sub_id, updates in by_sub.items():
+        assert updates[0] == (UpdateType.FIRST, 1), sub_id
+        assert [seq for _, seq in updates] == list(range(1, len(updates) + 1)), sub_id
