@@ -127,19 +127,33 @@ def arrow_type_of(data: DataLike) -> pa.StructType:
     return pa.struct(fields)
 
 
+_PLAIN = frozenset({int, float, bool, str})
+
+
 def signature(data: DataLike) -> tuple[Any, ...]:
-    """A cheap hashable summary of ``data``'s types: equal signatures give equal Arrow types."""
+    """A cheap hashable summary of ``data``'s types: equal signatures give equal Arrow types.
+
+    Called once per recorded row, so scalars (the common case) take the shortest path: the
+    type tag itself, no name lookup.
+    """
+    type_of = data.type_of
     parts: list[Any] = []
+    append = parts.append
     for name, value in data.items():
-        kind = _type_name(data, name)
-        if isinstance(value, np.ndarray):
-            parts.append((name, kind, value.dtype.str, value.ndim == 1))
-        elif kind == "DATA":
-            parts.append((name, kind, signature(value)))
-        elif kind == "DATA_ARRAY":
-            parts.append((name, kind, frozenset(signature(item) for item in value)))
+        kind = type_of(name)
+        cls = value.__class__
+        if cls in _PLAIN:
+            append((name, kind))
+        elif cls is np.ndarray:
+            append((name, kind, value.dtype.str, value.ndim == 1))
         else:
-            parts.append((name, kind))
+            label = _type_name(data, name)
+            if label == "DATA":
+                append((name, kind, signature(value)))
+            elif label == "DATA_ARRAY":
+                append((name, kind, frozenset(signature(item) for item in value)))
+            else:
+                append((name, kind))
     return tuple(parts)
 
 
@@ -209,21 +223,18 @@ def build_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
             and [f.name for f in arrow_type] == list(ND_NAMES)
         ):
             return _nd_array(values, arrow_type)
-        children = [
-            build_array([None if v is None else _get(v, field.name) for v in values], field.type)
-            for field in arrow_type
-        ]
+        children = [build_array(_column(values, field.name), field.type) for field in arrow_type]
         return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=_mask(values))
     if pa.types.is_list(arrow_type):
         return _list_array(values, arrow_type.value_type)
     return pa.array(values, arrow_type)
 
 
-def _get(data: Any, name: str) -> Any:
-    try:
-        return data[name]
-    except KeyError:
-        return None
+def _column(values: Sequence[Any], name: str) -> list[Any]:
+    try:  # the common case: every row is a value that has the field
+        return [v[name] for v in values]
+    except (KeyError, TypeError):  # a null row, or a row of a narrower (older) type
+        return [None if v is None or name not in v else v[name] for v in values]
 
 
 # --- catalog ---------------------------------------------------------------------------------
