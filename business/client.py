@@ -29,14 +29,20 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, InvalidStateError
-from typing import Any, TypeVar
+from concurrent.futures import Future
+from typing import Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
+from rda.business.client_replies import (
+    Pending,
+    ReplyFuture,
+    admin_result,
+    complete,
+    op_name,
+)
 from rda.business.client_stats import ClientCounters, ClientStatistics
-from rda.business.client_subscription import Notification, Subscription, remote_error
+from rda.business.client_subscription import Notification, Subscription
 from rda.business.client_timer import Timer, TimerHandle
-from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import ChainDirectory, Directory, default_directory
 from rda.business.reconnect import Backoff, BackoffPolicy
@@ -48,7 +54,6 @@ from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import (
     DisconnectedError,
     NoSuchDeviceError,
-    ProtocolError,
     RdaError,
     TimeoutError,
     TransportError,
@@ -60,7 +65,6 @@ __all__ = ["AccessPoint", "ClientService", "Notification", "Subscription", "Tran
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 TransportFactory = Callable[[ClientHandler, TransportSettings, dict[str, Any]], ClientTransport]
 
 _NOTIFICATIONS = frozenset(
@@ -79,67 +83,6 @@ def _zmq_transport(
     from rda.transport.zmq_client import ZmqClientTransport
 
     return ZmqClientTransport(handler, settings, info)
-
-
-class _ReplyFuture(Future[Any]):
-    """A future completed with the undecoded reply; ``result()`` converts it in the caller.
-
-    ``concurrent.futures`` and ``asyncio.wrap_future`` read a future only through ``result()``
-    and ``exception()``, so converting there keeps decoding off the dispatcher.
-    """
-
-    def __init__(self, convert: Callable[[Message], Any]) -> None:
-        super().__init__()
-        self._convert = convert
-        self._converted = False
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.on_cancel: Callable[[], None] | None = None
-
-    def _conversion(self, message: Message) -> Any:
-        if not self._converted:
-            try:
-                self._value = self._convert(message)
-            except Exception as exc:
-                self._error = exc
-            self._converted = True
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self._conversion(super().result(timeout))
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        error = super().exception(timeout)
-        if error is not None:
-            return error
-        try:
-            self._conversion(super().result(0))
-        except Exception as exc:
-            return exc
-        return None
-
-    def cancel(self) -> bool:
-        cancelled = super().cancel()
-        if cancelled and self.on_cancel is not None:
-            self.on_cancel()
-        return cancelled
-
-
-class _Pending:
-    __slots__ = ("connection", "device", "future", "op", "property", "timeout", "timer")
-
-    def __init__(
-        self, future: _ReplyFuture, connection: int, op: str, device: str, prop: str, timeout: float
-    ) -> None:
-        self.future = future
-        self.connection = connection
-        self.op = op
-        self.device = device
-        self.property = prop
-        self.timeout = timeout
-        self.timer: TimerHandle | None = None
 
 
 class _Endpoint:
@@ -207,7 +150,7 @@ class ClientService:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._request_count = itertools.count()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._endpoints: dict[str, _Endpoint] = {}
         self._by_connection: dict[int, _Endpoint] = {}
         # Transport events for a connection id not yet registered (a transport may report
@@ -269,7 +212,7 @@ class ClientService:
             return failed
         body = [(BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))]
         return self.request(
-            RequestType.ADMIN, endpoint, command, "", "", body, timeout, _admin_result
+            RequestType.ADMIN, endpoint, command, "", "", body, timeout, admin_result
         )
 
     def statistics(self) -> ClientStatistics:
@@ -335,10 +278,10 @@ class ClientService:
         convert: Callable[[Message], Any],
     ) -> Future[Any]:
         """Send one request to ``endpoint``; the future completes with ``convert(reply)``."""
-        fut = _ReplyFuture(convert)
+        fut = ReplyFuture(convert)
         if timeout is None:
             timeout = self.config.request_timeout
-        name = _op_name(op)
+        name = op_name(op)
         if self._closing:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return fut
@@ -354,7 +297,7 @@ class ClientService:
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return fut
-        pending = _Pending(fut, conn, name, device, prop, timeout)
+        pending = Pending(fut, conn, name, device, prop, timeout)
         self._pending[rid] = pending
         pending.timer = self._timer.call_at(
             self._clock() + timeout, functools.partial(self._expire, rid)
@@ -388,7 +331,7 @@ class ClientService:
         error = TimeoutError(
             f"{p.op} {p.device}/{p.property}: no reply within {p.timeout:g} s (request abandoned)"
         )
-        _complete(p.future, error)
+        complete(p.future, error)
 
     def _abandon(self, rid: int) -> None:
         p = self._pending.pop(rid, None)
@@ -400,17 +343,17 @@ class ClientService:
         if p is not None:
             self._fail(p, self._disconnect_error(p, address, reason))
 
-    def _disconnect_error(self, p: _Pending, address: str, reason: str) -> DisconnectedError:
+    def _disconnect_error(self, p: Pending, address: str, reason: str) -> DisconnectedError:
         return DisconnectedError(
             f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
         )
 
-    def _fail(self, p: _Pending, error: RdaError) -> None:
+    def _fail(self, p: Pending, error: RdaError) -> None:
         if p.timer is not None:
             p.timer.cancel()
         if isinstance(error, DisconnectedError):
             self._counters.disconnected_requests += 1
-        _complete(p.future, error)
+        complete(p.future, error)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -545,7 +488,7 @@ class ClientService:
             self._counters.errors += 1
         else:
             self._counters.replies += 1
-        _complete(p.future, message)
+        complete(p.future, message)
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -658,47 +601,3 @@ def _flatten(directory: Directory) -> list[Directory]:
     if isinstance(directory, ChainDirectory):
         return [d for inner in directory.directories for d in _flatten(inner)]
     return [directory]
-
-
-def _complete(future: _ReplyFuture, outcome: Message | BaseException) -> None:
-    try:
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-    except InvalidStateError:
-        pass  # cancelled by its owner meanwhile
-
-
-def _op_name(op: RequestType) -> str:
-    return op.name.lower()
-
-
-def _raise_if_exception(message: Message) -> None:
-    header = message.header
-    if header.request_type is RequestType.EXCEPTION:
-        exc = message.exception
-        if exc is None:
-            raise ProtocolError(
-                f"{header.device}/{header.property}: EXCEPTION reply without an EXCEPTION frame"
-            )
-        raise remote_error(header.device, header.property, exc[0], exc[1])
-
-
-def get_result(message: Message) -> AcquiredData:
-    _raise_if_exception(message)
-    data = message.data
-    if data is None:
-        header = message.header
-        raise ProtocolError(f"{header.device}/{header.property}: get reply without a DATA frame")
-    return AcquiredData(data, message.context)
-
-
-def set_result(message: Message) -> None:
-    _raise_if_exception(message)
-
-
-def _admin_result(message: Message) -> Data:
-    _raise_if_exception(message)
-    data = message.data
-    return data if data is not None else Data()

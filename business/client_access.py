@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from rda.business.client_replies import get_result, set_result
 from rda.business.common import AcquiredData
 from rda.serialization import _binary
 from rda.serialization._data import Data, DataType
@@ -116,8 +117,6 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Future[AcquiredData]:
-        from rda.business.client import get_result
-
         return self._request(RequestType.GET, [], selector, filters, timeout, get_result)
 
     def set_async(
@@ -127,8 +126,6 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Future[None]:
-        from rda.business.client import set_result
-
         value = to_data(data, f"set {self.device}/{self.property}")
         body = [(BodyKind.DATA, _binary.encode(value))]
         return self._request(RequestType.SET, body, selector, filters, timeout, set_result)
