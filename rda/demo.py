@@ -42,6 +42,7 @@ __all__ = [
     "PowerConverter",
     "SettingModel",
     "build_demo_server",
+    "demo_builder",
     "main",
 ]
 
@@ -192,17 +193,18 @@ class _Cycler:
             self._stop.wait(delay)
 
 
-def build_demo_server(
+def demo_builder(
     endpoint: str = "tcp://127.0.0.1:0",
     *,
     name: str = "RdaDemoServer",
     config: Config | None = None,
-    directory: FileDirectory | Literal["default"] | None = "default",
+    directory: FileDirectory | None | Literal["default"] = "default",
     rate_hz: float = 10.0,
     seed: int = 0,
-) -> Server:
-    """The demo server, built and not started. ``directory="default"`` registers into the
-    file directory of ``config`` (so ``rda get PS1 Setting`` finds it); None registers nowhere."""
+) -> ServerBuilder:
+    """A ``ServerBuilder`` with the demo devices, for callers that add more (e.g. the admin
+    commands) before building. ``directory="default"`` registers into the file directory of
+    ``config`` (so ``rda get PS1 Setting`` finds it); None registers nowhere."""
     converters = [PowerConverter(seed + i) for i in range(3)]
     bpm = BeamPositionMonitor(seed + 10)
     cycler = _Cycler(converters, bpm, rate_hz)
@@ -214,7 +216,22 @@ def build_demo_server(
     for i, converter in enumerate(converters, start=1):
         builder.device(f"PS{i}", converter)
     builder.device("BPM1", bpm).device("FAULTY", Faulty())
-    return builder.on_start(cycler.start).on_stop(cycler.stop).build()
+    return builder.on_start(cycler.start).on_stop(cycler.stop)
+
+
+def build_demo_server(
+    endpoint: str = "tcp://127.0.0.1:0",
+    *,
+    name: str = "RdaDemoServer",
+    config: Config | None = None,
+    directory: FileDirectory | None | Literal["default"] = "default",
+    rate_hz: float = 10.0,
+    seed: int = 0,
+) -> Server:
+    """The demo server, built and not started (arguments as :func:`demo_builder`)."""
+    return demo_builder(
+        endpoint, name=name, config=config, directory=directory, rate_hz=rate_hz, seed=seed
+    ).build()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
