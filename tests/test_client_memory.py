@@ -26,6 +26,7 @@ from rda.serialization._header import (
     encode_context,
 )
 from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.testing._clock import FakeClock
 from rda.testing._memory import MemoryNetwork
 from rda.transport.api import ClientHandler, ServerTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_message
@@ -60,6 +61,13 @@ class FakeServer:
         self.batch = batch
         self.held: list[tuple[bytes, Header]] = []
         self.subscribed = threading.Event()
+        self.late: list[tuple[bytes, Header]] = []
+
+    def release_late(self) -> None:
+        with self.lock:
+            late, self.late = self.late, []
+        for peer, h in late:
+            self.reply(peer, h, RequestType.REPLY, self.value_body(Data(late=True)))
 
     def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
         pass
@@ -79,6 +87,10 @@ class FakeServer:
         rt = h.request_type
         if rt is RequestType.GET:
             if h.device == "SILENT":
+                return
+            if h.device == "LATE":
+                with self.lock:
+                    self.late.append((peer, h))
                 return
             if h.device == "BROKEN":
                 exc = encode_exception("ZeroDivisionError", "division by zero")
@@ -138,8 +150,10 @@ class FakeServer:
 Env = tuple[MemoryNetwork, FakeServer, ClientService]
 
 
-def make_env(batch: int = 0, **config: Any) -> tuple[MemoryNetwork, FakeServer, ClientService]:
-    network = MemoryNetwork()
+def make_env(
+    batch: int = 0, clock: FakeClock | None = None, **config: Any
+) -> tuple[MemoryNetwork, FakeServer, ClientService]:
+    network = MemoryNetwork(clock)
     fake = FakeServer(batch)
     server = network.server(SERVER, fake)
     fake.transport = server
@@ -149,7 +163,8 @@ def make_env(batch: int = 0, **config: Any) -> tuple[MemoryNetwork, FakeServer, 
         return network.client(h, s, i)
 
     cfg = Config(**{"request_timeout": 5.0, "reconnect_initial": 0.02, **config})
-    return network, fake, ClientService(MemDirectory(), cfg, transport_factory=factory)
+    client = ClientService(MemDirectory(), cfg, transport_factory=factory, clock=clock)
+    return network, fake, client
 
 
 @pytest.fixture
@@ -258,6 +273,29 @@ def test_close_is_bounded_and_leaves_no_threads(no_thread_leak: None) -> None:
         with pytest.raises(errors.DisconnectedError, match="client closed"):
             silent.result(timeout=1)
         assert sub.closed
+    finally:
+        client.close()
+        network.close()
+
+
+def test_fake_clock_timeout_and_late_reply_over_the_memory_network(no_thread_leak: None) -> None:
+    clock = FakeClock()
+    network, fake, client = make_env(clock=clock)
+    try:
+        ap = client.access_point("LATE", "Acquisition")
+        late = ap.get_async(timeout=2.0)
+        on_time = client.access_point("PS1", "Acquisition").get_async(timeout=2.0)
+        assert on_time.result(timeout=10).data == Data(current=0.0)
+        wait_for(lambda: len(fake.late) == 1)
+        clock.advance(1.9)
+        assert not late.done()
+        clock.advance(0.2)
+        with pytest.raises(errors.TimeoutError, match="LATE/Acquisition"):
+            late.result(timeout=10)
+        fake.release_late()
+        wait_for(lambda: client.statistics().late_replies == 1)
+        stats = client.statistics()
+        assert (stats.timeouts, stats.pending, stats.replies) == (1, 0, 1)
     finally:
         client.close()
         network.close()
