@@ -198,7 +198,7 @@ def demo_builder(
     *,
     name: str = "RdaDemoServer",
     config: Config | None = None,
-    directory: FileDirectory | None | Literal["default"] = "default",
+    directory: FileDirectory | Literal["default"] | None = "default",
     rate_hz: float = 10.0,
     seed: int = 0,
 ) -> ServerBuilder:
@@ -224,7 +224,7 @@ def build_demo_server(
     *,
     name: str = "RdaDemoServer",
     config: Config | None = None,
-    directory: FileDirectory | None | Literal["default"] = "default",
+    directory: FileDirectory | Literal["default"] | None = "default",
     rate_hz: float = 10.0,
     seed: int = 0,
 ) -> Server:
