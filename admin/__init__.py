@@ -37,6 +37,8 @@ __all__ = [
     "dispatch",
     "install",
     "metrics_endpoint",
+    "start_metrics",
+    "stop_metrics",
 ]
 
 

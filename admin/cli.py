@@ -27,7 +27,7 @@ from rda.admin.cli_common import (
 )
 from rda.admin.cli_run import bench, serve
 from rda.admin.cli_values import BadValueError, build_data, parse_assignments
-from rda.admin.format import format_duration, format_mapping, format_table, format_value
+from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
 from rda.business.common import AcquiredData
 from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
 from rda.serialization._data import Data
@@ -301,7 +301,7 @@ def admin(
     if as_json:
         emit_json(result)
     else:
-        click.echo(format_mapping(result))
+        click.echo(format_mapping(humanize(result, now=time.time())))
 
 
 @cli.group()

@@ -24,6 +24,7 @@ __all__ = [
     "format_table",
     "format_timestamp",
     "format_value",
+    "humanize",
     "summarize_array",
     "to_jsonable",
 ]
@@ -123,7 +124,9 @@ def format_mapping(data: Mapping[str, Any], indent: int = 0) -> str:
     """A multi-line ``name  value`` listing; nested mappings are indented below their name."""
     if not data:
         return " " * indent + "(empty)"
-    width = max(len(str(k)) for k in data)
+    # Align the values of one-line fields; nested blocks start on their own line.
+    flat = [k for k, v in data.items() if not (isinstance(v, Mapping) and v) and not _is_records(v)]
+    width = max((len(str(k)) for k in flat), default=0)
     lines: list[str] = []
     pad = " " * indent
     for key, value in data.items():
@@ -152,6 +155,34 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     header = "  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join([header.rstrip(), *body])
+
+
+# Field names whose float values are UNIX times or durations in seconds, in admin replies and
+# snapshots: shown as local times and with units instead of ``1.79533e+09``.
+TIME_FIELDS = frozenset(
+    {"connected_since", "last_heard", "last_update", "started_at", "registered_at", "time"}
+)
+DURATION_FIELDS = frozenset({"uptime", "connected_for", "seconds", "mean", "sum", "p50", "p99"})
+
+
+def humanize(value: Any, now: float | None = None) -> Any:
+    """A copy of nested plain values with time and duration fields turned into text (times
+    with their age when ``now`` is given)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, float | int) and not isinstance(item, bool):
+                if key in TIME_FIELDS:
+                    out[key] = format_timestamp(float(item), now)
+                    continue
+                if key in DURATION_FIELDS:
+                    out[key] = format_duration(float(item))
+                    continue
+            out[key] = humanize(item, now)
+        return out
+    if isinstance(value, list):
+        return [humanize(v, now) for v in value]
+    return value
 
 
 def to_jsonable(value: Any) -> Any:
