@@ -205,7 +205,10 @@ def decode(buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None =
             raise TypeError(f"decode needs a bytes-like object: {exc}") from None
     lim = DEFAULT_LIMITS if limits is None else limits
     end = len(buffer)
-    data, pos, _ = _read_data(buffer, 0, end, 1, lim.max_elements, lim)
+    try:
+        data, pos, _ = _read_data(buffer, 0, end, 1, lim.max_elements, lim)
+    except RecursionError:  # only reachable when max_depth is set beyond the Python stack
+        raise DecodeError("Data nested too deeply for the Python stack", 0) from None
     if pos != end:
         raise DecodeError(f"{end - pos} trailing bytes after the Data", pos)
     return data

@@ -83,8 +83,10 @@ def from_json(text: str | bytes, limits: DecodeLimits | None = None) -> Data:
         raise DecodeError(f"invalid JSON: {exc.msg}", exc.pos) from None
     except (ValueError, RecursionError, TypeError) as exc:
         raise DecodeError(f"invalid JSON: {exc}") from None
-    budget = [lim.max_elements]
-    return _json_data(tree, "$", 1, lim, budget)
+    try:
+        return _json_data(tree, "$", 1, lim, [lim.max_elements])
+    except RecursionError:  # only reachable when max_depth is set beyond the Python stack
+        raise DecodeError("Data nested too deeply for the Python stack") from None
 
 
 def _fail(path: str, message: str) -> DecodeError:
@@ -160,7 +162,9 @@ def _json_value(
     if (
         not isinstance(dims, list)
         or not 1 <= len(dims) <= 32
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims)
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 0xFFFFFFFF for d in dims
+        )
         or math.prod(dims) != len(value)
     ):
         raise _fail(path, f"dims {dims!r} do not describe {len(value)} elements")
@@ -171,8 +175,12 @@ def _json_value(
             return flat
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
+    else:
+        arr = np.array(flat, dtype=NUMERIC_DTYPES[element])
+    try:
         return arr.reshape(dims)
-    return np.array(flat, dtype=NUMERIC_DTYPES[element]).reshape(dims)
+    except ValueError as exc:  # zero-size dims whose product overflows numpy's index type
+        raise _fail(path, f"cannot shape the array as {dims}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------- CSV

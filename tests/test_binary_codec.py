@@ -249,3 +249,23 @@ def test_invalid_limits_and_inputs() -> None:
         encode({"a": 1})  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         decode("text")  # type: ignore[arg-type]
+
+
+def test_nesting_beyond_the_python_stack_is_a_decode_error() -> None:
+    # Each level: a one-entry Data whose entry "d" is the level below; innermost: Data().
+    raw = bytes(4)
+    for _ in range(5000):
+        raw = struct.pack("<IBBHI", 1, 9, 0, 1, len(raw)) + b"d" + raw
+    with pytest.raises(DecodeError, match="Python stack"):
+        decode(raw, DecodeLimits(max_depth=10**6))
+    with pytest.raises(DecodeError, match="max_depth=64"):
+        decode(raw)
+
+
+def test_zero_size_array_with_huge_dims() -> None:
+    dims = "00000000" + "ffffffff" * 4
+    raw = bytes.fromhex("01000000070501001400000061" + dims)
+    with pytest.raises(DecodeError, match="cannot shape"):
+        decode(raw)
+    ok = bytes.fromhex("0100000007020100080000006100000000ffffffff")
+    assert decode(ok)["a"].shape == (0, 0xFFFFFFFF)

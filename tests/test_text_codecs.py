@@ -189,3 +189,20 @@ def test_random_text_only_raises_decode_error(text: str) -> None:
     for parse in (from_json, from_csv):
         with contextlib.suppress(DecodeError):
             parse(text)
+
+
+def test_json_zero_size_dims_out_of_range() -> None:
+    big = '{"a": {"type": "int32_array", "dims": [0, 5000000000], "value": []}}'
+    with pytest.raises(DecodeError, match="dims"):
+        from_json(big)
+    huge = '{"a": {"type": "int32_array", "dims": [0, 4294967295, 4294967295, 4294967295], "value": []}}'
+    with pytest.raises(DecodeError, match="cannot shape"):
+        from_json(huge)
+
+
+def test_json_nesting_beyond_the_python_stack_is_a_decode_error() -> None:
+    text = '{"type": "data", "value": {}}'
+    for _ in range(3000):
+        text = '{"type": "data", "value": {"d": ' + text + "}}"
+    with pytest.raises(DecodeError, match="Python stack|invalid JSON"):
+        from_json('{"d": ' + text + "}", DecodeLimits(max_depth=10**6))
