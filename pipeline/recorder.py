@@ -153,7 +153,9 @@ class Recorder:
         self._last_error: str | None = None
         self._oldest_pending: int | None = None
         self._pending = 0
-        self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}
+        self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
+        self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
+        self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
         self._subscriptions: list[_Subscription] = []
         self._writer: threading.Thread | None = None
         self._converter_thread: threading.Thread | None = None
@@ -421,11 +423,9 @@ class Recorder:
                 sig = signature(data)
                 route = self._routes.get((device, prop, sig))
                 if route is None:
-                    version = self.catalog.resolve(device, prop, arrow_type_of(data))
-                    slot = builder.key_slot((device, prop, version.number), version.arrow_type)
-                    if slot is None:
+                    route = self._route(builder, device, prop, sig, data)
+                    if route is None:
                         return False
-                    route = self._routes[(device, prop, sig)] = slot
                 value = data
             except (TypeError, ValueError) as exc:
                 error_text = f"unrecordable data: {exc}"
@@ -454,6 +454,25 @@ class Recorder:
             error_text,
         )
         return True
+
+    def _route(
+        self, builder: SegmentBuilder, device: str, prop: str, sig: tuple[Any, ...], data: Any
+    ) -> int | None:
+        """The builder slot for a value of signature ``sig`` (None: the segment is full).
+
+        A signature keeps the schema version it was first given for the recorder's lifetime,
+        so a value alternating between two types does not open a new version each time.
+        """
+        number = self._versions.get((device, prop, sig))
+        if number is None:
+            version = self.catalog.resolve(device, prop, arrow_type_of(data))
+            number = self._versions[(device, prop, sig)] = version.number
+            self._version_types[(device, prop, number)] = version.arrow_type
+        key = (device, prop, number)
+        slot = builder.key_slot(key, self._version_types[key])
+        if slot is not None:
+            self._routes[(device, prop, sig)] = slot
+        return slot
 
     def _flush(self, builder: SegmentBuilder) -> bool:
         if not len(builder):

@@ -322,3 +322,14 @@ def test_prometheus_metrics_read_the_statistics(tmp_path: Path) -> None:
     assert 'rda_recorder_acked_seq{recorder="r1"} 3.0' in text
     assert 'rda_recorder_state{recorder="r1",state="running"} 1.0' in text
     assert 'rda_recorder_overflow_total{recorder="r1"} 0.0' in text
+
+
+def test_alternating_types_do_not_open_a_version_per_segment(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path)
+    recorder.start()
+    for i in range(6):
+        recorder.offer("PS1", "Acq", None, Sample(Data(a=i) if i % 2 else Data(a=f"s{i}")))
+        assert recorder.flush()  # one segment per value
+    recorder.stop()
+    assert [v["number"] for v in recorder.catalog.versions("PS1", "Acq")] == [1, 2]
+    assert [r["seq"] for r in _store(tmp_path)] == [1, 2, 3, 4, 5, 6]
