@@ -204,5 +204,5 @@ def test_json_nesting_beyond_the_python_stack_is_a_decode_error() -> None:
     text = '{"type": "data", "value": {}}'
     for _ in range(3000):
         text = '{"type": "data", "value": {"d": ' + text + "}}"
-    with pytest.raises(DecodeError, match="Python stack|invalid JSON"):
+    with pytest.raises(DecodeError, match=r"Python stack|invalid JSON"):
         from_json('{"d": ' + text + "}", DecodeLimits(max_depth=10**6))
