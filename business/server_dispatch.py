@@ -270,12 +270,21 @@ class Dispatch:
             outcome = _outcome(rtype, error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
-            body: list[tuple[BodyKind, Buffer]] = [
-                (BodyKind.DATA, _binary.encode(result.data)),
-                (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)),
-            ]
-            self._send(peer, encode_message(Kind.REPLY, _reply_header(header), body))
-            outcome = "ok"
+            try:
+                body: list[tuple[BodyKind, Buffer]] = [
+                    (BodyKind.DATA, _binary.encode(result.data)),
+                    (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)),
+                ]
+            except Exception as exc:
+                # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
+                # gets an answer, and the handler's author a counted error.
+                self._counters.handler_error()
+                log.warning("%r: reply could not be encoded", request, exc_info=True)
+                self._send_error(peer, header, RequestType.EXCEPTION, exc)
+                outcome = "error"
+            else:
+                self._send(peer, encode_message(Kind.REPLY, _reply_header(header), body))
+                outcome = "ok"
         elif rtype is RequestType.SET:
             self._send(peer, encode_message(Kind.REPLY, _reply_header(header)))
             outcome = "ok"

@@ -176,21 +176,22 @@ class SubscriptionSource:
         """The FIRST update of one subscriber (from the get handler); activates it.
 
         False when the subscriber left meanwhile (nothing sent)."""
+        rtype = RequestType.NOTIFICATION_DATA
+        descriptor = _DATA_TAIL
+        body: Buffer = b""
+        context = _now_context()
         if acquired is not None:
-            rtype, body, descriptor = (
-                RequestType.NOTIFICATION_DATA,
-                _encode_data(acquired.data),
-                _DATA_TAIL,
-            )
-            context = acquired.context
-        else:
-            exc = error if error is not None else RuntimeError("no first update")
-            rtype, body, descriptor = (
-                RequestType.NOTIFICATION_EXC,
-                encode_exception(*describe_error(exc)),
-                _EXC_TAIL,
-            )
-            context = _now_context()
+            try:
+                body = _encode_data(acquired.data)
+                encode_context(acquired.context)  # refuses what the wire cannot carry
+                context = acquired.context
+            except Exception as encode_error:
+                # The subscriber must get its FIRST in any case, or it would wait forever.
+                error, acquired = encode_error, None
+        if acquired is None:
+            failure = error if error is not None else RuntimeError("no first update")
+            rtype, descriptor = RequestType.NOTIFICATION_EXC, _EXC_TAIL
+            body = encode_exception(*describe_error(failure))
         with self._send_lock:
             with self._lock:
                 sub = self._subscribers.get((peer, sub_id))

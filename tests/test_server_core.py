@@ -756,3 +756,25 @@ def test_concurrent_notifiers_and_churn_keep_each_subscribers_seq_contiguous(
     for sub_id, updates in by_sub.items():
         assert updates[0] == (UpdateType.FIRST, 1), sub_id
         assert [seq for _, seq in updates] == list(range(1, len(updates) + 1)), sub_id
+
+
+class Unencodable(RequestReplyCallback):
+    def get(self, request: GetRequest) -> None:
+        request.complete(AcquiredData(Data(x=1), DataContext(cycle_name="C" * 70_000)))
+
+
+def test_a_reply_that_cannot_be_encoded_is_an_error_reply(make: Factory) -> None:
+    h = make(request_reply=Unencodable())
+    reply = h.call(request(RequestType.GET, 1))
+    assert reply.header.request_type is RequestType.EXCEPTION
+    assert reply.exception is not None and reply.exception[0] == "ValueError"
+    assert "cycle name" in reply.exception[1]
+    assert h.server.statistics().requests == {("get", "error"): 1}
+
+
+def test_a_first_update_that_cannot_be_encoded_arrives_as_an_error(make: Factory) -> None:
+    h = make(request_reply=Unencodable())
+    first = h.call(request(RequestType.SUBSCRIBE, 9))
+    assert first.header.request_type is RequestType.NOTIFICATION_EXC
+    assert first.header.update_type is UpdateType.FIRST and first.seq == 1
+    assert first.exception is not None and "cycle name" in first.exception[1]
