@@ -295,7 +295,6 @@ def admin(
     except BadValueError as exc:
         raise CliError(str(exc), ExitCode.BAD_VALUE) from None
     with open_client(options) as client:
-        target = options.endpoint if options.endpoint is not None and target == "-" else target
         reply = client.admin(target, command, timeout=timeout, **args)
     result = reply.to_dict()
     if as_json:

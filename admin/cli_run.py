@@ -129,16 +129,18 @@ def load_server(
     )
 
 
-def _demo(bind: str | None, name: str | None, options: Options) -> Server:
-    """``rda.demo``'s server, on ``bind`` (default: a free port) under ``name``."""
+def _demo(bind: str | None, name: str | None, options: Options) -> ServerBuilder:
+    """``rda.demo``'s server with the admin commands, on ``bind`` (default: a free port)."""
     # Imported here: the demo's simulated devices are only needed by `rda serve demo`.
-    from rda.demo import build_demo_server
+    from rda.admin import install
+    from rda.demo import demo_builder
 
-    return build_demo_server(
+    builder = demo_builder(
         bind or "tcp://127.0.0.1:0",
         name=name or "RdaDemoServer",
         config=options.config() if options.config_file is not None else None,
     )
+    return install(builder)
 
 
 def _import(spec: str) -> Any:

@@ -153,6 +153,15 @@ def test_serve_demo_get_subscribe(tmp_path: Path) -> None:
         refused = run("set", "PS1/Setting", "current=1000", cwd=tmp_path)
         assert refused.returncode == 7, refused.stderr
         assert "current" in refused.stderr
+
+        stats = run("admin", "RdaDemoServer", "stats", "--json", cwd=tmp_path)
+        assert stats.returncode == 0, stats.stderr
+        requests = json.loads(stats.stdout)["requests"]
+        assert requests["get"]["ok"] >= 1 and requests["get"]["error"] >= 1
+        assert requests["set"]["error"] >= 1
+        clients = run("admin", "PS1", "clients", cwd=tmp_path)  # by device name
+        assert clients.returncode == 0, clients.stderr
+        assert "PEER" in clients.stdout and " ago)" in clients.stdout
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         try:
