@@ -243,9 +243,12 @@ def _read_data(
         # the rest (bool, N-D, Data, scalars but float64/int64, errors) in _read_other. The
         # u16 ``code`` is tag | ndim << 8.
         start = pos
-        if pos + 8 > end:
-            raise DecodeError(f"truncated: an entry header needs 8 bytes, {end - pos} left", pos)
-        code, nlen, size = unpack_hdr(buf, pos)
+        try:
+            code, nlen, size = unpack_hdr(buf, pos)
+        except struct.error:  # past the buffer; a header past ``end`` only fails the next test
+            raise DecodeError(
+                f"truncated: an entry header needs 8 bytes, {end - pos} left", pos
+            ) from None
         bpos = pos + 8 + nlen
         pos = bpos + size
         if pos > end or not nlen:
@@ -268,13 +271,13 @@ def _read_data(
             spec = fast_arrays.get(code)
             if spec is not None:
                 t, dtype, itemsize = spec
-                n = size // itemsize
-                if n * itemsize != size:
+                if size % itemsize:
                     raise DecodeError(
                         f"field {name!r}: {size} bytes is not a whole number of "
                         f"{itemsize}-byte elements",
                         start + 4,
                     )
+                n = size // itemsize
                 budget -= n
                 values[name] = frombuffer(buf, dtype, n, bpos)
             elif code == 0x108:  # 1-D string array: NUL-terminated elements, one split
