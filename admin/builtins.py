@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pydantic
 
+from rda.admin.metrics import metrics_endpoint
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
 from rda.business.server_stats import HistogramSnapshot
 from rda.serialization._data import Data, DataType
@@ -60,9 +61,6 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         "commands": [c.name for c in ctx.registry.commands()],
         "settings": plain(server.settings()),
     }
-    # Imported lazily: metrics pulls in prometheus_client, which admin commands do not need.
-    from rda.admin.metrics import metrics_endpoint
-
     endpoint = metrics_endpoint(server)
     if endpoint is not None:
         result["metrics_url"] = endpoint.url

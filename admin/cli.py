@@ -28,6 +28,7 @@ from rda.admin.cli_common import (
 from rda.admin.cli_run import bench, serve
 from rda.admin.cli_values import BadValueError, build_data, parse_assignments
 from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
+from rda.business.client_subscription import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
 from rda.serialization._data import Data
@@ -221,7 +222,7 @@ class _Tally:
         self.errors = 0
         self.last_error: RdaError | None = None
 
-    def add(self, notification: Any) -> dict[str, Any]:
+    def add(self, notification: Notification) -> dict[str, Any]:
         self.gaps += notification.gap
         line: dict[str, Any] = {
             "time": time.time(),

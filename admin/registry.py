@@ -133,6 +133,7 @@ class CommandRegistry:
         self.group = group
         self._commands: dict[str, Command] = {}
         self._lock = threading.Lock()
+        self._load_lock = threading.RLock()
         self._loaded = group is None
         # "entry point name: error" for plugins that failed to load (shown by `info`).
         self.load_errors: list[str] = []
@@ -187,17 +188,20 @@ class CommandRegistry:
         """Import the plugins of ``group`` once; a broken plugin is logged, never fatal."""
         if self._loaded:
             return
-        with self._lock:
+        # Held for the whole load so a concurrent first dispatch (two servers in one process)
+        # waits for every plugin instead of seeing half of them; reentrant because a plugin's
+        # import may itself look at the registry.
+        with self._load_lock:
             if self._loaded:
                 return
+            assert self.group is not None
+            for ep in importlib.metadata.entry_points(group=self.group):
+                try:
+                    self._register_entry_point(ep.name, ep.load())
+                except Exception as exc:  # a plugin's bug must not take admin down
+                    log.exception("admin plugin %s (%s) failed to load", ep.name, ep.value)
+                    self.load_errors.append(f"{ep.name}: {type(exc).__name__}: {exc}")
             self._loaded = True
-        assert self.group is not None
-        for ep in importlib.metadata.entry_points(group=self.group):
-            try:
-                self._register_entry_point(ep.name, ep.load())
-            except Exception as exc:  # a plugin's bug must not take admin down
-                log.exception("admin plugin %s (%s) failed to load", ep.name, ep.value)
-                self.load_errors.append(f"{ep.name}: {type(exc).__name__}: {exc}")
 
     def _register_entry_point(self, name: str, obj: object) -> None:
         if isinstance(obj, types.ModuleType):
