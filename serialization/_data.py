@@ -272,8 +272,9 @@ def infer(name: str, value: Any) -> tuple[DataType, Any]:
                 return T.STRING, _check_str(name, str(value))
             raise TypeError(f"{_field(name)}: unsupported numpy scalar {type(value).__name__}")
         return coerce(name, value, t)
-    if isinstance(value, bool | int | float | str):  # subclasses of the builtins
-        return infer(name, cls.__mro__[-2](value))
+    for base in (int, float, str):  # subclasses of the builtins (IntEnum, ...); bool is final
+        if isinstance(value, base):
+            return infer(name, base(value))
     if isinstance(value, np.ndarray):
         return infer(name, np.asarray(value))
     raise TypeError(f"{_field(name)}: unsupported value type {cls.__name__}")

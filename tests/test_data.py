@@ -101,6 +101,12 @@ def test_nul_and_empty_names_are_rejected(bad: dict[str, Any]) -> None:
         Data(bad)
 
 
+def test_subclasses_of_builtins_take_the_builtin_type() -> None:
+    d = Data(t=DataType.INT8, s=type("S", (str,), {})("x"))
+    assert (d.type_of("t"), d["t"], type(d["t"])) == (T.INT64, 2, int)
+    assert (d.type_of("s"), type(d["s"])) == (T.STRING, str)
+
+
 def test_unsupported_values_are_rejected() -> None:
     for bad in (b"bytes", object(), [1, "a"], [[1, 2], [3]], np.zeros(2, np.complex64), None):
         with pytest.raises((TypeError, ValueError)):
