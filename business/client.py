@@ -231,7 +231,9 @@ class ClientService:
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=len(self._endpoints),
+            connections=sum(
+                1 for ep in list(self._endpoints.values()) if ep.connection is not None
+            ),
             reconnects=c.reconnects,
         )
 

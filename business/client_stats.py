@@ -24,6 +24,7 @@ class ClientStatistics:
     ``late_replies``: replies that arrived after their request timed out (dropped).
     ``gaps``: updates the server's sequence numbers say were missed (conflated or lost).
     ``dropped``: notifications this client discarded because a subscription's queue was full.
+    ``connections``: server endpoints with a connection open or being opened.
     """
 
     transport: ClientTransportStatistics = field(default_factory=ClientTransportStatistics)
