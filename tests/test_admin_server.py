@@ -112,6 +112,8 @@ def test_ping_info_devices_over_the_wire(rig: Rig) -> None:
     assert info["settings"]["workers"] == 2
     assert info["metrics_url"].startswith("http://127.0.0.1:")
     assert rig.admin("devices")["devices"] == ["MAG1"]
+    names = [c["name"] for c in rig.admin("commands")["commands"]]
+    assert {"ping", "info", "stats", "disconnect"} <= set(names)
 
 
 def test_clients_and_disconnect(rig: Rig) -> None:
@@ -242,6 +244,7 @@ def test_metrics_move_after_requests(rig: Rig) -> None:
     assert after[received] > before[received]
 
 
+@pytest.mark.usefixtures("no_thread_leak")
 def test_metrics_endpoint_stops_with_the_server() -> None:
     r = start_rig()
     try:
