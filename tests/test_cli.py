@@ -7,6 +7,7 @@ so ``rda get`` finds it with no configuration, as on a developer's machine.
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -225,6 +226,11 @@ SERVED = textwrap.dedent(
 
     def make():
         return Thermometer()
+
+    from rda.business.server import ServerBuilder
+
+    builder = ServerBuilder("UserBuilt").device("TB1", Thermometer())
+    prebuilt = ServerBuilder("Prebuilt").device("TS1", Thermometer()).directory(None).build()
     """
 )
 
@@ -234,6 +240,8 @@ SERVED = textwrap.dedent(
     [
         ("served_mod:Thermometer", [], "Thermometer"),
         ("served_mod:make", ["--device", "TH1"], "TH1"),
+        ("served_mod:builder", [], "TB1"),
+        ("served_mod:prebuilt", [], "TS1"),
     ],
 )
 def test_serve_module_object(
@@ -244,6 +252,8 @@ def test_serve_module_object(
     device: str,
 ) -> None:
     (tmp_path / "served_mod.py").write_text(SERVED)
+    # A fresh import per case: a built Server starts only once.
+    monkeypatch.delitem(sys.modules, "served_mod", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     result = rda_cli("serve", target, *extra, "--duration", "0.3", "--json", "--metrics-port", "0")
@@ -253,6 +263,16 @@ def test_serve_module_object(
     assert info["endpoint"].startswith("tcp://127.0.0.1:")
     assert info["metrics_url"].startswith("http://127.0.0.1:")
     assert "stopped" in result.stderr
+
+
+def test_serve_built_server_cannot_be_rebound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "served_mod.py").write_text(SERVED)
+    monkeypatch.delitem(sys.modules, "served_mod", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = rda_cli("serve", "served_mod:prebuilt", "--bind", "tcp://127.0.0.1:0")
+    assert_one_line_error(result, ExitCode.USAGE, "already built Server")
 
 
 def test_serve_bad_target() -> None:
