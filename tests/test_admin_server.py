@@ -288,3 +288,27 @@ def test_client_metrics_of_a_real_client(rig: Rig) -> None:
         after = scrape(endpoint.url)
         assert after[("rda_client_replies_total", label)] == before + 1
         assert after[("rda_client_connections", label)] == 1
+
+
+def test_metrics_port_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDA_METRICS_PORT", "0")
+    builder = ServerBuilder("EnvMetrics").device("MAG9", Magnet()).directory(None)
+    server = rda.admin.install(builder).build().start()
+    try:
+        endpoint = metrics_endpoint(server)
+        assert endpoint is not None
+        samples = scrape(endpoint.url)
+        assert samples[("rda_connected_clients", frozenset({("server", "EnvMetrics")}))] == 0
+    finally:
+        server.stop()
+    assert metrics_endpoint(server) is None
+
+
+def test_no_metrics_port_no_endpoint() -> None:
+    builder = ServerBuilder("NoMetrics").device("MAG8", Magnet()).directory(None)
+    server = rda.admin.install(builder).build().start()
+    try:
+        assert metrics_endpoint(server) is None
+        assert "metrics_url" not in rda.admin.dispatch(server, "info", Data(), None)
+    finally:
+        server.stop()
