@@ -248,6 +248,7 @@ def rda_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         out["mib_get_MBps"] = args.mib_gets * len(RAW_PAYLOADS["MIB"]) / elapsed / 1e6
         out["subscription_1"] = rda_subscribers(client, server, 1, args.updates)
         out["subscription_10"] = rda_subscribers(client, server, 10, args.updates // 4)
+        out["subscription_slow_consumer"] = rda_slow_consumer(client, server, args.updates // 4)
         out["client_statistics"] = {
             k: v
             for k, v in vars_of(client.statistics()).items()
@@ -351,6 +352,45 @@ def rda_subscribers(
     }
 
 
+def rda_slow_consumer(client: ClientService, server: Server, updates: int) -> dict[str, Any]:
+    """A consumer that reads nothing until the publisher is done, with a 100-slot queue:
+    most updates are dropped (client side) or conflated (server side), and every one of them
+    must show up in ``.gap``."""
+    sub = client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100)
+    first = sub.poll(10)
+    assert first is not None and first.update_type is UpdateType.FIRST
+    stats0 = client.statistics()
+    for i in range(updates):
+        for source in server.subscriptions():
+            source.notify(Data(current=float(i)))
+    # Let everything arrive (received or known missed) before reading anything.
+    deadline = time.perf_counter() + 60
+    while time.perf_counter() < deadline:
+        now = client.statistics()
+        if now.notifications - stats0.notifications + now.gaps - stats0.gaps >= updates:
+            break
+        time.sleep(0.01)
+    received = gaps = 0
+    last = 1
+    while last < updates + 1:
+        n = sub.poll(10)
+        if n is None:
+            break
+        received += 1
+        gaps += n.gap
+        last = n.seq
+    stats1 = client.statistics()
+    sub.close()
+    return {
+        "sent": updates,
+        "received": received,
+        "gaps": gaps,
+        "dropped_here": stats1.dropped - stats0.dropped,
+        "conflated_at_server": (stats1.gaps - stats0.gaps),
+        "uncounted_losses": updates - received - gaps,
+    }
+
+
 def rda_resume(restarts: int) -> dict[str, Any]:
     server = rda_server()
     server.start()
@@ -412,7 +452,8 @@ def main() -> None:
         "subscription_1": ratio["subscription_1"] >= 0.5,
         "subscription_10": ratio["subscription_10"] >= 0.5,
         "no_uncounted_loss": rda["subscription_1"]["uncounted_losses"] == 0
-        and rda["subscription_10"]["uncounted_losses"] == 0,
+        and rda["subscription_10"]["uncounted_losses"] == 0
+        and rda["subscription_slow_consumer"]["uncounted_losses"] == 0,
         "resume_le_0.3s": rda["resume_after_restart"]["max_s"] <= 0.3,
     }
     json.dump(
