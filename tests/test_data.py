@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,16 @@ def test_repr_shows_types() -> None:
     assert "s: data = Data(x: int8 = 1)" in nested
     assert "\n" not in nested
     assert "..." in repr(Data(a=np.arange(1000)))
+
+
+def test_pickle_and_copy() -> None:
+    d = Data(a=np.arange(3, dtype=np.int16), s=["x"], sub={"n": np.int8(1)})
+    d.append("f", 0.5, T.FLOAT32)
+    back = pickle.loads(pickle.dumps(d))
+    assert back == d and back.types() == d.types()
+    shallow = d.copy()
+    shallow["a"] = 1
+    assert d.type_of("a") is T.INT16_ARRAY and shallow["sub"] is d["sub"]
 
 
 def test_to_dict_and_from_dict_round_trip() -> None:
