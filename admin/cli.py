@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
 from rda.admin.cli_common import (
     CliError,
@@ -42,6 +43,21 @@ _TIMEOUT = click.option(
 )
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _SELECTOR = click.option("--selector", "-s", default="", help="Cycle selector, e.g. CPS.USER.ALL.")
+
+
+def _complete_address(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Shell completion of DEVICE/ from the directory (names only, not glob patterns).
+
+    Properties would need a request to the server; completion must stay instant and offline.
+    """
+    try:
+        known = default_directory().devices()
+    except RdaError:
+        return []
+    names = sorted(n for n in known if not any(c in n for c in "*?[") and n.startswith(incomplete))
+    return [CompletionItem(f"{n}/", type="plain") for n in names]
 
 
 class _Group(click.Group):
@@ -77,7 +93,7 @@ def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> N
 
 
 @cli.command()
-@click.argument("address", metavar="DEVICE/PROPERTY")
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
 @_SELECTOR
 @click.option("--field", "-f", default=None, help="Print only this field (a.b for nested).")
 @_JSON
@@ -112,7 +128,7 @@ def get(
 
 
 @cli.command("set")
-@click.argument("address", metavar="DEVICE/PROPERTY")
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
 @click.argument("values", nargs=-1, metavar="NAME=VALUE...")
 @click.option("--json", "json_text", default=None, help="The value as a JSON object.")
 @_SELECTOR
@@ -164,7 +180,7 @@ def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any
 
 
 @cli.command()
-@click.argument("address", metavar="DEVICE/PROPERTY")
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
 @_SELECTOR
 @click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
 @click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")

@@ -317,3 +317,11 @@ def test_config_errors_are_usage_errors() -> None:
 )
 def test_exit_code_table(error: Any, code: ExitCode) -> None:
     assert exit_code_for(error) is code
+
+
+def test_shell_completion_of_device_names(server: tuple[Server, Corrector]) -> None:
+    from click.shell_completion import ShellComplete
+
+    complete = ShellComplete(cli, {}, "rda", "_RDA_COMPLETE")
+    assert [c.value for c in complete.get_completions(["get"], "CO")] == ["CORR1/"]
+    assert complete.get_completions(["subscribe"], "XYZ") == []
