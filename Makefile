@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # Reinstall only when the package metadata changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -63,7 +63,12 @@ def install(builder: B, registry: CommandRegistry | None = None) -> B:
     The port is read when the server starts, so ``metrics_port`` may be set after this call.
     ``registry`` defaults to the process-wide one (built-ins plus ``rda.admin`` plugins).
     """
+    # Idempotent: a facade builder (already installed) may pass through `rda serve` again,
+    # and a second set of hooks would start a second metrics endpoint.
+    if getattr(builder, "_rda_admin_installed", False):
+        return builder
     builder.admin_handler(dispatch if registry is None else registry.dispatch)
+    setattr(builder, "_rda_admin_installed", True)  # noqa: B010 - not declared on the Protocol
 
     def start(server: Any) -> None:
         port = builder.metrics_port_value

@@ -1,8 +1,40 @@
 """rda: a Python device-property middleware in the style of CERN's RDA3, over ZeroMQ.
 
-This module is the curated public face: every public name is re-exported here once.
+This module is the curated public face: every public name is re-exported here exactly once
+(``tests/test_exports.py`` checks it). ``rda.aio`` (asyncio client), ``rda.admin`` (admin
+commands, CLI, metrics), ``rda.testing`` (in-memory transports, fake clock, conformance suite)
+and ``rda.pipeline`` (history; extra ``[pipeline]``) are sub-packages.
 """
 
+import rda.admin as admin
+from rda._server import ServerBuilder
+from rda.business.client import ClientService
+from rda.business.client_access import AccessPoint
+from rda.business.client_stats import ClientStatistics
+from rda.business.client_subscription import Notification, Subscription
+from rda.business.common import AcquiredData
+from rda.business.config import Config, ConfigError
+from rda.business.device import Device, prop
+from rda.business.directory import (
+    ChainDirectory,
+    Directory,
+    FileDirectory,
+    StaticDirectory,
+    default_directory,
+)
+from rda.business.scheduler import GroupTaskScheduler
+from rda.business.server import Server
+from rda.business.server_requests import (
+    ClientInfo,
+    GetRequest,
+    RequestReplyCallback,
+    SetRequest,
+    SubscriptionCallback,
+    SubscriptionRequest,
+)
+from rda.business.server_stats import ServerStatistics
+from rda.business.subscriptions import SubscriptionSource
+from rda.serialization._data import Data, DataType
 from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (
     DecodeError,
@@ -20,17 +52,46 @@ from rda.serialization.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessPoint",
+    "AcquiredData",
+    "ChainDirectory",
+    "ClientInfo",
+    "ClientService",
+    "ClientStatistics",
+    "Config",
+    "ConfigError",
+    "Data",
     "DataContext",
+    "DataType",
     "DecodeError",
+    "Device",
+    "Directory",
     "DisconnectedError",
+    "FileDirectory",
+    "GetRequest",
+    "GroupTaskScheduler",
     "NoSuchDeviceError",
     "NotAuthorizedError",
+    "Notification",
     "OverloadError",
     "ProtocolError",
     "RdaError",
     "RemoteError",
+    "RequestReplyCallback",
+    "Server",
+    "ServerBuilder",
+    "ServerStatistics",
+    "SetRequest",
+    "StaticDirectory",
+    "Subscription",
+    "SubscriptionCallback",
+    "SubscriptionRequest",
+    "SubscriptionSource",
     "TimeoutError",
     "TransportError",
     "UpdateType",
     "__version__",
+    "admin",
+    "default_directory",
+    "prop",
 ]
