@@ -381,6 +381,16 @@ class Recorder:
                     self._routes.clear()
                     self._pending = 0
                     self._oldest_pending = None
+                elif stopping:
+                    # One last try failed: stop rather than retry forever; what is durable stays.
+                    log.error(
+                        "recorder %s: stopping with %d unacknowledged rows",
+                        self.recorder_id,
+                        len(builder) + len(queue),
+                    )
+                    with self._cond:
+                        self._cond.notify_all()
+                    return
                 else:
                     retry_at = self._clock() + 1.0
             if not queue and not len(builder):
@@ -389,13 +399,6 @@ class Recorder:
                     self._cond.notify_all()
                 if stopping:
                     return
-            elif stopping and self._state == "error" and self._clock() >= retry_at:
-                log.error(
-                    "recorder %s: stopping with %d unacknowledged rows",
-                    self.recorder_id,
-                    len(builder) + len(queue),
-                )
-                return
 
     def _append(
         self,

@@ -333,3 +333,23 @@ def test_alternating_types_do_not_open_a_version_per_segment(tmp_path: Path) -> 
     recorder.stop()
     assert [v["number"] for v in recorder.catalog.versions("PS1", "Acq")] == [1, 2]
     assert [r["seq"] for r in _store(tmp_path)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_stop_while_the_disk_is_full_ends_promptly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(path: Path, payload: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(journal_module, "write_durably", denied)
+    recorder = _recorder(tmp_path)
+    recorder.start()
+    recorder.offer("PS1", "Acq", None, Sample(Data(x=1)))
+    _wait(lambda: recorder.statistics().state == "error")
+    started = time.monotonic()
+    recorder.stop(timeout=20.0)
+    assert time.monotonic() - started < 15.0
+    assert recorder._writer is not None and not recorder._writer.is_alive()
+    stats = recorder.statistics()
+    assert (stats.state, stats.acked_seq, stats.acked_rows) == ("error", 0, 0)
+    assert stats.last_error is not None and "Permission denied" in stats.last_error
