@@ -30,6 +30,7 @@ unit: install
 test: lint typecheck unit
 
 demo: install
+	BIN=$(BIN) bash examples/demo_cli.sh
 	$(BIN)/python examples/demo_session.py
 
 bench: install

@@ -144,10 +144,14 @@ class Device:
     """Base class of declarative devices; see the module docstring."""
 
     _properties_cache: ClassVar[dict[type, dict[str, DeviceProperty]]] = {}
+    # Class-level defaults, so a subclass whose __init__ forgets super().__init__() (as
+    # PyTango users often write) still works.
+    _name: str | None = None
+    _sources: Callable[[str], list[SubscriptionSource]] | None = None
 
     def __init__(self) -> None:
-        self._name: str | None = None
-        self._sources: Callable[[str], list[SubscriptionSource]] | None = None
+        self._name = None
+        self._sources = None
 
     @property
     def name(self) -> str | None:

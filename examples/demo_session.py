@@ -1,6 +1,6 @@
 """A client session against the demo equipment server (what ``make demo`` runs).
 
-Starts the demo server in this process on a free port, then with a ``ClientService``: a get,
+Starts the demo server in this process on a free port, then with a ``rda.ClientService``: a get,
 a set, a subscription showing its FIRST, IMMEDIATE and a few NORMAL updates, the 2-D orbit of
 the beam position monitor, a rejected set and the FAULTY device's error. Stops everything and
 exits 0.
@@ -12,14 +12,11 @@ import sys
 import threading
 import time
 
-from rda.business.client import ClientService
-from rda.business.directory import StaticDirectory
+import rda
 from rda.demo import build_demo_server
-from rda.serialization._header import DataContext, UpdateType
-from rda.serialization.errors import RdaError, RemoteError
 
 
-def stamp(context: DataContext) -> str:
+def stamp(context: rda.DataContext) -> str:
     seconds = context.acq_stamp / 1e9
     millis = int(context.acq_stamp // 1_000_000 % 1000)
     return time.strftime("%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
@@ -29,9 +26,9 @@ def main() -> int:
     before = set(threading.enumerate())
     server = build_demo_server(directory=None).start()
     print(f"== demo server {server.name} on {server.endpoint}: {', '.join(server.devices())}")
-    directory = StaticDirectory({name: server.endpoint for name in server.devices()})
+    directory = rda.StaticDirectory({name: server.endpoint for name in server.devices()})
     try:
-        with ClientService(directory=directory) as client:
+        with rda.ClientService(directory=directory) as client:
             setting = client.access_point("PS1", "Setting")
             acquisition = client.access_point("PS1", "Acquisition")
 
@@ -41,13 +38,13 @@ def main() -> int:
             print("\n-- subscribe PS1/Setting")
             sub = setting.subscribe()
             first = sub.poll(5)
-            assert first is not None and first.update_type is UpdateType.FIRST
+            assert first is not None and first.update_type is rda.UpdateType.FIRST
             print(f"   {first.update_type.name:9} seq={first.seq} {first.data}")
 
             print("\n-- set PS1/Setting current=12.5 A")
             setting.set({"current": 12.5}, timeout=5)
             immediate = sub.poll(5)
-            assert immediate is not None and immediate.update_type is UpdateType.IMMEDIATE
+            assert immediate is not None and immediate.update_type is rda.UpdateType.IMMEDIATE
             print(f"   {immediate.update_type.name:9} seq={immediate.seq} {immediate.data}")
             sub.close()
 
@@ -75,13 +72,13 @@ def main() -> int:
             print("\n-- set PS1/Setting current=250 A (outside -100..100)")
             try:
                 setting.set({"current": 250.0}, timeout=5)
-            except RemoteError as exc:
+            except rda.RemoteError as exc:
                 print(f"   refused: {type(exc).__name__}: {exc.message}")
 
             print("\n-- get FAULTY/Status (fails on purpose)")
             try:
                 client.access_point("FAULTY", "Status").get(timeout=5)
-            except RdaError as exc:
+            except rda.RdaError as exc:
                 print(f"   {type(exc).__name__}: {exc}")
 
             stats = server.statistics()

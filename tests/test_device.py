@@ -213,3 +213,23 @@ def test_validation_message_lists_every_bad_field() -> None:
     text = str(info.value)
     assert text.startswith("PS3/Setting: current: ")
     assert "; ramp: Input should be a valid boolean" in text
+
+
+def test_subclass_without_super_init_is_served() -> None:
+    """PyTango-style subclasses often skip super().__init__(); serving must still work."""
+
+    class NoSuper(Device):
+        def __init__(self) -> None:
+            self.value = 7.0
+
+        @prop("Value")
+        def value_prop(self, request: GetRequest) -> Data:
+            return Data(value=self.value)
+
+    device = NoSuper()
+    server = ServerBuilder("NoSuper").device("NS1", device).build().start()
+    try:
+        assert device.name == "NS1"
+    finally:
+        server.stop()
+    assert device.name == "NS1"
