@@ -227,7 +227,7 @@ def test_random_garbage_never_kills_the_dispatcher(
             bad.send_multipart(frames)
         bad.send_multipart([bytes([Kind.HEARTBEAT])])
         assert echo_works(good, 9)
-        assert srv.statistics().decode_errors > 100
+        assert wait_for(lambda: srv.statistics().decode_errors > 100)
     finally:
         bad.close(0)
         good.close(0)

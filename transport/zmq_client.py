@@ -278,7 +278,7 @@ class ZmqClientTransport:
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
             try:
-                frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = common.recv_frames(pull)
             except zmq.Again:
                 return
             op, conn = _OP.unpack(frames[0].buffer)
@@ -355,7 +355,7 @@ class ZmqClientTransport:
     def _write(self, c: _Connection, frames: Sequence[Any]) -> bool:
         """One non-blocking send; False when the DEALER's pipe is full."""
         try:
-            c.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            common.send_frames(c.sock, frames)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
@@ -394,7 +394,7 @@ class ZmqClientTransport:
         now = self._clock()
         for _ in range(common.BATCH):
             try:
-                raw = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                raw = common.recv_frames(sock)
             except zmq.Again:
                 return
             frames = [f.buffer for f in raw]

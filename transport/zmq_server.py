@@ -334,7 +334,7 @@ class ZmqServerTransport:
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
             try:
-                frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = common.recv_frames(pull)
             except zmq.Again:
                 return
             head = frames[0].bytes
@@ -372,7 +372,7 @@ class ZmqServerTransport:
         """True when sent (or when the peer turned out gone); False on a full pipe."""
         assert self._router is not None
         try:
-            self._router.send_multipart([p.rid, *frames], zmq.NOBLOCK, copy=False)
+            common.send_routed(self._router, p.rid, frames)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
@@ -447,7 +447,7 @@ class ZmqServerTransport:
         now = self._clock()
         for _ in range(common.BATCH):
             try:
-                raw = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                raw = common.recv_frames(router)
             except zmq.Again:
                 return
             rid = raw[0].bytes
@@ -512,7 +512,7 @@ class ZmqServerTransport:
         """Answer a peer that is not (or not yet) registered: best effort, never queued."""
         assert self._router is not None
         try:
-            self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
+            common.send_routed(self._router, rid, frames)
             self._messages_out += 1
         except zmq.ZMQError:
             self._dropped += 1
@@ -573,7 +573,7 @@ class ZmqServerTransport:
                 del self._suspects[rid]
                 continue
             try:
-                self._router.send_multipart([rid, *_HEARTBEAT_FRAMES], zmq.NOBLOCK)
+                common.send_routed(self._router, rid, _HEARTBEAT_FRAMES)
                 p.heartbeat.last_sent = now
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:
