@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,17 @@ def no_thread_leak() -> Iterator[None]:
             break
         time.sleep(0.01)
     assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run (UI off, UTC, 2 shuffle partitions).
+
+    Built by ``rda.pipeline.spark_session.local_session`` so tests run with exactly the
+    settings ``History.local`` gives users. Imported lazily: only Spark tests pay for the JVM.
+    """
+    from rda.pipeline.spark_session import local_session
+
+    session = local_session(master="local[2]", app_name="rda-tests")
+    yield session
+    session.stop()
