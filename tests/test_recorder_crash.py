@@ -9,6 +9,7 @@ the time. After each kill a new process restarts on the same root. Finally every
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -28,8 +29,49 @@ from rda.pipeline.recorder import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 
-root, acks = sys.argv[1], sys.argv[2]
+import rda.pipeline.converter as converter
+import rda.pipeline.journal as journal
+
+root, acks, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 out = open(acks, "a")
+
+
+def stuck(what):
+    print("stuck", what, flush=True)
+    time.sleep(3600)
+
+
+if mode == "segment":  # hang inside the 3rd segment write: tmp written, not renamed
+    real_write, calls = journal.write_durably, [0]
+
+    def write_durably(path, payload):
+        calls[0] += 1
+        if calls[0] == 3:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(bytes(payload)[: len(payload) // 2])
+            stuck("segment")
+        real_write(path, payload)
+
+    journal.write_durably = write_durably
+elif mode == "conversion":  # hang after the first Parquet file of the second group
+    real_parquet, files = converter._write_parquet, [0]
+
+    def write_parquet(path, table):
+        real_parquet(path, table)
+        files[0] += 1
+        if files[0] > 1 and converter.Converter._converted_groups >= 1:
+            stuck("conversion")
+
+    converter._write_parquet = write_parquet
+    real_group = converter.Converter._convert_group
+    converter.Converter._converted_groups = 0
+
+    def convert_group(self, group):
+        done = real_group(self, group)
+        converter.Converter._converted_groups += 1
+        return done
+
+    converter.Converter._convert_group = convert_group
 
 def on_ack(first, last):
     out.write(f"{first} {last}\n")
@@ -80,7 +122,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
     previous_max = 0
     for _ in range(5):
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(root), str(acks)],
+            [sys.executable, "-c", CHILD, str(root), str(acks), "load"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -112,3 +154,45 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
     assert {rid for rid, _ in stored} == {"crash"}
     missing = _acked(acks) - set(seqs)
     assert not missing, f"{len(missing)} acknowledged rows missing, e.g. {sorted(missing)[:5]}"
+
+
+def _kill_when_stuck(root: Path, acks: Path, mode: str) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(root), str(acks), mode], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split()[0] == "ready"
+        assert child.stdout.readline().split() == ["stuck", mode]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def _recover_and_check(root: Path, acks: Path) -> None:
+    final = Recorder(root, recorder_id="crash")
+    final.start()
+    assert final.acked_seq >= max(_acked(acks))
+    final.stop()
+    seqs = [seq for _, seq in _stored(root)]
+    assert len(seqs) == len(set(seqs)), "a row was stored twice"
+    assert not _acked(acks) - set(seqs), "an acknowledged row is missing"
+    assert not list(root.rglob("*.tmp")), "a temporary file survived recovery"
+
+
+def test_kill_inside_a_segment_write(tmp_path: Path) -> None:
+    root, acks = tmp_path / "store", tmp_path / "acks.txt"
+    _kill_when_stuck(root, acks, "segment")
+    assert list((root / "_journal" / "crash").glob(".seg-*.tmp")), "the kill missed the write"
+    assert len((acks).read_text().splitlines()) == 2  # two segments were acknowledged
+    _recover_and_check(root, acks)
+
+
+def test_kill_inside_a_conversion(tmp_path: Path) -> None:
+    root, acks = tmp_path / "store", tmp_path / "acks.txt"
+    _kill_when_stuck(root, acks, "conversion")
+    progress = json.loads((root / "_journal" / "crash" / "progress.json").read_text())
+    assert progress["planned"] is not None, "the kill missed the conversion"
+    _recover_and_check(root, acks)
