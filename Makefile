@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install bench clean demo
+.PHONY: test lint typecheck unit install java bench clean demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# Spark (the pipeline extra) needs a Java runtime: install a headless JRE only when `java` is
+# missing (apt-get; CI runs as root, elsewhere through sudo). Silent when Java is there.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+java:
+	@java -version >/dev/null 2>&1 || { \
+		echo "java not found: installing openjdk-17-jre-headless"; \
+		$(SUDO) mkdir -p /usr/share/man/man1 && \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			openjdk-17-jre-headless >/dev/null; }
+
+install: $(STAMP) java
 
 lint: install
 	$(BIN)/ruff check .
