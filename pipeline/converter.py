@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -113,6 +114,7 @@ class Converter:
         *,
         retention: float = 86_400.0,
         max_group_rows: int = 1_000_000,
+        max_group_bytes: int = 256 << 20,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(root)
@@ -121,6 +123,7 @@ class Converter:
         self.catalog = catalog or SchemaCatalog(self.root, recorder_id)
         self.retention = retention
         self.max_group_rows = max_group_rows
+        self.max_group_bytes = max_group_bytes  # a group is converted in memory
         self._clock = clock
         self._path = self.journal.directory / "progress.json"
         self._lock = threading.Lock()  # the converter thread and stop() may both call in
@@ -167,11 +170,12 @@ class Converter:
                     pending = [s for s in self.journal.segments() if s.name not in done]
                     if not pending:
                         return total
-                    group, rows = [], 0
+                    group, rows, size = [], 0, 0
                     for segment in pending:
                         group.append(segment)
                         rows += segment.last_seq - segment.first_seq + 1
-                        if rows >= self.max_group_rows:
+                        size += segment.path.stat().st_size
+                        if rows >= self.max_group_rows or size >= self.max_group_bytes:
                             break
                     total += self._convert_group(group)
             except Exception as exc:
@@ -310,8 +314,7 @@ def compact(
     for group in plan:
         output = partition / group["output"]
         if not output.exists():
-            tables = [pq.read_table(partition / name) for name in group["inputs"]]
-            _write_parquet(output, _concat_sorted(tables))
+            _merge_files(output, [partition / name for name in group["inputs"]])
         for name in group["inputs"]:
             (partition / name).unlink(missing_ok=True)
         outputs.append(output)
@@ -345,16 +348,30 @@ def _plan(partition: Path) -> list[dict[str, Any]]:
     return plan
 
 
-def _concat_sorted(tables: list[pa.Table]) -> pa.Table:
-    target: pa.DataType = tables[0].schema.field("data").type
-    for table in tables[1:]:
-        merged = merge_types(target, table.schema.field("data").type)
+def _merge_files(output: Path, inputs: list[Path]) -> None:
+    """Stream ``inputs`` into ``output`` one file at a time (a day may not fit in memory).
+
+    The inputs of one (recorder, schema version) hold disjoint seq ranges, each sorted, and the
+    plan lists them by first seq: appending them in that order keeps the output sorted by seq.
+    """
+    schemas = [pq.read_schema(path) for path in inputs]
+    target: pa.DataType = schemas[0].field("data").type
+    for schema in schemas[1:]:
+        merged = merge_types(target, schema.field("data").type)
         target = merged if merged is not None else target
-    fixed = []
-    for table in tables:
-        if not table.schema.field("data").type.equals(target):
-            index = table.schema.get_field_index("data")
-            table = table.set_column(index, "data", table.column("data").cast(target))
-        fixed.append(table.replace_schema_metadata(tables[0].schema.metadata))
-    combined = pa.concat_tables(fixed)
-    return combined.sort_by("seq").replace_schema_metadata(tables[0].schema.metadata)
+    index = schemas[0].get_field_index("data")
+    schema = schemas[0].set(index, pa.field("data", target))
+    tmp = output.with_name(f".{output.name}.tmp")
+    with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+        for path in inputs:
+            table = pq.read_table(path)
+            if not table.schema.field("data").type.equals(target):
+                table = table.set_column(index, "data", table.column("data").cast(target))
+            writer.write_table(table.replace_schema_metadata(schema.metadata))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, output)
+    fsync_directory(output.parent)

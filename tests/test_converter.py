@@ -210,3 +210,26 @@ def test_compaction_refuses_an_open_day_or_a_conversion_in_progress(tmp_path: Pa
     progress.write_text(json.dumps(record))
     with pytest.raises(ValueError, match="in progress"):
         compact(tmp_path, "PS1", "Acq", "2024-03-01", clock=lambda: AFTER)
+
+
+def test_groups_are_bounded_in_bytes(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, "r1")
+    for seq in (1, 2, 3):
+        _segment(journal, [(seq, DAY1 - 10 + seq, Data(x=float(seq)))])
+    converter = Converter(tmp_path, "r1", max_group_bytes=1)  # every segment is a group
+    assert converter.convert_pending() == 3
+    assert [
+        p.name for p in sorted(partition_path(tmp_path, "PS1", "Acq", "2024-03-01").iterdir())
+    ] == [
+        "part-r1-1-1.parquet",
+        "part-r1-2-2.parquet",
+        "part-r1-3-3.parquet",
+    ]
+    together = tmp_path / "together"
+    journal = Journal(together, "r1")
+    for seq in (1, 2, 3):
+        _segment(journal, [(seq, DAY1 - 10 + seq, Data(x=float(seq)))])
+    assert Converter(together, "r1").convert_pending() == 3
+    assert [p.name for p in partition_path(together, "PS1", "Acq", "2024-03-01").iterdir()] == [
+        "part-r1-1-3.parquet"
+    ]
