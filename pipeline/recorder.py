@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import fnmatch
 import logging
 import re
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import pyarrow as pa
 
@@ -160,6 +161,7 @@ class Recorder:
         self._writer: threading.Thread | None = None
         self._converter_thread: threading.Thread | None = None
         self._stop_event = threading.Event()
+        self._lock_file: BinaryIO | None = None
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -176,8 +178,15 @@ class Recorder:
         """Recover the journal, start the writer and converter threads, then subscribe."""
         if self._state != "created":
             raise RuntimeError(f"recorder is {self._state}, it can be started once")
-        self.converter.recover()
-        last = max(self.journal.recover(), self.converter.max_seq)
+        self._take_lock()
+        try:
+            self.converter.recover()
+            last = max(self.journal.recover(), self.converter.max_seq)
+        except BaseException:
+            assert self._lock_file is not None
+            self._lock_file.close()
+            self._lock_file = None
+            raise
         self._next_seq = last + 1
         self._acked_seq = last
         self._state = "running"
@@ -196,6 +205,19 @@ class Recorder:
             except BaseException:
                 self.stop()
                 raise
+
+    def _take_lock(self) -> None:
+        # Two live recorders with one id would reuse seqs and overwrite each other's files.
+        # The kernel drops an flock when its process dies, so a SIGKILL leaves no stale lock.
+        handle = open(self.journal.directory / ".lock", "a+b")  # noqa: SIM115 (held until stop)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RuntimeError(
+                f"recorder {self.recorder_id!r} is already running on {self.root}"
+            ) from None
+        self._lock_file = handle
 
     def offer(self, device: str, prop: str, selector: str | None, notification: Any) -> bool:
         """Queue one notification; False (and counted) if the queue is full. Thread-safe."""
@@ -251,6 +273,9 @@ class Recorder:
             # A failure is logged and counted by the converter; the journal keeps the rows.
             with contextlib.suppress(Exception):
                 self.converter.convert_pending()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
         if self._state != "created":
             self._state = "stopped" if self._state != "error" else "error"
 

@@ -353,3 +353,15 @@ def test_stop_while_the_disk_is_full_ends_promptly(
     stats = recorder.statistics()
     assert (stats.state, stats.acked_seq, stats.acked_rows) == ("error", 0, 0)
     assert stats.last_error is not None and "Permission denied" in stats.last_error
+
+
+def test_one_recorder_id_runs_once_per_root(tmp_path: Path) -> None:
+    first = _recorder(tmp_path)
+    first.start()
+    second = _recorder(tmp_path)
+    with pytest.raises(RuntimeError, match="already running"):
+        second.start()
+    first.stop()
+    third = _recorder(tmp_path)
+    third.start()  # the lock went with the first recorder's stop
+    third.stop()
