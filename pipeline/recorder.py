@@ -154,6 +154,7 @@ class Recorder:
         self._last_error: str | None = None
         self._oldest_pending: int | None = None
         self._pending = 0
+        self._draining = False
         self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
         self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
         self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
@@ -238,7 +239,7 @@ class Recorder:
         with self._cond:
             self._flush_wanted = max(self._flush_wanted, 1)
             self._cond.notify()
-            while self._queue or self._pending:
+            while self._queue or self._pending or self._draining:
                 if self._writer is None or not self._writer.is_alive():
                     return False
                 left = deadline - time.monotonic()
@@ -376,6 +377,9 @@ class Recorder:
                     self._idle = False
                 stopping = self._stopping
                 flush_wanted = self._flush_wanted
+            # Set before the first pop: flush() must never see an empty queue and no pending
+            # rows while rows are in between.
+            self._draining = True
             room = (backlog_limit if self._state == "error" else self.flush_rows) - len(builder)
             taken = 0
             while queue and taken < room:
@@ -393,6 +397,7 @@ class Recorder:
                     self._append(builder, *item)
                 taken += 1
             self._pending = len(builder)
+            self._draining = False
             if len(builder) and self._oldest_pending is None:
                 self._oldest_pending = builder.recv_stamp[0]
             due = (
