@@ -13,6 +13,7 @@ import zmq
 
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
+from rda.testing import FakeClock
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     Kind,
@@ -347,3 +348,27 @@ def test_back_pressure_blocks_a_producer_while_the_dispatcher_is_stalled(
     finally:
         stall.set()
         cl.close()
+
+
+def test_client_heartbeat_expiry_with_a_fake_clock() -> None:
+    ctx, router, endpoint = raw_router()
+    clock = FakeClock(50.0)
+    rec = ClientRec()
+    settings = TransportSettings(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    cl = ZmqClientTransport(rec, settings, clock=clock)
+    cl.start()
+    try:
+        conn = cl.connect(endpoint)
+        assert router.poll(WAIT_MS)
+        rid, _, _ = router.recv_multipart()
+        router.send_multipart([rid, *encode_connect_ack({})])
+        assert wait_for(lambda: conn in rec.connected)
+        clock.advance(10.5)
+        cl.send(conn, request(1))  # any wake-up makes the dispatcher look at its timers
+        assert wait_for(lambda: conn in rec.disconnected)
+        assert rec.disconnected[conn] == "heartbeat timeout"
+        assert cl.statistics().heartbeat_timeouts == 1
+    finally:
+        cl.close()
+        router.close(0)
+        ctx.term()

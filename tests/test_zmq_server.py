@@ -13,6 +13,7 @@ import zmq
 
 from rda.serialization._header import Header, HeaderFlags, RequestType, encode_header
 from rda.serialization._message import BodyKind, Message
+from rda.testing import FakeClock
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     Kind,
@@ -289,4 +290,80 @@ def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
     finally:
         client.close()
         slow.close(0)
+        srv.close()
+
+
+def test_heartbeat_expiry_with_a_fake_clock(ctx: Ctx) -> None:
+    clock = FakeClock(100.0)
+    rec = Rec()
+    settings = TransportSettings(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    srv = ZmqServerTransport("tcp://127.0.0.1:0", rec, settings, context=ctx, clock=clock)
+    rec.transport = srv
+    srv.start()
+    a = raw_dealer(ctx, srv.endpoint, b"a")
+    try:
+        clock.advance(9.9)
+        b = raw_dealer(ctx, srv.endpoint, b"b")  # wakes the dispatcher: not yet expired
+        b.close(0)
+        assert wait_for(lambda: b"b" in rec.gone)  # b's close is seen, a stays
+        assert b"a" not in rec.gone
+        clock.advance(0.2)
+        c = raw_dealer(ctx, srv.endpoint, b"c")  # wakes the dispatcher again: a has expired
+        assert wait_for(lambda: b"a" in rec.gone)
+        assert rec.gone[b"a"] == "heartbeat timeout"
+        assert b"c" not in rec.gone
+        assert srv.statistics().heartbeat_timeouts == 1
+        c.close(0)
+    finally:
+        a.close(0)
+        srv.close()
+
+
+def test_back_pressure_blocks_a_worker_while_the_server_dispatcher_is_stalled(ctx: Ctx) -> None:
+    hwm = 20
+    srv, rec = start_server(settings=TransportSettings(send_hwm=hwm), context=ctx)
+    stall = threading.Event()
+    entered = threading.Event()
+    rec.echo = False
+    d = raw_dealer(ctx, srv.endpoint, b"p")
+    orig = rec.on_message
+
+    def blocking(peer: bytes, message: Message) -> None:
+        orig(peer, message)
+        entered.set()
+        stall.wait(WAIT)
+
+    rec.on_message = blocking  # type: ignore[method-assign]
+    sent = [0]
+    total = 10 * hwm
+
+    def worker() -> None:
+        for i in range(total):
+            srv.send(b"p", request(i))
+            sent[0] += 1
+
+    producer = threading.Thread(target=worker)
+    try:
+        d.send_multipart(request(0))
+        assert entered.wait(WAIT)  # the dispatcher is now stuck in the handler
+        producer.start()
+        last = -1
+        while sent[0] != last:  # wait until the worker stops making progress
+            last = sent[0]
+            time.sleep(0.1)
+        assert producer.is_alive()
+        assert hwm <= sent[0] <= 2 * hwm + 2
+        stall.set()
+        producer.join(WAIT)
+        assert not producer.is_alive()
+        got = 0
+        while got < total and d.poll(WAIT_MS):
+            d.recv_multipart()
+            got += 1
+        assert got == total
+    finally:
+        stall.set()
+        if producer.is_alive() or producer.ident is not None:
+            producer.join(WAIT)
+        d.close(0)
         srv.close()

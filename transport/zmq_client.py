@@ -142,6 +142,7 @@ class ZmqClientTransport:
         self._disconnects = 0
         self._queued = 0
         self._handler_errors = 0
+        self._internal_errors = 0
         self._connected = 0
 
     # ----------------------------------------------------------------- public, any thread
@@ -246,17 +247,23 @@ class ZmqClientTransport:
         poll = self._poller.poll
         try:
             while not self._closing:
-                ready = poll(self._poll_timeout_ms())
-                for sock, event in ready:
-                    if sock is pull:
-                        self._drain_pipe(pull)
-                    elif (c := self._by_socket.get(sock)) is not None:
-                        if event & zmq.POLLIN:
-                            self._drain_dealer(c)
-                        if event & zmq.POLLOUT and c.id in self._conns:
-                            self._flush(c)
-                    elif (c := self._by_monitor.get(sock)) is not None:
-                        self._on_monitor(c, sock)
+                for sock, event in poll(self._poll_timeout_ms()):
+                    try:
+                        if sock is pull:
+                            self._drain_pipe(pull)
+                        elif (c := self._by_socket.get(sock)) is not None:
+                            if event & zmq.POLLIN:
+                                self._drain_dealer(c)
+                            if event & zmq.POLLOUT and c.id in self._conns:
+                                self._flush(c)
+                        elif (c := self._by_monitor.get(sock)) is not None:
+                            self._on_monitor(c, sock)
+                    except zmq.ContextTerminated:
+                        raise
+                    except Exception:
+                        # A bug must not take every connection down: log it and carry on.
+                        self._internal_errors += 1
+                        log.exception("client dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
                 self._check_timers()

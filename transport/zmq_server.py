@@ -88,6 +88,8 @@ class _Peer:
     heartbeat: HeartbeatTracker
     fd: int
     state: ConnState = ConnState.CONNECTED
+    # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
+    announced: bool = False
     # Messages waiting for the peer's pipe to drain: [frames, conflation key or None].
     queue: deque[list[Any]] = field(default_factory=deque)
     keyed: dict[int, list[Any]] = field(default_factory=dict)
@@ -162,6 +164,7 @@ class ZmqServerTransport:
         self._conflated = 0
         self._dropped = 0
         self._handler_errors = 0
+        self._internal_errors = 0
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -297,15 +300,22 @@ class ZmqServerTransport:
         try:
             while not self._closing:
                 for sock, event in poll(self._poll_timeout_ms()):
-                    if sock is router:
-                        if event & zmq.POLLIN:
-                            self._drain_router(router)
-                        if event & zmq.POLLOUT:
-                            self._retry_blocked()
-                    elif sock is pull:
-                        self._drain_pipe(pull)
-                    elif sock is monitor and monitor is not None:
-                        self._on_monitor(monitor)
+                    try:
+                        if sock is router:
+                            if event & zmq.POLLIN:
+                                self._drain_router(router)
+                            if event & zmq.POLLOUT:
+                                self._retry_blocked()
+                        elif sock is pull:
+                            self._drain_pipe(pull)
+                        elif sock is monitor and monitor is not None:
+                            self._on_monitor(monitor)
+                    except zmq.ContextTerminated:
+                        raise
+                    except Exception:
+                        # A bug must not take every client down: log it and keep serving.
+                        self._internal_errors += 1
+                        log.exception("server dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
                 now = self._clock()
@@ -417,8 +427,8 @@ class ZmqServerTransport:
         for p in list(self._blocked.values()):
             while p.queue and p.rid in self._peers:
                 frames, key = p.queue[0]
-                if not self._write(p, frames):
-                    break
+                if not self._write(p, frames) or p.rid not in self._peers:
+                    break  # still full, or the peer turned out gone (queue already freed)
                 p.queue.popleft()
                 self._queue_depth -= 1
                 if key is not None:
@@ -539,6 +549,7 @@ class ZmqServerTransport:
         if not self._write(p, ack):
             self._enqueue(p, ack, None)
         if rid in self._peers:
+            p.announced = True
             try:
                 self._handler.on_peer_connected(rid, info)
             except Exception:
@@ -620,6 +631,8 @@ class ZmqServerTransport:
         p.queue.clear()
         p.keyed.clear()
         self._blocked.pop(p.rid, None)
+        if not p.announced:
+            return
         try:
             self._handler.on_peer_disconnected(p.rid, reason)
         except Exception:
