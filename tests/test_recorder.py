@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -365,3 +367,16 @@ def test_one_recorder_id_runs_once_per_root(tmp_path: Path) -> None:
     third = _recorder(tmp_path)
     third.start()  # the lock went with the first recorder's stop
     third.stop()
+
+
+def test_the_core_never_imports_pyarrow() -> None:
+    code = (
+        "import sys, rda, rda.business.client, rda.business.server, rda.serialization._data;"
+        "import rda.admin.cli;"
+        "print('pyarrow' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
