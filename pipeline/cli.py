@@ -46,13 +46,19 @@ def _counter_line(stats: RecorderStatistics, rate: float) -> str:
 
 
 def _client(ctx: click.Context) -> Any:
+    """A ClientService honouring the ``rda`` group's ``--endpoint``/``--config``, if any."""
     endpoint = getattr(ctx.obj, "endpoint", None)
-    if endpoint is None:
+    make_config = getattr(ctx.obj, "config", None)
+    if endpoint is None and make_config is None:
         return None  # the recorder makes a ClientService on the default directory
     from rda.business.client import ClientService
-    from rda.business.directory import StaticDirectory
+    from rda.business.directory import StaticDirectory, default_directory
 
-    return ClientService(directory=StaticDirectory({"*": endpoint}))
+    config = make_config() if make_config is not None else None
+    directory = (
+        StaticDirectory({"*": endpoint}) if endpoint is not None else default_directory(config)
+    )
+    return ClientService(directory=directory, config=config)
 
 
 @click.command()

@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from rda.admin.cli_common import Options
 from rda.business.client import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
@@ -147,7 +147,7 @@ def test_record_command_runs_for_a_duration(
     result = runner.invoke(
         record,
         [str(tmp_path), "PS1/Acquisition@CPS.USER.ALL", "--id", "cli", "--duration", "1", "--json"],
-        obj=SimpleNamespace(endpoint=server.endpoint),
+        obj=Options(endpoint=server.endpoint, config_file=None),
     )
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout.strip().splitlines()[-1])
