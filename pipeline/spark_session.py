@@ -10,6 +10,7 @@ pushdown (the ``rda-journal`` streaming source prunes segments with it).
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -35,6 +36,8 @@ def local_session(master: str = "local[*]", app_name: str = "rda") -> SparkSessi
     """
     # The JVM reads SPARK_LOCAL_IP when it starts; setdefault keeps a caller's explicit choice.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must run this interpreter (the venv with rda), not whatever `python3` is.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
