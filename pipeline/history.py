@@ -1,0 +1,402 @@
+"""The History API: the recorder's Parquet store read through PySpark.
+
+``History(spark, root)`` works on any SparkSession, local or on a cluster (the store must be at
+the same path on every node). Each call resolves the exact files of the partitions its window
+touches (``rda.pipeline.history_paths``), reads them with ``basePath`` = the store root and an
+explicit schema merged from the files' footers (no directory scan, no inference job), and
+filters ``acq_stamp`` to ``[start, end)``; Parquet row-group statistics make that filter cheap.
+
+Schema versions (docs/history.md, "History API"): files whose ``data`` types merge (a version
+only widens) are read together; files of versions whose types conflict are read apart, and
+the results are unioned by column name. A column whose type differs between versions (or
+between signals) is widened to ``bigint`` when all are integers, ``double`` when all are
+numbers, and otherwise returned as ``string`` (structs and arrays as JSON).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_type
+
+from rda.pipeline.history_paths import (
+    FileGroup,
+    Signal,
+    StoreIndex,
+    days_between,
+    parse_duration,
+    parse_signals,
+    parse_time,
+)
+
+__all__ = ["BASE_COLUMNS", "History", "col", "to_pandas"]
+
+#: The columns every ``get`` result starts with, in this order; the value fields follow.
+BASE_COLUMNS = ("device", "property", "acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector")
+_INTERNAL = ("error", "recorder_id", "seq")
+_FILE_FIELDS = [
+    T.StructField("acq_stamp", T.LongType()),
+    T.StructField("ts", T.TimestampType()),
+    T.StructField("cycle_stamp", T.LongType()),
+    T.StructField("cycle_name", T.StringType()),
+    T.StructField("selector", T.StringType()),
+    T.StructField("recv_stamp", T.LongType()),
+    T.StructField("recorder_id", T.StringType()),
+    T.StructField("seq", T.LongType()),
+    T.StructField("error", T.StringType()),
+]
+# Partition columns given in the schema keep their types (a device named "42" stays a string).
+_PARTITION_FIELDS = [
+    T.StructField("device", T.StringType()),
+    T.StructField("property", T.StringType()),
+    T.StructField("date", T.StringType()),
+]
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType)
+
+
+def col(name: str) -> Column:
+    """A column by its exact name (field columns may contain dots: ``"a.b"``)."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _field_type(data_type: pa.DataType | None, path: str) -> pa.DataType | None:
+    kind = data_type
+    for part in path.split("."):
+        if kind is None or not pa.types.is_struct(kind) or kind.get_field_index(part) < 0:
+            return None
+        kind = kind.field(part).type
+    return kind
+
+
+def _field_column(path: str) -> Column:
+    column = F.col("data")
+    for part in path.split("."):
+        column = column.getField(part)
+    return column
+
+
+def _common_type(types: list[T.DataType]) -> T.DataType:
+    known = [t for t in types if not isinstance(t, T.NullType)]
+    if not known:
+        return T.NullType()
+    if all(t == known[0] for t in known):
+        return known[0]
+    if all(isinstance(t, _INTEGRAL) for t in known):
+        return T.LongType()
+    if all(isinstance(t, _NUMERIC) for t in known):
+        return T.DoubleType()
+    return T.StringType()
+
+
+def _converted(frame: DataFrame, name: str, target: T.DataType) -> Column:
+    if name not in frame.columns:
+        return F.lit(None).cast(target).alias(name)
+    source = frame.schema[name].dataType
+    if source == target:
+        return col(name)
+    if isinstance(target, T.StringType) and isinstance(
+        source, T.StructType | T.ArrayType | T.MapType
+    ):
+        return F.to_json(col(name)).alias(name)
+    return col(name).cast(target).alias(name)
+
+
+def union_frames(frames: list[DataFrame]) -> DataFrame:
+    """Union by column name; a column whose types differ gets the common type (module doc)."""
+    if len(frames) == 1:
+        return frames[0]
+    names: list[str] = []
+    for frame in frames:
+        names.extend(n for n in frame.columns if n not in names)
+    targets = {
+        name: _common_type([f.schema[name].dataType for f in frames if name in f.columns])
+        for name in names
+    }
+    aligned = [f.select(*[_converted(f, n, targets[n]) for n in names]) for f in frames]
+    result = aligned[0]
+    for frame in aligned[1:]:
+        result = result.union(frame)
+    return result
+
+
+class History:
+    """Query the recorder's store (see the module docstring and docs/history.md)."""
+
+    def __init__(self, spark: SparkSession, root: Path | str) -> None:
+        self.spark = spark
+        self.root = Path(root).absolute()
+        self.index = StoreIndex(self.root)
+
+    @classmethod
+    def local(cls, root: Path | str, master: str = "local[*]") -> History:
+        """A History on a local SparkSession with the settings of ``local_session``."""
+        from rda.pipeline.spark_session import local_session
+
+        return cls(local_session(master=master), root)
+
+    # --- search ---------------------------------------------------------------------------------
+
+    def search(self, pattern: str = "*/*") -> DataFrame:
+        """Recorded (device, property) pairs matching a glob ``"DEV/PROP"`` (``"DEV"``: any prop).
+
+        Columns: device, property, first_day, last_day (dates), schema_versions (array<int>).
+        """
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"pattern: {pattern!r} is not a DEVICE/PROPERTY glob")
+        text = pattern if "/" in pattern else f"{pattern}/*"
+        signals = parse_signals(text, "pattern")
+        if signals[0].field is not None:
+            raise ValueError(f"pattern: {pattern!r}: a search names no field")
+        rows = []
+        for device, prop in self.index.keys(signals):
+            days = self.index.days(device, prop)
+            if not days:
+                continue
+            rows.append(
+                (
+                    device,
+                    prop,
+                    _date(days[0]),
+                    _date(days[-1]),
+                    self.index.versions(device, prop),
+                )
+            )
+        schema = T.StructType(
+            [
+                T.StructField("device", T.StringType()),
+                T.StructField("property", T.StringType()),
+                T.StructField("first_day", T.DateType()),
+                T.StructField("last_day", T.DateType()),
+                T.StructField("schema_versions", T.ArrayType(T.IntegerType())),
+            ]
+        )
+        return self.spark.createDataFrame(rows, schema)
+
+    # --- get --------------------------------------------------------------------------------------
+
+    def get(
+        self,
+        signals: str | Sequence[str],
+        start: Any,
+        end: Any,
+        fields: Sequence[str] | None = None,
+        selector: str | None = None,
+        errors: bool = False,
+    ) -> DataFrame:
+        """Rows with ``start <= acq_stamp < end``, sorted by device, property and time.
+
+        Columns: device, property, acq_stamp (ns), ts, cycle_name, cycle_stamp, selector, then
+        ``error`` when ``errors`` (error rows are left out otherwise), then the value fields:
+        a signal's ``#field``, else ``fields``, else every top-level field of ``data``.
+        ``selector`` keeps rows of that selector (a glob is allowed).
+        """
+        frame = self.frame(signals, start, end, fields, selector, errors)
+        keep = [c for c in frame.columns if c not in _INTERNAL or (errors and c == "error")]
+        return frame.orderBy("device", "property", "acq_stamp", "recorder_id", "seq").select(
+            *[col(c) for c in keep]
+        )
+
+    def last_before(
+        self,
+        signals: str | Sequence[str],
+        t: Any,
+        lookback: Any = "1d",
+        selector: str | None = None,
+    ) -> DataFrame:
+        """The last value (not an error) per (device, property) at or before ``t``.
+
+        Only ``(t - lookback, t]`` is read; a signal with no value in it has no row. Columns as
+        in ``get``.
+        """
+        at = parse_time(t, "t")
+        span = parse_duration(lookback, "lookback")
+        frame = self.frame(signals, at - span + 1, at + 1, None, selector, False)
+        others = [c for c in frame.columns if c not in ("device", "property")]
+        last = frame.groupBy("device", "property").agg(
+            F.max_by(
+                F.struct(*[col(c) for c in others]), F.struct("acq_stamp", "recorder_id", "seq")
+            ).alias("last")
+        )
+        keep = [c for c in others if c not in _INTERNAL]
+        return last.select(
+            "device", "property", *[F.col("last").getField(c).alias(c) for c in keep]
+        ).orderBy("device", "property")
+
+    # --- the shared read --------------------------------------------------------------------------
+
+    def frame(
+        self,
+        signals: str | Sequence[str],
+        start: Any,
+        end: Any,
+        fields: Sequence[str] | None = None,
+        selector: str | None = None,
+        errors: bool = False,
+    ) -> DataFrame:
+        """``get`` unsorted, with ``error``, ``recorder_id`` and ``seq``: the base of every query."""
+        parsed = parse_signals(signals)
+        start_ns, end_ns = parse_time(start, "start"), parse_time(end, "end")
+        if fields is not None and (
+            isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields)
+        ):
+            raise ValueError(f"fields: {fields!r} is not a list of field names")
+        if selector is not None and not isinstance(selector, str):
+            raise ValueError(f"selector: {selector!r} is not a string")
+        days = days_between(start_ns, end_ns)
+        wanted = self._plan(parsed, fields, days, errors)
+        frames = [self._read(group, names) for group, names in wanted]
+        frame = union_frames(frames)
+        condition = (F.col("acq_stamp") >= F.lit(start_ns)) & (F.col("acq_stamp") < F.lit(end_ns))
+        if not errors:
+            condition = condition & F.col("error").isNull()
+        if selector is not None:
+            if any(ch in selector for ch in "*?["):
+                import fnmatch
+
+                condition = condition & F.col("selector").rlike(fnmatch.translate(selector))
+            else:
+                condition = condition & (F.col("selector") == F.lit(selector))
+        return frame.where(condition)
+
+    def _plan(
+        self,
+        signals: list[Signal],
+        fields: Sequence[str] | None,
+        days: list[str],
+        errors: bool,
+    ) -> list[tuple[FileGroup, list[str]]]:
+        """The file groups to read and, for each, its field columns (in first-seen order)."""
+        chosen: dict[tuple[str, str], list[Signal]] = {}
+        files: list[tuple[tuple[str, str], str]] = []
+        types: dict[tuple[str, str], pa.DataType | None] = {}
+        for key in self.index.keys(signals):
+            paths = self.index.files(key[0], key[1], days)
+            kinds = [self.index.data_type(p) for p in paths]
+            if not errors:  # null-typed files hold error rows only
+                paths = [p for p, k in zip(paths, kinds, strict=True) if k is not None]
+            merged = _merge_all([k for k in kinds if k is not None])
+            if merged is None:
+                merged = self.index.any_type(*key)
+            selecting = [
+                s
+                for s in signals
+                if s.matches(*key) and (s.field is None or _field_type(merged, s.field))
+            ]
+            if not selecting:
+                continue  # an unknown field: like an unknown signal, no rows
+            chosen[key] = selecting
+            types[key] = merged
+            files.extend((key, p) for p in paths)
+        groups = self.index.group(files)
+        grouped = {k for g in groups for k in g.keys}
+        for key in chosen:
+            if key not in grouped:  # nothing in the window: an empty read with the right schema
+                groups.append(FileGroup(types[key], [], {key}))
+        if not groups:
+            groups.append(FileGroup(None, [], set()))
+        plans = []
+        for group in groups:
+            names: list[str] = []
+            for key in sorted(group.keys):
+                for signal in chosen[key]:
+                    for name in _names(signal, fields, types[key]):
+                        if name not in names:
+                            names.append(name)
+            plans.append((group, names))
+        return plans
+
+    def _read(self, group: FileGroup, names: list[str]) -> DataFrame:
+        columns = list(_FILE_FIELDS)
+        if group.data_type is not None:
+            spark_type = from_arrow_type(group.data_type, prefer_timestamp_ntz=False)
+            columns.append(T.StructField("data", spark_type))
+        schema = T.StructType(columns + _PARTITION_FIELDS)
+        if group.files:
+            frame = (
+                self.spark.read.schema(schema)
+                .option("basePath", str(self.root))
+                .parquet(*group.files)
+            )
+        else:
+            frame = self.spark.createDataFrame([], schema)
+        selected = [F.col(c) for c in (*BASE_COLUMNS, *_INTERNAL)]
+        for name in names:
+            kind = _field_type(group.data_type, name)
+            if kind is None:
+                selected.append(F.lit(None).cast(T.NullType()).alias(name))
+            else:
+                selected.append(_field_column(name).alias(name))
+        return frame.select(*selected)
+
+
+def _merge_all(kinds: list[pa.DataType]) -> pa.DataType | None:
+    from rda.pipeline.schema import merge_types
+
+    merged: pa.DataType | None = None
+    for kind in kinds:
+        if merged is None:
+            merged = kind
+            continue
+        widened = merge_types(merged, kind)
+        merged = widened if widened is not None else kind  # the newest version's type wins
+    return merged
+
+
+def _names(signal: Signal, fields: Sequence[str] | None, kind: pa.DataType | None) -> list[str]:
+    if signal.field is not None:
+        return [signal.field]
+    if fields is not None:
+        return list(fields)
+    if kind is None or not pa.types.is_struct(kind):
+        return []
+    return [kind.field(i).name for i in range(kind.num_fields)]
+
+
+def _date(day: str) -> Any:
+    import datetime
+
+    return datetime.date.fromisoformat(day)
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"elements", "dims"}:
+        if value["elements"] is None or value["dims"] is None:
+            return None
+        return np.asarray(value["elements"]).reshape([int(d) for d in value["dims"]])
+    if isinstance(value, list | tuple) and not isinstance(value, str):
+        return np.asarray(value)
+    return value
+
+
+def to_pandas(frame: DataFrame) -> Any:
+    """A pandas DataFrame indexed by time (``datetime64[ns, UTC]`` from ``acq_stamp``, else
+    ``ts``), with array fields as numpy arrays (N-D arrays reshaped)."""
+    pd: Any = importlib.import_module("pandas")  # no pandas stubs in the dev environment
+
+    result: Any = frame.toPandas()
+    if "ts" in result.columns and result["ts"].dt.tz is None:
+        result["ts"] = result["ts"].dt.tz_localize("UTC")  # Spark hands back naive session-time
+    if "acq_stamp" in result.columns:
+        index = pd.to_datetime(result["acq_stamp"].astype("int64"), unit="ns", utc=True)
+    elif "ts" in result.columns:
+        index = result["ts"].astype("datetime64[ns, UTC]")
+    else:
+        index = None
+    for field in frame.schema.fields:
+        if isinstance(field.dataType, T.ArrayType | T.StructType):
+            result[field.name] = [
+                _to_numpy(v.asDict(recursive=True) if hasattr(v, "asDict") else v)
+                for v in result[field.name]
+            ]
+    if index is not None:
+        result.index = pd.DatetimeIndex(index, name="time")
+    return result
