@@ -27,6 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type
 
+from rda.pipeline import history_ops
+from rda.pipeline.history_ops import col, union_frames
 from rda.pipeline.history_paths import (
     FileGroup,
     Signal,
@@ -59,13 +61,6 @@ _PARTITION_FIELDS = [
     T.StructField("property", T.StringType()),
     T.StructField("date", T.StringType()),
 ]
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType)
-
-
-def col(name: str) -> Column:
-    """A column by its exact name (field columns may contain dots: ``"a.b"``)."""
-    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _field_type(data_type: pa.DataType | None, path: str) -> pa.DataType | None:
@@ -82,50 +77,6 @@ def _field_column(path: str) -> Column:
     for part in path.split("."):
         column = column.getField(part)
     return column
-
-
-def _common_type(types: list[T.DataType]) -> T.DataType:
-    known = [t for t in types if not isinstance(t, T.NullType)]
-    if not known:
-        return T.NullType()
-    if all(t == known[0] for t in known):
-        return known[0]
-    if all(isinstance(t, _INTEGRAL) for t in known):
-        return T.LongType()
-    if all(isinstance(t, _NUMERIC) for t in known):
-        return T.DoubleType()
-    return T.StringType()
-
-
-def _converted(frame: DataFrame, name: str, target: T.DataType) -> Column:
-    if name not in frame.columns:
-        return F.lit(None).cast(target).alias(name)
-    source = frame.schema[name].dataType
-    if source == target:
-        return col(name)
-    if isinstance(target, T.StringType) and isinstance(
-        source, T.StructType | T.ArrayType | T.MapType
-    ):
-        return F.to_json(col(name)).alias(name)
-    return col(name).cast(target).alias(name)
-
-
-def union_frames(frames: list[DataFrame]) -> DataFrame:
-    """Union by column name; a column whose types differ gets the common type (module doc)."""
-    if len(frames) == 1:
-        return frames[0]
-    names: list[str] = []
-    for frame in frames:
-        names.extend(n for n in frame.columns if n not in names)
-    targets = {
-        name: _common_type([f.schema[name].dataType for f in frames if name in f.columns])
-        for name in names
-    }
-    aligned = [f.select(*[_converted(f, n, targets[n]) for n in names]) for f in frames]
-    result = aligned[0]
-    for frame in aligned[1:]:
-        result = result.union(frame)
-    return result
 
 
 class History:
@@ -230,6 +181,59 @@ class History:
         return last.select(
             "device", "property", *[F.col("last").getField(c).alias(c) for c in keep]
         ).orderBy("device", "property")
+
+    def aligned(
+        self,
+        master: str,
+        others: str | Sequence[str],
+        start: Any,
+        end: Any,
+        tolerance: Any = None,
+        lookback: Any = "1d",
+    ) -> DataFrame:
+        """Master rows with the others' values as of each; see ``history_ops.aligned``."""
+        return history_ops.aligned(self, master, others, start, end, tolerance, lookback)
+
+    def resample(
+        self,
+        signals: str | Sequence[str],
+        start: Any,
+        end: Any,
+        every: Any = "10s",
+        how: str = "last",
+        fill: str | None = "previous",
+        selector: str | None = None,
+    ) -> DataFrame:
+        """One row per signal and time bucket; see ``history_ops.resample``."""
+        return history_ops.resample(self, signals, start, end, every, how, fill, selector)
+
+    def stats(
+        self,
+        signals: str | Sequence[str],
+        start: Any,
+        end: Any,
+        every: Any = None,
+        selector: str | None = None,
+    ) -> DataFrame:
+        """count, nan_count, errors, first, last, min, max, mean, std per numeric field (and
+        bucket); see ``history_ops.stats``."""
+        return history_ops.stats(self, signals, start, end, every, selector)
+
+    def decimate(
+        self,
+        signal: str,
+        start: Any,
+        end: Any,
+        points: int = 2000,
+        selector: str | None = None,
+    ) -> DataFrame:
+        """Min/max per bin of one numeric field, for plots; see ``history_ops.decimate``."""
+        return history_ops.decimate(self, signal, start, end, points, selector)
+
+    @staticmethod
+    def to_pandas(frame: DataFrame) -> Any:
+        """``to_pandas(frame)``: a time-indexed pandas DataFrame, arrays as numpy."""
+        return to_pandas(frame)
 
     # --- the shared read --------------------------------------------------------------------------
 
