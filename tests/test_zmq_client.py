@@ -372,3 +372,30 @@ def test_client_heartbeat_expiry_with_a_fake_clock() -> None:
         cl.close()
         router.close(0)
         ctx.term()
+
+
+def test_a_full_dealer_pipe_loses_nothing_and_keeps_order(
+    client: tuple[ZmqClientTransport, ClientRec],
+) -> None:
+    ctx, router, endpoint = raw_router()
+    router.setsockopt(zmq.RCVHWM, 10)
+    try:
+        cl, rec = client
+        conn = cl.connect(endpoint)
+        assert router.poll(WAIT_MS)
+        rid, _, _ = router.recv_multipart()
+        router.send_multipart([rid, *encode_connect_ack({})])
+        assert wait_for(lambda: conn in rec.connected)
+        n = 1500
+        body = b"b" * (32 * 1024)  # 48 MB in all: more than libzmq and the kernel buffer
+        for i in range(n):
+            cl.send(conn, request(i, body))
+        ids = []
+        while len(ids) < n and router.poll(WAIT_MS):
+            frames = router.recv_multipart()
+            if frames[1] == bytes([Kind.REQUEST]):
+                ids.append(int.from_bytes(frames[2][4:12], "little"))
+        assert ids == list(range(n))
+    finally:
+        router.close(0)
+        ctx.term()

@@ -143,6 +143,7 @@ class ZmqClientTransport:
         self._queued = 0
         self._handler_errors = 0
         self._internal_errors = 0
+        self._next_timer = float("inf")
         self._connected = 0
 
     # ----------------------------------------------------------------- public, any thread
@@ -266,21 +267,18 @@ class ZmqClientTransport:
                         log.exception("client dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
-                self._check_timers()
+                if self._conns and self._clock() >= self._next_timer:
+                    self._check_timers()
         except Exception:
             log.exception("client dispatcher failed; closing the transport")
         finally:
             self._shutdown()
 
     def _poll_timeout_ms(self) -> int:
-        if not self._conns:
+        if self._next_timer == float("inf"):
             return -1
-        deadline = min(
-            c.heartbeat.next_deadline() if c.state is ConnState.CONNECTED else c.connect_deadline
-            for c in self._conns.values()
-        )
         # Round up so that the wake-up finds the deadline passed, not 1 ms short of it.
-        return max(0, int((deadline - self._clock()) * 1000.0) + 1)
+        return max(0, int((self._next_timer - self._clock()) * 1000.0) + 1)
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
@@ -330,6 +328,7 @@ class ZmqClientTransport:
             self._notify_disconnected(conn, f"cannot connect to {endpoint}: {exc}")
             return
         self._conns[conn] = c
+        self._next_timer = min(self._next_timer, c.connect_deadline)
         self._by_socket[sock] = c
         self._poller.register(sock, zmq.POLLIN)
         if monitor is not None:
@@ -350,14 +349,15 @@ class ZmqClientTransport:
             self._poller.modify(self._pull, 0)
 
     def _send_on(self, c: _Connection, frames: Sequence[Any]) -> None:
-        if c.state is not ConnState.CONNECTED or c.backlog:
-            if c.state is ConnState.CONNECTING:
-                self._queued += 1
+        if c.state is ConnState.CONNECTING:
+            self._queued += 1
             self._push_backlog(c, frames)
-            if c.state is ConnState.CONNECTED:
+        elif c.backlog or not self._write(c, frames):
+            # The DEALER's pipe is full (or older messages wait): keep the order, retry on
+            # POLLOUT.
+            self._push_backlog(c, frames)
+            if c.id in self._conns:
                 self._poller.modify(c.sock, zmq.POLLIN | zmq.POLLOUT)
-            return
-        self._write(c, frames)
 
     def _write(self, c: _Connection, frames: Sequence[Any]) -> bool:
         """One non-blocking send; False when the DEALER's pipe is full."""
@@ -369,7 +369,7 @@ class ZmqClientTransport:
             self._drop(c, f"send failed: {exc}")
             return True
         self._messages_out += 1
-        self._bytes_out += sum(len(f) for f in frames)
+        self._bytes_out += sum(map(len, frames))
         c.heartbeat.last_sent = self._clock()
         return True
 
@@ -406,7 +406,7 @@ class ZmqClientTransport:
                 return
             frames = [f.buffer for f in raw]
             self._messages_in += 1
-            self._bytes_in += sum(len(f) for f in frames)
+            self._bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
             try:
                 event = decode_frames(frames, from_server=True, max_size=max_size)
@@ -439,6 +439,7 @@ class ZmqClientTransport:
             self._drop(c, f"refused by the server: {error}")
             return
         c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
+        self._next_timer = min(self._next_timer, c.heartbeat.next_deadline())
         self._connected += 1
         try:
             self._handler.on_connected(c.id, info)
@@ -464,26 +465,36 @@ class ZmqClientTransport:
                 return
 
     def _check_timers(self) -> None:
-        if not self._conns:
-            return
+        """Connect timeouts and heartbeats; also recomputes the next deadline.
+
+        Traffic only ever moves a connection's deadlines later, so the cached ``_next_timer``
+        may be early (a harmless extra check) but never late.
+        """
         now = self._clock()
+        next_timer = float("inf")
         for c in list(self._conns.values()):
             if c.state is ConnState.CONNECTING:
                 if now >= c.connect_deadline:
                     self._drop(
                         c, "no CONNECT_ACK within connect_timeout", ConnEvent.HEARTBEAT_TIMEOUT
                     )
+                else:
+                    next_timer = min(next_timer, c.connect_deadline)
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
                 self._heartbeat_timeouts += 1
                 self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
-            elif (
+                continue
+            if (
                 action is HeartbeatAction.SEND
                 and not c.backlog
                 and not self._write(c, _HEARTBEAT_FRAMES)
             ):
                 c.heartbeat.last_sent = now  # pipe full: the server is busy, not idle
+            if c.id in self._conns:
+                next_timer = min(next_timer, c.heartbeat.next_deadline())
+        self._next_timer = next_timer
 
     def _drop_id(self, conn: int, reason: str) -> None:
         c = self._conns.get(conn)

@@ -393,7 +393,7 @@ class ZmqServerTransport:
                 self._dropped += 1
             return True
         self._messages_out += 1
-        self._bytes_out += sum(len(f) for f in frames)
+        self._bytes_out += sum(map(len, frames))
         p.heartbeat.last_sent = self._clock()
         return True
 
@@ -463,7 +463,7 @@ class ZmqServerTransport:
             rid = raw[0].bytes
             frames = [f.buffer for f in raw[1:]]
             self._messages_in += 1
-            self._bytes_in += sum(len(f) for f in frames)
+            self._bytes_in += sum(map(len, frames))
             p = self._peers.get(rid)
             if p is not None:
                 p.heartbeat.last_received = now
