@@ -274,8 +274,14 @@ class RdaEcho:
         self.server.close()
 
 
-def summary(samples: list[int], done: int, elapsed: float) -> dict[str, float]:
-    return {**percentiles(samples), "throughput_per_s": done / elapsed}
+def summary(samples: list[int], done: int, elapsed: float, cpu: float) -> dict[str, float]:
+    # CPU time of the whole process (all threads, libzmq's I/O threads included) per
+    # sequential round trip: unlike wall-clock latency, barely affected by other processes.
+    return {
+        **percentiles(samples),
+        "cpu_us_per_round_trip": cpu / len(samples) * 1e6,
+        "throughput_per_s": done / elapsed,
+    }
 
 
 def main() -> None:
@@ -289,7 +295,7 @@ def main() -> None:
     # hits all of them alike and the ratios stay meaningful on a shared machine.
     raw_echo, rda_echo = RawEcho(), RdaEcho()
     runs: dict[str, Any] = {
-        name: {"samples": [], "done": 0, "elapsed": 0.0}
+        name: {"samples": [], "done": 0, "elapsed": 0.0, "cpu": 0.0}
         for name in ("raw", "user_thread", "dispatcher")
     }
     n = max(1, args.round_trips // args.rounds)
@@ -302,14 +308,18 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, (latency, throughput) in measure.items():
+                cpu = time.process_time()
                 runs[name]["samples"] += latency(n)
+                runs[name]["cpu"] += time.process_time() - cpu
                 done, elapsed = throughput(window, args.in_flight)
                 runs[name]["done"] += done
                 runs[name]["elapsed"] += elapsed
     finally:
         rda_echo.close()
         raw_echo.close()
-    results = {name: summary(r["samples"], r["done"], r["elapsed"]) for name, r in runs.items()}
+    results = {
+        name: summary(r["samples"], r["done"], r["elapsed"], r["cpu"]) for name, r in runs.items()
+    }
     raw = results["raw"]
     rda = {mode: results[mode] for mode in ("user_thread", "dispatcher")}
     ratios = {
@@ -317,6 +327,7 @@ def main() -> None:
             "p50_ratio": rda[mode]["p50_us"] / raw["p50_us"],
             "p99_ratio": rda[mode]["p99_us"] / raw["p99_us"],
             "throughput_ratio": rda[mode]["throughput_per_s"] / raw["throughput_per_s"],
+            "cpu_ratio": rda[mode]["cpu_us_per_round_trip"] / raw["cpu_us_per_round_trip"],
         }
         for mode in ("user_thread", "dispatcher")
     }

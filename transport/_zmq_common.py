@@ -101,9 +101,17 @@ def send_routed(sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any]) -> N
         _backend_send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK, False)
 
 
-def recv_frames(sock: zmq.Socket[bytes]) -> list[zmq.Frame]:
-    """One whole message as ``zmq.Frame`` objects (no copy); raises ``zmq.Again`` if none."""
-    frame: zmq.Frame = _backend_recv(sock, _NOBLOCK, False)
+def recv_frames(sock: zmq.Socket[bytes]) -> list[zmq.Frame] | None:
+    """One whole message as ``zmq.Frame`` objects (no copy), or None when none is waiting.
+
+    No ``ZMQ_EVENTS`` check first: libzmq answers it with a system call every time, while a
+    receive that finds a message makes none; the one failed receive that ends a drained batch
+    is cheaper than a check per message.
+    """
+    try:
+        frame: zmq.Frame = _backend_recv(sock, _NOBLOCK, False)
+    except zmq.Again:
+        return None
     frames = [frame]
     while frame.more:
         frame = _backend_recv(sock, _NOBLOCK, False)

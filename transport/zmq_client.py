@@ -282,9 +282,8 @@ class ZmqClientTransport:
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
-            try:
-                frames = common.recv_frames(pull)
-            except zmq.Again:
+            frames = common.recv_frames(pull)
+            if frames is None:
                 return
             op, conn = _OP.unpack(frames[0].buffer)
             if op == _SEND:
@@ -400,9 +399,8 @@ class ZmqClientTransport:
         max_size = self._settings.max_message_size
         now = self._clock()
         for _ in range(common.BATCH):
-            try:
-                raw = common.recv_frames(sock)
-            except zmq.Again:
+            raw = common.recv_frames(sock)
+            if raw is None:
                 return
             frames = [f.buffer for f in raw]
             self._messages_in += 1

@@ -343,9 +343,8 @@ class ZmqServerTransport:
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
-            try:
-                frames = common.recv_frames(pull)
-            except zmq.Again:
+            frames = common.recv_frames(pull)
+            if frames is None:
                 return
             head = frames[0].bytes
             op, flag, value = _OP.unpack_from(head)
@@ -456,9 +455,8 @@ class ZmqServerTransport:
         max_size = self._settings.max_message_size
         now = self._clock()
         for _ in range(common.BATCH):
-            try:
-                raw = common.recv_frames(router)
-            except zmq.Again:
+            raw = common.recv_frames(router)
+            if raw is None:
                 return
             rid = raw[0].bytes
             frames = [f.buffer for f in raw[1:]]
