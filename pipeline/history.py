@@ -281,30 +281,32 @@ class History:
         """The file groups to read and, for each, its field columns (in first-seen order)."""
         chosen: dict[tuple[str, str], list[Signal]] = {}
         files: list[tuple[tuple[str, str], str]] = []
-        types: dict[tuple[str, str], pa.DataType | None] = {}
+        types: dict[tuple[str, str], list[pa.DataType]] = {}
         for key in self.index.keys(signals):
             paths = self.index.files(key[0], key[1], days)
             kinds = [self.index.data_type(p) for p in paths]
             if not errors:  # null-typed files hold error rows only
                 paths = [p for p, k in zip(paths, kinds, strict=True) if k is not None]
-            merged = _merge_all([k for k in kinds if k is not None])
-            if merged is None:
-                merged = self.index.any_type(*key)
+            known = _distinct([k for k in kinds if k is not None])
+            if not known:
+                newest = self.index.any_type(*key)
+                known = [] if newest is None else [newest]
             selecting = [
                 s
                 for s in signals
-                if s.matches(*key) and (s.field is None or _field_type(merged, s.field))
+                if s.matches(*key)
+                and (s.field is None or any(_field_type(k, s.field) for k in known))
             ]
             if not selecting:
                 continue  # an unknown field: like an unknown signal, no rows
             chosen[key] = selecting
-            types[key] = merged
+            types[key] = known
             files.extend((key, p) for p in paths)
         groups = self.index.group(files)
         grouped = {k for g in groups for k in g.keys}
         for key in chosen:
             if key not in grouped:  # nothing in the window: an empty read with the right schema
-                groups.append(FileGroup(types[key], [], {key}))
+                groups.append(FileGroup(_merge_all(types[key]), [], {key}))
         if not groups:
             groups.append(FileGroup(None, [], set()))
         plans = []
@@ -355,14 +357,26 @@ def _merge_all(kinds: list[pa.DataType]) -> pa.DataType | None:
     return merged
 
 
-def _names(signal: Signal, fields: Sequence[str] | None, kind: pa.DataType | None) -> list[str]:
+def _distinct(kinds: list[pa.DataType]) -> list[pa.DataType]:
+    out: list[pa.DataType] = []
+    for kind in kinds:
+        if not any(kind.equals(seen) for seen in out):
+            out.append(kind)
+    return out
+
+
+def _names(signal: Signal, fields: Sequence[str] | None, kinds: list[pa.DataType]) -> list[str]:
+    """A signal's field columns: its ``#field``, else ``fields``, else the top-level fields of
+    every type its files have (all schema versions, in first-seen order)."""
     if signal.field is not None:
         return [signal.field]
     if fields is not None:
         return list(fields)
-    if kind is None or not pa.types.is_struct(kind):
-        return []
-    return [kind.field(i).name for i in range(kind.num_fields)]
+    names: list[str] = []
+    for kind in kinds:
+        if pa.types.is_struct(kind):
+            names.extend(n for n in (f.name for f in kind) if n not in names)
+    return names
 
 
 def _date(day: str) -> Any:
