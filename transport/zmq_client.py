@@ -128,7 +128,7 @@ class ZmqClientTransport:
         self._conns: dict[int, _Connection] = {}
         self._by_socket: dict[zmq.Socket[bytes], _Connection] = {}
         self._by_monitor: dict[zmq.Socket[bytes], _Connection] = {}
-        self._poller = zmq.Poller()
+        self._poller = common.Selector()
         self._pull: zmq.Socket[bytes] | None = None
         self._backlog_total = 0
         self._pipe_paused = False
@@ -360,6 +360,7 @@ class ZmqClientTransport:
 
     def _write(self, c: _Connection, frames: Sequence[Any]) -> bool:
         """One non-blocking send; False when the DEALER's pipe is full."""
+        self._poller.touch(c.sock)  # even a failed send may consume a wake-up signal
         try:
             common.send_frames(c.sock, frames)
         except zmq.Again:

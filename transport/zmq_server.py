@@ -137,7 +137,7 @@ class ZmqServerTransport:
         self._pull: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
-        self._poller = zmq.Poller()
+        self._poller = common.Selector()
         self._thread: threading.Thread | None = None
         self._thread_id: int | None = None
         self._closing = False
@@ -380,6 +380,7 @@ class ZmqServerTransport:
     def _write(self, p: _Peer, frames: Sequence[Any]) -> bool:
         """True when sent (or when the peer turned out gone); False on a full pipe."""
         assert self._router is not None
+        self._poller.touch(self._router)  # even a failed send may consume a wake-up signal
         try:
             common.send_routed(self._router, p.rid, frames)
         except zmq.Again:
@@ -519,6 +520,7 @@ class ZmqServerTransport:
     def _send_raw(self, rid: bytes, frames: Sequence[Buffer]) -> None:
         """Answer a peer that is not (or not yet) registered: best effort, never queued."""
         assert self._router is not None
+        self._poller.touch(self._router)
         try:
             common.send_routed(self._router, rid, frames)
             self._messages_out += 1
@@ -581,6 +583,7 @@ class ZmqServerTransport:
             if p is None:
                 del self._suspects[rid]
                 continue
+            self._poller.touch(self._router)
             try:
                 common.send_routed(self._router, rid, _HEARTBEAT_FRAMES)
                 p.heartbeat.last_sent = now
