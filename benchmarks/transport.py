@@ -7,12 +7,17 @@ ROUTER echo loop; rda: the server transport's dispatcher, whose handler echoes b
 * latency: p50/p99 of ``round_trips`` sequential round trips;
 * throughput: round trips per second with ``in_flight`` requests outstanding for ``seconds``.
 
-The rda client is measured two ways: ``user_thread`` (the main thread sends through the inproc
-pipe and waits for the reply handler to signal it: two extra thread hops per round trip) and
-``dispatcher`` (the reply handler sends the next request itself, as a business layer answering
-on the dispatcher would: no extra hop). Ratios are rda / raw, so they survive a noisy machine.
+The rda client is measured in three modes: ``user_thread`` (the main thread sends through the
+inproc pipe and waits for the reply handler to signal it: two extra thread hops per round
+trip), ``dispatcher`` (the reply handler sends the next request itself, as a business layer
+answering on the dispatcher would: no extra hop) and ``dispatcher_shared_context`` (the same,
+with client and server sharing one zmq context, i.e. one libzmq I/O thread, as the raw
+baseline does; by default each transport creates its own). The arrangements are interleaved
+in ``rounds``; ratios are rda / raw, so they survive a noisy machine. ``cpu_us_per_round_trip``
+is the process CPU time (all threads) per sequential round trip.
 
     .venv/bin/python benchmarks/transport.py [--round-trips N] [--seconds S] [--in-flight K]
+                                             [--rounds R]
 """
 
 from __future__ import annotations
@@ -195,15 +200,20 @@ class BenchClient:
 
 
 class RdaEcho:
-    """The rda client and server transports, the client driven in two ways."""
+    """The rda client and server transports; the client is driven in two ways."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared_context: bool) -> None:
+        # Like the raw baseline, client and server may share one context (one libzmq I/O
+        # thread); by default each transport makes its own (two I/O threads).
+        self.ctx: zmq.Context[zmq.Socket[bytes]] | None = zmq.Context() if shared_context else None
         sh = EchoHandler()
-        self.server = ZmqServerTransport("tcp://127.0.0.1:0", sh, TransportSettings())
+        self.server = ZmqServerTransport(
+            "tcp://127.0.0.1:0", sh, TransportSettings(), context=self.ctx
+        )
         sh.transport = self.server
         self.server.start()
         self.bc = bc = BenchClient()
-        self.client = ZmqClientTransport(bc, TransportSettings())
+        self.client = ZmqClientTransport(bc, TransportSettings(), context=self.ctx)
         bc.transport = self.client
         self.client.start()
         self.conn = self.client.connect(self.server.endpoint)
@@ -272,6 +282,8 @@ class RdaEcho:
     def close(self) -> None:
         self.client.close()
         self.server.close()
+        if self.ctx is not None:
+            self.ctx.term()
 
 
 def summary(samples: list[int], done: int, elapsed: float, cpu: float) -> dict[str, float]:
@@ -293,10 +305,10 @@ def main() -> None:
     args = parser.parse_args()
     # Interleave the arrangements in rounds, so that a burst of load from other processes
     # hits all of them alike and the ratios stay meaningful on a shared machine.
-    raw_echo, rda_echo = RawEcho(), RdaEcho()
+    modes = ("user_thread", "dispatcher", "dispatcher_shared_context")
+    raw_echo, rda_echo, rda_shared = RawEcho(), RdaEcho(False), RdaEcho(True)
     runs: dict[str, Any] = {
-        name: {"samples": [], "done": 0, "elapsed": 0.0, "cpu": 0.0}
-        for name in ("raw", "user_thread", "dispatcher")
+        name: {"samples": [], "done": 0, "elapsed": 0.0, "cpu": 0.0} for name in ("raw", *modes)
     }
     n = max(1, args.round_trips // args.rounds)
     window = args.seconds / args.rounds
@@ -304,6 +316,10 @@ def main() -> None:
         "raw": (raw_echo.latency, raw_echo.throughput),
         "user_thread": (rda_echo.latency_user, rda_echo.throughput_user),
         "dispatcher": (rda_echo.latency_dispatcher, rda_echo.throughput_dispatcher),
+        "dispatcher_shared_context": (
+            rda_shared.latency_dispatcher,
+            rda_shared.throughput_dispatcher,
+        ),
     }
     try:
         for _ in range(args.rounds):
@@ -315,13 +331,14 @@ def main() -> None:
                 runs[name]["done"] += done
                 runs[name]["elapsed"] += elapsed
     finally:
+        rda_shared.close()
         rda_echo.close()
         raw_echo.close()
     results = {
         name: summary(r["samples"], r["done"], r["elapsed"], r["cpu"]) for name, r in runs.items()
     }
     raw = results["raw"]
-    rda = {mode: results[mode] for mode in ("user_thread", "dispatcher")}
+    rda = {mode: results[mode] for mode in modes}
     ratios = {
         mode: {
             "p50_ratio": rda[mode]["p50_us"] / raw["p50_us"],
@@ -329,7 +346,7 @@ def main() -> None:
             "throughput_ratio": rda[mode]["throughput_per_s"] / raw["throughput_per_s"],
             "cpu_ratio": rda[mode]["cpu_us_per_round_trip"] / raw["cpu_us_per_round_trip"],
         }
-        for mode in ("user_thread", "dispatcher")
+        for mode in modes
     }
     report = {
         "benchmark": "transport echo",
