@@ -53,6 +53,11 @@ __all__ = [
     "JournalError",
     "JournalOptions",
     "JournalPartition",
+    "SegmentRef",
+    "group_segments",
+    "plan_partitions",
+    "plan_segments",
+    "read_segment_rows",
     "register",
     "stream_schema",
 ]
@@ -95,6 +100,7 @@ class JournalOptions:
     data_type: pa.StructType | None  # struct mode: the selected schema version's type
     schema_version: int | None  # struct mode: rows of this version only
     max_segments: int | None
+    rows_per_partition: int
     starting: str  # "earliest" or "latest"
     fail_on_data_loss: bool
 
@@ -118,6 +124,7 @@ class JournalOptions:
             raise ValueError(f"rda-journal: 'failOnDataLoss' must be true or false: {fail!r}")
         max_text = opts.get("maxsegmentspertrigger")
         max_segments = _positive_int("maxSegmentsPerTrigger", max_text) if max_text else None
+        per_task = _positive_int("rowsPerPartition", opts.get("rowsperpartition", "100000"))
         device, prop = opts.get("device"), opts.get("property")
         data_type, version = None, None
         if data == "struct":
@@ -133,6 +140,7 @@ class JournalOptions:
             data_type=data_type,
             schema_version=version,
             max_segments=max_segments,
+            rows_per_partition=per_task,
             starting=starting,
             fail_on_data_loss=fail == "true",
         )
@@ -229,20 +237,31 @@ def _baseline(options: JournalOptions, recorder_id: str, segments: list[_Segment
     return _converted_seq(options.root, recorder_id)
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    """One segment of one recorder, as planned into a batch."""
+
+    recorder_id: str
+    path: str
+    first_seq: int
+    last_seq: int
+
+
 class JournalPartition(InputPartition):
-    """One segment of one recorder: the unit a Spark task reads."""
+    """Consecutive segments of one recorder: the unit a Spark task reads.
 
-    def __init__(self, recorder_id: str, path: str, first_seq: int, last_seq: int) -> None:
-        super().__init__((recorder_id, first_seq, last_seq))
-        self.recorder_id = recorder_id
-        self.path = path
-        self.first_seq = first_seq
-        self.last_seq = last_seq
+    Grouping segments (up to ``rowsPerPartition`` rows) keeps the per-task cost of a Python
+    data source off the many small segments the recorder writes (one per ~200 ms).
+    """
+
+    def __init__(self, segments: Sequence[SegmentRef]) -> None:
+        super().__init__([(s.recorder_id, s.first_seq, s.last_seq) for s in segments])
+        self.segments = list(segments)
 
 
-def plan_partitions(options: JournalOptions, start: Offset, end: Offset) -> list[JournalPartition]:
+def plan_segments(options: JournalOptions, start: Offset, end: Offset) -> list[SegmentRef]:
     """The segments of ``(start, end]``, checking that none is missing (see the module doc)."""
-    partitions: list[JournalPartition] = []
+    planned: list[SegmentRef] = []
     for recorder_id in sorted(end):
         low, high = start.get(recorder_id), int(end[recorder_id])
         if low is None or high <= low:
@@ -253,13 +272,34 @@ def plan_partitions(options: JournalOptions, start: Offset, end: Offset) -> list
                 continue
             if segment.first_seq != expected:
                 _missing(options, recorder_id, expected, segment.first_seq - 1)
-            partitions.append(
-                JournalPartition(recorder_id, segment.path, segment.first_seq, segment.last_seq)
+            planned.append(
+                SegmentRef(recorder_id, segment.path, segment.first_seq, segment.last_seq)
             )
             expected = segment.last_seq + 1
         if expected <= high:
             _missing(options, recorder_id, expected, high)
-    return partitions
+    return planned
+
+
+def group_segments(segments: Sequence[SegmentRef], max_rows: int) -> list[JournalPartition]:
+    """Consecutive segments of a recorder, at most ``max_rows`` rows per group (>= 1 segment)."""
+    groups: list[list[SegmentRef]] = []
+    rows = 0
+    for segment in segments:
+        size = segment.last_seq - segment.first_seq + 1
+        current = groups[-1] if groups else None
+        if current and current[0].recorder_id == segment.recorder_id and rows + size <= max_rows:
+            current.append(segment)
+            rows += size
+        else:
+            groups.append([segment])
+            rows = size
+    return [JournalPartition(g) for g in groups]
+
+
+def plan_partitions(options: JournalOptions, start: Offset, end: Offset) -> list[JournalPartition]:
+    """The Spark partitions of the batch ``(start, end]``: segments grouped per recorder."""
+    return group_segments(plan_segments(options, start, end), options.rows_per_partition)
 
 
 def _missing(options: JournalOptions, recorder_id: str, first: int, last: int) -> None:
@@ -300,7 +340,7 @@ def _fit(child: pa.Array, target: pa.StructType) -> pa.Array:
     return pa.StructArray.from_arrays(fields, fields=list(target), mask=mask)
 
 
-def read_segment_rows(options: JournalOptions, partition: JournalPartition) -> pa.RecordBatch:
+def read_segment_rows(options: JournalOptions, partition: SegmentRef) -> pa.RecordBatch:
     """The rows of one segment, flattened to :func:`stream_schema`, in seq order."""
     schema = stream_schema(options)
     try:
@@ -453,7 +493,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JournalPartition)
-        yield read_segment_rows(self.options, partition)
+        for segment in partition.segments:
+            yield read_segment_rows(self.options, segment)
 
     def commit(self, end: Offset) -> None:
         """Nothing to release: segments belong to the recorder (its retention deletes them)."""
@@ -466,15 +507,17 @@ class JournalBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[JournalPartition]:
-        return [
-            JournalPartition(recorder_id, s.path, s.first_seq, s.last_seq)
+        segments = [
+            SegmentRef(recorder_id, s.path, s.first_seq, s.last_seq)
             for recorder_id in _recorder_ids(self.options)
             for s in _segments(self.options.root, recorder_id)
         ]
+        return group_segments(segments, self.options.rows_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JournalPartition)
-        yield read_segment_rows(self.options, partition)
+        for segment in partition.segments:
+            yield read_segment_rows(self.options, segment)
 
 
 class JournalDataSource(DataSource):

@@ -22,7 +22,10 @@ from rda.pipeline.stream import (
     JournalError,
     JournalOptions,
     JournalStreamReader,
+    SegmentRef,
+    group_segments,
     plan_partitions,
+    plan_segments,
     read_segment_rows,
 )
 from rda.serialization._data import Data
@@ -106,10 +109,10 @@ def test_a_new_recorder_starts_with_its_baseline(tmp_path: Path) -> None:
     _write(tmp_path, "b", [[("PS1", 2)], [("PS1", 3)]])
     first = reader.latestOffset(start, ReadAllAvailable())
     assert first == {"a": 1, "b": 0}
-    assert [p.recorder_id for p in plan_partitions(reader.options, start, first)] == ["a"]
+    assert [p.recorder_id for p in plan_segments(reader.options, start, first)] == ["a"]
     second = reader.latestOffset(first, ReadAllAvailable())
     assert second == {"a": 1, "b": 2}
-    assert [(p.first_seq, p.last_seq) for p in plan_partitions(reader.options, first, second)] == [
+    assert [(p.first_seq, p.last_seq) for p in plan_segments(reader.options, first, second)] == [
         (1, 1),
         (2, 2),
     ]
@@ -118,24 +121,22 @@ def test_a_new_recorder_starts_with_its_baseline(tmp_path: Path) -> None:
 def test_planning_is_deterministic_and_detects_deleted_segments(tmp_path: Path) -> None:
     _write(tmp_path, "a", [[("PS1", i), ("PS2", i)] for i in range(4)])  # seq 1-2, 3-4, 5-6, 7-8
     options = _options(tmp_path)
-    planned = plan_partitions(options, {"a": 2}, {"a": 6})
+    planned = plan_segments(options, {"a": 2}, {"a": 6})
     assert [(p.first_seq, p.last_seq) for p in planned] == [(3, 4), (5, 6)]
-    assert [p.path for p in plan_partitions(options, {"a": 2}, {"a": 6})] == [
-        p.path for p in planned
-    ]
+    assert [p.path for p in plan_segments(options, {"a": 2}, {"a": 6})] == [p.path for p in planned]
     _segments(tmp_path, "a")[1].unlink()  # retention deleted seq 3-4 before the stream read it
     with pytest.raises(JournalError, match=r"seq 3\.\.4 are gone.*failOnDataLoss"):
-        plan_partitions(options, {"a": 2}, {"a": 6})
+        plan_segments(options, {"a": 2}, {"a": 6})
     lenient = _options(tmp_path, failOnDataLoss="false")
-    assert [p.first_seq for p in plan_partitions(lenient, {"a": 2}, {"a": 6})] == [5]
+    assert [p.first_seq for p in plan_segments(lenient, {"a": 2}, {"a": 6})] == [5]
     _segments(tmp_path, "a")[-1].unlink()  # the tail of the range is gone too
     with pytest.raises(JournalError, match=r"seq 7\.\.8"):
-        plan_partitions(options, {"a": 6}, {"a": 8})
+        plan_segments(options, {"a": 6}, {"a": 8})
 
 
 def test_read_flattens_the_union_and_filters(tmp_path: Path) -> None:
     expected = _write(tmp_path, "a", [[("PS1", 1), ("PS2", 2), ("PS1", 3)]])
-    partition = plan_partitions(_options(tmp_path), {"a": 0}, {"a": 3})[0]
+    partition = plan_segments(_options(tmp_path), {"a": 0}, {"a": 3})[0]
     rows = read_segment_rows(_options(tmp_path), partition).to_pylist()
     assert [r["seq"] for r in rows] == [1, 2, 3]
     assert [r["device"] for r in rows] == [e["device"] for e in expected]
@@ -149,7 +150,7 @@ def test_read_flattens_the_union_and_filters(tmp_path: Path) -> None:
 
 def test_read_of_a_vanished_segment(tmp_path: Path) -> None:
     _write(tmp_path, "a", [[("PS1", 1)]])
-    partition = plan_partitions(_options(tmp_path), {"a": 0}, {"a": 1})[0]
+    partition = plan_segments(_options(tmp_path), {"a": 0}, {"a": 1})[0]
     Path(partition.path).unlink()
     with pytest.raises(JournalError, match="gone"):
         read_segment_rows(_options(tmp_path), partition)
@@ -172,6 +173,17 @@ def test_read_of_a_vanished_segment(tmp_path: Path) -> None:
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         JournalOptions.parse(options)
+
+
+def test_partitions_group_consecutive_segments_of_a_recorder(tmp_path: Path) -> None:
+    refs = [SegmentRef("a", "x", 1, 40), SegmentRef("a", "y", 41, 90), SegmentRef("a", "z", 91, 99)]
+    refs.append(SegmentRef("b", "w", 1, 5))
+    groups = group_segments(refs, 60)
+    assert [[s.path for s in g.segments] for g in groups] == [["x"], ["y", "z"], ["w"]]
+    assert [[s.path for s in g.segments] for g in group_segments(refs[:1], 10)] == [["x"]]
+    _write(tmp_path, "a", [[("PS1", i), ("PS2", i)] for i in range(3)])
+    options = _options(tmp_path, rowsPerPartition="4")
+    assert [len(p.segments) for p in plan_partitions(options, {"a": 0}, {"a": 6})] == [2, 1]
 
 
 def test_latest_starts_after_what_exists(tmp_path: Path) -> None:
