@@ -390,12 +390,45 @@ def test_a_full_dealer_pipe_loses_nothing_and_keeps_order(
         body = b"b" * (32 * 1024)  # 48 MB in all: more than libzmq and the kernel buffer
         for i in range(n):
             cl.send(conn, request(i, body))
-        ids = []
+        ids: list[int] = []
         while len(ids) < n and router.poll(WAIT_MS):
             frames = router.recv_multipart()
             if frames[1] == bytes([Kind.REQUEST]):
                 ids.append(int.from_bytes(frames[2][4:12], "little"))
         assert ids == list(range(n))
+    finally:
+        router.close(0)
+        ctx.term()
+
+
+def test_refusing_ack_and_bad_server_messages(
+    client: tuple[ZmqClientTransport, ClientRec],
+) -> None:
+    ctx, router, endpoint = raw_router()
+    try:
+        cl, rec = client
+        refused = cl.connect(endpoint)
+        assert router.poll(WAIT_MS)
+        rid, _, _ = router.recv_multipart()
+        router.send_multipart([rid, *encode_connect_ack({"error": "no room"})])
+        assert wait_for(lambda: refused in rec.disconnected)
+        assert rec.disconnected[refused] == "refused by the server: no room"
+        assert refused not in rec.connected
+
+        conn = cl.connect(endpoint)
+        assert router.poll(WAIT_MS)
+        rid, _, _ = router.recv_multipart()
+        reply = Header(RequestType.REPLY, 5)
+        # A REPLY before the ACK, garbage, a client-only kind: all dropped and counted.
+        router.send_multipart([rid, *encode_message(Kind.REPLY, reply)])
+        router.send_multipart([rid, *encode_connect_ack({})])
+        router.send_multipart([rid, b"\x99", b"junk"])
+        router.send_multipart([rid, bytes([Kind.REQUEST]), b"x", b""])
+        router.send_multipart([rid, *encode_message(Kind.REPLY, reply)])
+        assert wait_for(lambda: len(rec.messages) == 1)
+        assert rec.messages[0][0] == conn and rec.messages[0][1].header.id == 5
+        assert cl.statistics().decode_errors == 3
+        assert conn not in rec.disconnected
     finally:
         router.close(0)
         ctx.term()
