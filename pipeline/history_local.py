@@ -28,17 +28,18 @@ GET_COLUMNS = ("device", "property", "acq_stamp", "ts", "cycle_name", "cycle_sta
 STATS_COLUMNS = (
     "device",
     "property",
+    "ts",
+    "acq_stamp",
     "field",
-    "start",
     "count",
+    "nan_count",
+    "errors",
     "first",
     "last",
     "min",
     "max",
     "mean",
     "std",
-    "errors",
-    "nan_count",
 )
 _READ = ["acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector", "error", "recorder_id", "seq"]
 
@@ -232,6 +233,11 @@ def _summary(values: np.ndarray[Any, Any]) -> dict[str, Any]:
     }
 
 
+def _pairs(table: pa.Table) -> list[tuple[str, str]]:
+    devices = table.column("device").to_pylist()
+    return sorted(set(zip(devices, table.column("property").to_pylist(), strict=True)))
+
+
 def local_stats(
     root: Path | str,
     signals: str | Sequence[str],
@@ -239,67 +245,52 @@ def local_stats(
     end: int,
     every: int | None = None,
 ) -> pa.Table:
-    """Per signal, numeric field and bin (``every`` ns; one bin when None): the statistics.
+    """Per signal, numeric scalar field and bucket: the statistics, as ``History.stats``.
 
-    ``count`` counts values (not nulls, not error rows), ``nan_count`` the NaNs among them;
-    ``min``/``max``/``mean``/``std`` (sample) ignore NaNs; ``first``/``last`` are the earliest
-    and latest values; ``errors`` counts error rows in the bin. ``start`` is the bin's start:
-    bins are aligned to the epoch (``every="1h"``: whole hours), like Spark's ``window``.
+    Buckets (with ``every``, ns) start at ``start``: bucket ``b`` is ``[start + b*every,
+    start + (b+1)*every)``, identified by ``ts``/``acq_stamp`` (those columns only exist with
+    ``every``). ``count`` counts values (NaN included; not nulls, not error rows),
+    ``nan_count`` the NaNs; ``min``/``max``/``mean``/``std`` (sample) leave NaN out;
+    ``first``/``last`` are by time; ``errors`` counts the bucket's error rows.
     """
     table = _collect(root, signals, start, end, None, errors=True)
     rows: list[dict[str, Any]] = []
-    keys = (
-        []
-        if table is None
-        else sorted(
-            set(
-                zip(
-                    table.column("device").to_pylist(),
-                    table.column("property").to_pylist(),
-                    strict=True,
-                )
-            )
-        )
-    )
-    for device, prop in keys:
+    for device, prop in [] if table is None else _pairs(table):
         assert table is not None
         sub = table.filter(
-            pc.and_(
-                pc.equal(table.column("device"), device), pc.equal(table.column("property"), prop)
-            )
+            pc.and_(pc.equal(table["device"], device), pc.equal(table["property"], prop))
         )
         acq = sub.column("acq_stamp").to_numpy()
-        bins = acq // every if every else np.zeros(len(acq), dtype=np.int64)
+        buckets = (acq - start) // every if every else np.zeros(len(acq), dtype=np.int64)
         failed = sub.column("error").is_valid().to_numpy(zero_copy_only=False)
         fields = [
             f.name for f in sub.schema if f.name not in (*GET_COLUMNS, *_READ) and _numeric(f.type)
         ]
-        for number in np.unique(bins):
-            in_bin = bins == number
-            bin_start = int(number) * every if every else start
+        for number in np.unique(buckets):
+            in_bucket = buckets == number
+            begin = start + int(number) * (every or 0)
             common = {
                 "device": device,
                 "property": prop,
-                "start": bin_start // 1000,
-                "errors": int((in_bin & failed).sum()),
+                "ts": begin // 1000,
+                "acq_stamp": begin,
+                "errors": int((in_bucket & failed).sum()),
             }
-            if not fields:
-                rows.append({**common, "field": None, **_summary(np.empty(0))})
             for name in fields:
                 column = sub.column(name).cast(pa.float64()).to_numpy(zero_copy_only=False)
                 valid = sub.column(name).is_valid().to_numpy(zero_copy_only=False)
-                values = column[in_bin & valid & ~failed]
+                values = column[in_bucket & valid & ~failed]
                 rows.append({**common, "field": name, **_summary(values)})
     types: dict[str, pa.DataType] = {
-        "start": pa.timestamp("us", "UTC"),
+        "device": pa.string(),
+        "property": pa.string(),
+        "field": pa.string(),
+        "ts": pa.timestamp("us", "UTC"),
+        "acq_stamp": pa.int64(),
         "count": pa.int64(),
         "errors": pa.int64(),
         "nan_count": pa.int64(),
     }
-    schema = pa.schema(
-        [
-            (n, types.get(n, pa.string() if n in ("device", "property", "field") else pa.float64()))
-            for n in STATS_COLUMNS
-        ]
-    )
+    names = [n for n in STATS_COLUMNS if every or n not in ("ts", "acq_stamp")]
+    schema = pa.schema([(n, types.get(n, pa.float64())) for n in names])
     return pa.Table.from_pylist(rows, schema=schema)

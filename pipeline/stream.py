@@ -544,5 +544,8 @@ class JournalDataSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Register ``rda-journal`` with a SparkSession."""
+    """Register ``rda-journal`` and ``rda-live`` (rda.pipeline.stream_live) with a session."""
+    from rda.pipeline.stream_live import LiveDataSource
+
     spark.dataSource.register(JournalDataSource)
+    spark.dataSource.register(LiveDataSource)

@@ -151,7 +151,8 @@ def test_stats_hourly_against_numpy(store: Path) -> None:
         values = np.array([_y(i) for i in indexes])
         finite = values[~np.isnan(values)]
         assert row["field"] == "y"
-        assert row["start"].startswith((START + datetime.timedelta(hours=hour)).isoformat()[:19])
+        assert row["ts"].startswith((START + datetime.timedelta(hours=hour)).isoformat()[:19])
+        assert row["acq_stamp"] == T0 + hour * 6 * STEP
         assert row["count"] == 6
         assert row["nan_count"] == int(np.isnan(values).sum())
         assert row["min"] == finite.min() and row["max"] == finite.max()
@@ -164,6 +165,7 @@ def test_stats_hourly_against_numpy(store: Path) -> None:
     )
     assert [r["field"] for r in whole] == ["x", "y"]  # arr is not a scalar: no statistics
     assert whole[0]["count"] == ROWS and whole[0]["mean"] == pytest.approx((ROWS - 1) / 2)
+    assert "ts" not in whole[0] and whole[0]["errors"] == len(range(0, ROWS, 5))
 
 
 @pytest.mark.parametrize(
@@ -195,12 +197,20 @@ def test_relative_times() -> None:
         parse_cli_time("-soon", "start", now)
 
 
+@pytest.mark.timeout(240)  # the first Spark test also starts the JVM
 def test_spark_gives_the_same_rows(store: Path, spark: Any) -> None:
     window = ["--start", _iso(0), "--end", _iso(5)]
     local = json.loads(_run("get", str(store), "PS1/Acq", *window, "--json").output)
     remote = json.loads(_run("get", str(store), "PS1/Acq", *window, "--json", "--spark").output)
     assert [(r["acq_stamp"], r["x"], r["arr"]) for r in remote] == [
         (r["acq_stamp"], r["x"], r["arr"]) for r in local
+    ]
+    hourly = ["stats", str(store), "PS1/Acq", *window, "--every", "20min", "--json"]
+    local_stats = json.loads(_run(*hourly).output)
+    spark_stats = json.loads(_run(*hourly, "--spark").output)
+    keys = ("acq_stamp", "field", "count", "nan_count", "errors", "first", "min", "max", "mean")
+    assert [[r[k] for k in keys] for r in spark_stats] == [
+        [r[k] for k in keys] for r in local_stats
     ]
     found = json.loads(_run("search", str(store), "PS*/*", "--json", "--spark").output)
     assert [(r["device"], r["first_day"]) for r in found] == [

@@ -222,6 +222,7 @@ def _delivered(out: Path) -> list[tuple[str, int]]:
     )
 
 
+@pytest.mark.timeout(240)  # the first Spark test also starts the JVM
 def test_available_now_delivers_every_row(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "store"
     expected = _write(root, "a", [[("PS1", i), ("PS2", i)] for i in range(5)])
@@ -248,6 +249,7 @@ def test_available_now_delivers_every_row(spark: Any, tmp_path: Path) -> None:
     assert got == want
 
 
+@pytest.mark.timeout(240)  # the first Spark test also starts the JVM
 def test_failure_and_restart_deliver_every_row_exactly_once(spark: Any, tmp_path: Path) -> None:
     root, out, checkpoint = tmp_path / "store", tmp_path / "out", tmp_path / "checkpoint"
     expected = _write(root, "a", [[("PS1", i), ("PS2", i)] for i in range(6)])
@@ -277,6 +279,7 @@ def test_failure_and_restart_deliver_every_row_exactly_once(spark: Any, tmp_path
     assert len(delivered) == len(set(delivered)) == 13
 
 
+@pytest.mark.timeout(240)  # the first Spark test also starts the JVM
 def test_struct_data_for_one_property(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "store"
     expected = _write(root, "a", [[("PS1", 1), ("PS2", 2)], [("PS1", 3)]])

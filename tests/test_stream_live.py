@@ -86,6 +86,7 @@ def test_reader_drains_subscriptions(server: Server, no_thread_leak: None) -> No
         reader.stop()
 
 
+@pytest.mark.timeout(240)  # the first Spark test also starts the JVM
 def test_live_stream_receives_rows(spark: Any, server: Server) -> None:
     spark.dataSource.register(LiveDataSource)
     received: list[Any] = []
@@ -106,7 +107,7 @@ def test_live_stream_receives_rows(spark: Any, server: Server) -> None:
         .start()
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with lock:
                 devices = {r["device"] for r in received}
