@@ -14,6 +14,7 @@ import zmq
 from rda.serialization._header import Header, HeaderFlags, RequestType, encode_header
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
+from rda.transport._outbox import Outbox, PutResult, RetryBackoff
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     Kind,
@@ -366,3 +367,28 @@ def test_back_pressure_blocks_a_worker_while_the_server_dispatcher_is_stalled(ct
             producer.join(WAIT)
         d.close(0)
         srv.close()
+
+
+def test_outbox_keeps_order_conflates_by_key_and_bounds() -> None:
+    box = Outbox()
+    assert box.put(["a"], None, limit=3) is PutResult.QUEUED
+    assert box.put(["n1"], 7, limit=3) is PutResult.QUEUED
+    assert box.put(["n2"], 7, limit=3) is PutResult.CONFLATED  # latest wins, same place
+    assert box.put(["b"], None, limit=3) is PutResult.QUEUED
+    assert box.put(["c"], None, limit=3) is PutResult.DROPPED
+    assert box.put(["n3"], 7, limit=3) is PutResult.CONFLATED  # replacing needs no room
+    assert box.put(["m"], 8, limit=3) is PutResult.DROPPED
+    out = []
+    while box:
+        out.append(box.head()[0])
+        box.pop()
+    assert out == ["a", "n3", "b"]
+    assert box.put(["n4"], 7, limit=3) is PutResult.QUEUED  # key 7 left the queue with n3
+    assert box.clear() == 1 and len(box) == 0
+
+
+def test_retry_backoff_doubles_to_its_cap_and_resets() -> None:
+    backoff = RetryBackoff(first=0.001, cap=0.004)
+    assert [backoff.next_delay() for _ in range(4)] == [0.001, 0.002, 0.004, 0.004]
+    backoff.reset()
+    assert backoff.next_delay() == 0.001

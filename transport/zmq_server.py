@@ -1,25 +1,15 @@
 """The server transport: one dispatcher thread over one ROUTER for every client.
 
 Threading as the client (see ``zmq_client``): the thread ``rda-server-dispatcher`` owns the
-ROUTER, its monitor socket and the PULL end of the inproc pipe through which worker threads hand
-replies and notifications over (blocking at ``send_hwm``: back-pressure). Calls made on the
-dispatcher thread itself (from a handler) send directly.
+ROUTER, its monitor and the PULL end of the inproc pipe through which worker threads hand
+replies and notifications over (blocking at ``send_hwm``). docs/transport.md has the details:
 
-A slow client never slows the others (DESIGN.md §5): the ROUTER has ``ROUTER_MANDATORY`` and every
-send is non-blocking; when a peer's pipe is full (EAGAIN) its messages wait in that peer's own
-bounded queue (``peer_queue_limit``; beyond it new messages are dropped and counted), and a
-message with a conflation key replaces an older queued one with the same key (latest wins,
-counted). Queues are retried when the ROUTER reports POLLOUT; since a ROUTER with other, healthy
-peers is nearly always writable, a retry round that moves nothing backs off (1 ms doubling to
-50 ms) instead of spinning.
-
-Peer loss: a peer silent for ``heartbeat_timeout`` is dropped. A closed TCP/IPC connection is
-detected at once when it can be mapped to a peer: the socket monitor reports DISCONNECTED with
-the connection's file descriptor, the CONNECT message told us that peer's descriptor (the
-frame's ``SRCFD`` property), and a probe send (``ROUTER_MANDATORY``: EHOSTUNREACH once the
-ROUTER forgot the peer) confirms the loss, which guards against a descriptor already reused by
-a new connection. When the probe cannot confirm (or over inproc, which has no monitor events),
-the heartbeat timeout decides.
+* slow clients: non-blocking sends with ``ROUTER_MANDATORY``; on EAGAIN a message waits in that
+  peer's bounded, conflating outbox (``_outbox``) and is retried on POLLOUT, with a backoff
+  because a ROUTER with healthy peers is nearly always writable;
+* peer loss: heartbeat timeout, or at once when the monitor's DISCONNECTED carries the file
+  descriptor the peer's CONNECT came from (``SRCFD``) and probe sends confirm that libzmq
+  forgot the peer (EHOSTUNREACH); otherwise (inproc, unconfirmed) the heartbeat decides.
 """
 
 from __future__ import annotations
@@ -29,9 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -41,6 +29,7 @@ from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, encode_exception
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
+from rda.transport._outbox import Peer, PutResult, RetryBackoff
 from rda.transport.api import (
     Buffer,
     ServerHandler,
@@ -74,25 +63,10 @@ _SEND, _PUBLISH, _DISCONNECT, _WAKE = 0, 1, 2, 3
 _TARGET = struct.Struct("<QB")
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
-_BACKOFF_MIN, _BACKOFF_MAX = 0.001, 0.05
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
 _PROBE_FIRST, _PROBES = 0.001, 8
 # Replies already handed to libzmq get this long to leave at close.
 _CLOSE_LINGER_MS = 100
-
-
-@dataclass(slots=True, eq=False)
-class _Peer:
-    rid: bytes
-    info: dict[str, Any]
-    heartbeat: HeartbeatTracker
-    fd: int
-    state: ConnState = ConnState.CONNECTED
-    # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
-    announced: bool = False
-    # Messages waiting for the peer's pipe to drain: [frames, conflation key or None].
-    queue: deque[list[Any]] = field(default_factory=deque)
-    keyed: dict[int, list[Any]] = field(default_factory=dict)
 
 
 class ZmqServerTransport:
@@ -143,12 +117,12 @@ class ZmqServerTransport:
         self._closing = False
         self._closed = False
         self._close_lock = threading.Lock()
-        self._peers: dict[bytes, _Peer] = {}
+        self._peers: dict[bytes, Peer] = {}
         self._by_fd: dict[int, bytes] = {}
-        self._blocked: dict[bytes, _Peer] = {}
+        self._blocked: dict[bytes, Peer] = {}
         self._pollout = False
         self._retry_at: float | None = None
-        self._backoff = _BACKOFF_MIN
+        self._backoff = RetryBackoff()
         self._next_check = float("inf")
         self._suspects: dict[bytes, int] = {}
         self._probe_at: float | None = None
@@ -374,10 +348,10 @@ class ZmqServerTransport:
         if p is None:
             self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
             return
-        if p.queue or not self._write(p, frames):
+        if p.outbox or not self._write(p, frames):
             self._enqueue(p, frames, key)
 
-    def _write(self, p: _Peer, frames: Sequence[Any]) -> bool:
+    def _write(self, p: Peer, frames: Sequence[Any]) -> bool:
         """True when sent (or when the peer turned out gone); False on a full pipe."""
         assert self._router is not None
         self._poller.touch(self._router)  # even a failed send may consume a wake-up signal
@@ -397,25 +371,18 @@ class ZmqServerTransport:
         p.heartbeat.last_sent = self._clock()
         return True
 
-    def _enqueue(self, p: _Peer, frames: Sequence[Any], key: int | None) -> None:
-        if key is not None:
-            slot = p.keyed.get(key)
-            if slot is not None:
-                slot[0] = frames  # latest wins, in the older one's place
-                self._conflated += 1
-                return
-        if len(p.queue) >= self._settings.peer_queue_limit:
+    def _enqueue(self, p: Peer, frames: Sequence[Any], key: int | None) -> None:
+        result = p.outbox.put(frames, key, self._settings.peer_queue_limit)
+        if result is PutResult.CONFLATED:
+            self._conflated += 1
+        elif result is PutResult.DROPPED:
             self._dropped += 1
-            return
-        slot = [frames, key]
-        p.queue.append(slot)
-        if key is not None:
-            p.keyed[key] = slot
-        self._queue_depth += 1
-        if p.rid not in self._blocked:
-            self._blocked[p.rid] = p
-            if not self._pollout and self._retry_at is None:
-                self._set_pollout(True)
+        else:
+            self._queue_depth += 1
+            if p.rid not in self._blocked:
+                self._blocked[p.rid] = p
+                if not self._pollout and self._retry_at is None:
+                    self._set_pollout(True)
 
     def _set_pollout(self, on: bool) -> None:
         assert self._router is not None
@@ -425,32 +392,25 @@ class ZmqServerTransport:
     def _retry_blocked(self) -> None:
         moved = False
         for p in list(self._blocked.values()):
-            while p.queue and p.rid in self._peers:
-                frames, key = p.queue[0]
-                if not self._write(p, frames) or p.rid not in self._peers:
-                    break  # still full, or the peer turned out gone (queue already freed)
-                p.queue.popleft()
+            outbox = p.outbox
+            while outbox and p.rid in self._peers:
+                if not self._write(p, outbox.head()) or p.rid not in self._peers:
+                    break  # still full, or the peer turned out gone (outbox already freed)
+                outbox.pop()
                 self._queue_depth -= 1
-                if key is not None:
-                    p.keyed.pop(key, None)
                 moved = True
-            if not p.queue:
+            if not outbox:
                 self._blocked.pop(p.rid, None)
-        if not self._blocked:
-            self._backoff = _BACKOFF_MIN
-            if self._pollout:
-                self._set_pollout(False)
-        elif moved:
-            self._backoff = _BACKOFF_MIN
-            if not self._pollout:
-                self._set_pollout(True)
+        if not self._blocked or moved:
+            self._backoff.reset()
+            if self._pollout != bool(self._blocked):
+                self._set_pollout(bool(self._blocked))
         else:
             # Nothing moved although the ROUTER said writable (another peer's pipe has room):
             # wait a little before trying again instead of spinning.
             if self._pollout:
                 self._set_pollout(False)
-            self._retry_at = self._clock() + self._backoff
-            self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
+            self._retry_at = self._clock() + self._backoff.next_delay()
 
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
         max_size = self._settings.max_message_size
@@ -537,7 +497,7 @@ class ZmqServerTransport:
         except zmq.ZMQError:
             fd = -1
         s = self._settings
-        p = _Peer(
+        p = Peer(
             rid, info, HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now), fd
         )
         p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
@@ -609,7 +569,7 @@ class ZmqServerTransport:
                 self._drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
                 continue
             if action is HeartbeatAction.SEND:
-                if p.queue or not self._write(p, _HEARTBEAT_FRAMES):
+                if p.outbox or not self._write(p, _HEARTBEAT_FRAMES):
                     p.heartbeat.last_sent = now  # the pipe is full: the peer is busy, not idle
                 if p.rid not in self._peers:
                     continue
@@ -621,16 +581,14 @@ class ZmqServerTransport:
         if p is not None:
             self._drop(p, reason)
 
-    def _drop(self, p: _Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
+    def _drop(self, p: Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
         if self._peers.get(p.rid) is not p:
             return
         del self._peers[p.rid]
         p.state = next_state(p.state, event)
         if self._by_fd.get(p.fd) == p.rid:
             del self._by_fd[p.fd]
-        self._queue_depth -= len(p.queue)
-        p.queue.clear()
-        p.keyed.clear()
+        self._queue_depth -= p.outbox.clear()
         self._blocked.pop(p.rid, None)
         if not p.announced:
             return

@@ -1,0 +1,110 @@
+"""Per-peer state of the server transport, and the queue of a peer whose pipe is full.
+
+No zmq here: the dispatcher (``zmq_server``) does the sending; this module decides what waits,
+what replaces what (conflation: latest wins) and what is dropped, so the policy can be tested
+with plain lists.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rda.transport.state import ConnState, HeartbeatTracker
+
+__all__ = ["Outbox", "Peer", "PutResult", "RetryBackoff"]
+
+
+class PutResult(enum.Enum):
+    QUEUED = "queued"
+    CONFLATED = "conflated"  # replaced an older queued message with the same key
+    DROPPED = "dropped"  # the queue is at its limit
+
+
+class Outbox:
+    """Messages waiting for one peer's pipe to drain, in order, at most ``limit`` of them.
+
+    A message with a key (a subscription id) replaces an older *queued* one with the same key,
+    in that one's place: the peer gets the latest value without the queue growing.
+    """
+
+    __slots__ = ("_keyed", "_queue")
+
+    def __init__(self) -> None:
+        # Entries are [frames, key]; a list so that conflation can swap the frames in place.
+        self._queue: deque[list[Any]] = deque()
+        self._keyed: dict[int, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, frames: Sequence[Any], key: int | None, limit: int) -> PutResult:
+        if key is not None:
+            slot = self._keyed.get(key)
+            if slot is not None:
+                slot[0] = frames
+                return PutResult.CONFLATED
+        if len(self._queue) >= limit:
+            return PutResult.DROPPED
+        slot = [frames, key]
+        self._queue.append(slot)
+        if key is not None:
+            self._keyed[key] = slot
+        return PutResult.QUEUED
+
+    def head(self) -> Sequence[Any]:
+        frames: Sequence[Any] = self._queue[0][0]
+        return frames
+
+    def pop(self) -> None:
+        _, key = self._queue.popleft()
+        if key is not None:
+            self._keyed.pop(key, None)
+
+    def clear(self) -> int:
+        """Forget everything; returns how many messages were waiting."""
+        n = len(self._queue)
+        self._queue.clear()
+        self._keyed.clear()
+        return n
+
+
+@dataclass(slots=True, eq=False)
+class Peer:
+    """One client as the server sees it (``last_received``/``last_sent`` live in heartbeat)."""
+
+    rid: bytes
+    info: dict[str, Any]
+    heartbeat: HeartbeatTracker
+    fd: int  # the connection's file descriptor (SRCFD of its CONNECT), -1 if unknown
+    state: ConnState = ConnState.CONNECTED
+    # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
+    announced: bool = False
+    outbox: Outbox = field(default_factory=Outbox)
+
+
+class RetryBackoff:
+    """When to retry blocked peers if the ROUTER's POLLOUT cannot be trusted.
+
+    A ROUTER with ``ROUTER_MANDATORY`` reports POLLOUT when *any* peer's pipe has room, so with
+    healthy peers around it is nearly always writable. A retry round that moved nothing waits
+    ``first`` seconds, doubling up to ``cap``, instead of spinning; progress resets the wait.
+    """
+
+    __slots__ = ("_cap", "_first", "_next")
+
+    def __init__(self, first: float = 0.001, cap: float = 0.05) -> None:
+        self._first = first
+        self._cap = cap
+        self._next = first
+
+    def reset(self) -> None:
+        self._next = self._first
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self._cap)
+        return delay
