@@ -180,7 +180,7 @@ def test_stats_hourly_against_numpy(store: Path) -> None:
 )
 def test_bad_input_is_one_line_and_fails(store: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(build(), ["history", *[a.format(root=store) for a in args]])
-    assert result.exit_code != 0
+    assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()

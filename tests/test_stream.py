@@ -9,6 +9,7 @@ same checkpoint, which must end with every row exactly once.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from rda.pipeline.stream import (
 )
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
+from rda.serialization.errors import RemoteError
 
 T0 = 1_795_300_000_000_000_000
 
@@ -146,6 +148,28 @@ def test_read_flattens_the_union_and_filters(tmp_path: Path) -> None:
     assert [r["seq"] for r in only] == [1, 3]
     struct = _options(tmp_path, device="PS2", property="Acq", data="struct")
     assert read_segment_rows(struct, partition).to_pylist()[0]["data"] == expected[1]["data"]
+
+
+def test_error_rows_and_nan(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, recorder_id="a", convert=False, flush_interval=3600.0)
+    recorder.start()
+    try:
+        failure = RemoteError("Boom", "before any value")
+        recorder.offer("PS9", "Acq", None, Sample(None, DataContext(acq_stamp=5), failure))
+        recorder.offer("PS9", "Acq", None, Sample(Data(v=math.nan), DataContext(acq_stamp=6)))
+        assert recorder.flush()
+    finally:
+        recorder.stop(convert=False)
+    for mode, nan in (("json", '{"v":NaN}'), ("struct", None)):
+        options = _options(tmp_path, data=mode, device="PS9", property="Acq")
+        rows = read_segment_rows(options, plan_segments(options, {"a": 0}, {"a": 2})[0])
+        error, value = rows.to_pylist()
+        assert error["error"].startswith("RemoteError") and error["data"] is None
+        assert error["schema_version"] == 0 and value["schema_version"] == 1
+        if nan is None:
+            assert math.isnan(value["data"]["v"])
+        else:
+            assert value["data"] == nan
 
 
 def test_read_of_a_vanished_segment(tmp_path: Path) -> None:
