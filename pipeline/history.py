@@ -15,6 +15,8 @@ numbers, and otherwise returned as ``string`` (structs and arrays as JSON).
 
 from __future__ import annotations
 
+import datetime
+import fnmatch
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +40,7 @@ from rda.pipeline.history_paths import (
     parse_signals,
     parse_time,
 )
+from rda.pipeline.schema import merge_types
 
 __all__ = ["BASE_COLUMNS", "History", "col", "to_pandas"]
 
@@ -171,8 +174,16 @@ class History:
         at = parse_time(t, "t")
         span = parse_duration(lookback, "lookback")
         frame = self.frame(signals, at - span + 1, at + 1, None, selector, False)
+        # Two passes instead of one max_by over whole rows: a struct-valued aggregate cannot use
+        # the hash aggregate and sorts every row. The first pass reads only the stamps (a hash
+        # aggregate), the second keeps the rows at those stamps (a broadcast join), and max_by
+        # then only breaks ties among a handful of rows.
+        newest = frame.groupBy("device", "property").agg(F.max("acq_stamp").alias("_newest"))
+        candidates = frame.join(F.broadcast(newest), ["device", "property"]).where(
+            F.col("acq_stamp") == F.col("_newest")
+        )
         others = [c for c in frame.columns if c not in ("device", "property")]
-        last = frame.groupBy("device", "property").agg(
+        last = candidates.groupBy("device", "property").agg(
             F.max_by(
                 F.struct(*[col(c) for c in others]), F.struct("acq_stamp", "recorder_id", "seq")
             ).alias("last")
@@ -264,8 +275,6 @@ class History:
             condition = condition & F.col("error").isNull()
         if selector is not None:
             if any(ch in selector for ch in "*?["):
-                import fnmatch
-
                 condition = condition & F.col("selector").rlike(fnmatch.translate(selector))
             else:
                 condition = condition & (F.col("selector") == F.lit(selector))
@@ -345,8 +354,6 @@ class History:
 
 
 def _merge_all(kinds: list[pa.DataType]) -> pa.DataType | None:
-    from rda.pipeline.schema import merge_types
-
     merged: pa.DataType | None = None
     for kind in kinds:
         if merged is None:
@@ -379,9 +386,7 @@ def _names(signal: Signal, fields: Sequence[str] | None, kinds: list[pa.DataType
     return names
 
 
-def _date(day: str) -> Any:
-    import datetime
-
+def _date(day: str) -> datetime.date:
     return datetime.date.fromisoformat(day)
 
 
