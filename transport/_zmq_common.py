@@ -170,6 +170,14 @@ class Selector:
     def touch(self, sock: zmq.Socket[bytes]) -> None:
         self._dirty.add(sock)
 
+    def settle(self, sock: zmq.Socket[bytes]) -> None:
+        """A receive on ``sock`` just failed with EAGAIN: libzmq processed its pending commands
+        then, so it needs no ``EVENTS`` check for POLLIN (one system call less per wake-up).
+        A socket waiting for POLLOUT keeps its check: that receive may have consumed the
+        signal that said it became writable."""
+        if not self._flags.get(sock, 0) & zmq.POLLOUT:
+            self._dirty.discard(sock)
+
     def _ready(self, socks: Iterable[zmq.Socket[bytes]]) -> list[tuple[zmq.Socket[bytes], int]]:
         ready = []
         flags = self._flags

@@ -284,6 +284,7 @@ class ZmqClientTransport:
         for _ in range(common.BATCH):
             frames = common.recv_frames(pull)
             if frames is None:
+                self._poller.settle(pull)
                 return
             op, conn = _OP.unpack(frames[0].buffer)
             if op == _SEND:
@@ -402,6 +403,7 @@ class ZmqClientTransport:
         for _ in range(common.BATCH):
             raw = common.recv_frames(sock)
             if raw is None:
+                self._poller.settle(sock)
                 return
             frames = [f.buffer for f in raw]
             self._messages_in += 1

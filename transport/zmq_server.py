@@ -319,6 +319,7 @@ class ZmqServerTransport:
         for _ in range(common.BATCH):
             frames = common.recv_frames(pull)
             if frames is None:
+                self._poller.settle(pull)
                 return
             head = frames[0].bytes
             op, flag, value = _OP.unpack_from(head)
@@ -418,6 +419,7 @@ class ZmqServerTransport:
         for _ in range(common.BATCH):
             raw = common.recv_frames(router)
             if raw is None:
+                self._poller.settle(router)
                 return
             rid = raw[0].bytes
             frames = [f.buffer for f in raw[1:]]
