@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -372,7 +373,7 @@ def read_segment_rows(options: JournalOptions, partition: SegmentRef) -> pa.Reco
         "property": pa.array([k[1] for k in keys], pa.string()).take(pa.array(codes)),
         "schema_version": pa.array([k[2] for k in keys], pa.int32()).take(pa.array(codes)),
         "acq_stamp": acq,
-        "ts": pa.compute.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        "ts": pc.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC")),
     }
     for name in ("cycle_stamp", "cycle_name", "selector", "recv_stamp", "error"):
         columns[name] = table.column(name).take(take)
