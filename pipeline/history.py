@@ -47,6 +47,7 @@ __all__ = ["BASE_COLUMNS", "History", "col", "to_pandas"]
 #: The columns every ``get`` result starts with, in this order; the value fields follow.
 BASE_COLUMNS = ("device", "property", "acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector")
 _INTERNAL = ("error", "recorder_id", "seq")
+_HOUR_NS = 3_600 * 10**9
 _FILE_FIELDS = [
     T.StructField("acq_stamp", T.LongType()),
     T.StructField("ts", T.TimestampType()),
@@ -169,18 +170,27 @@ class History:
         """The last value (not an error) per (device, property) at or before ``t``.
 
         Only ``(t - lookback, t]`` is read; a signal with no value in it has no row. Columns as
-        in ``get``.
+        in ``get``. Unlike the other methods this one runs Spark jobs when called (small ones:
+        finding each signal's newest stamp); the rows themselves are read lazily.
         """
         at = parse_time(t, "t")
         span = parse_duration(lookback, "lookback")
-        frame = self.frame(signals, at - span + 1, at + 1, None, selector, False)
-        # Two passes instead of one max_by over whole rows: a struct-valued aggregate cannot use
-        # the hash aggregate and sorts every row. The first pass reads only the stamps (a hash
-        # aggregate), the second keeps the rows at those stamps (a broadcast join), and max_by
-        # then only breaks ties among a handful of rows.
-        newest = frame.groupBy("device", "property").agg(F.max("acq_stamp").alias("_newest"))
-        candidates = frame.join(F.broadcast(newest), ["device", "property"]).where(
-            F.col("acq_stamp") == F.col("_newest")
+        stamps = self._last_stamps(signals, at, span, selector)
+        if not stamps:  # an empty window: no rows, the usual columns
+            frame = self.frame(signals, at + 1, at + 1, None, selector, False)
+        else:
+            frame = self.frame(signals, min(stamps.values()), at + 1, None, selector, False)
+        wanted = self.spark.createDataFrame(
+            [(d, p, stamp) for (d, p), stamp in sorted(stamps.items())],
+            "device string, property string, _newest bigint",
+        )
+        # The IN list reaches the Parquet reader (row groups without those stamps are skipped);
+        # the broadcast join keeps each signal's own stamp.
+        candidates = (
+            frame.where(F.col("acq_stamp").isin(sorted(set(stamps.values()))))
+            .join(F.broadcast(wanted), ["device", "property"])
+            .where(F.col("acq_stamp") == F.col("_newest"))
+            .drop("_newest")
         )
         others = [c for c in frame.columns if c not in ("device", "property")]
         last = candidates.groupBy("device", "property").agg(
@@ -192,6 +202,34 @@ class History:
         return last.select(
             "device", "property", *[F.col("last").getField(c).alias(c) for c in keep]
         ).orderBy("device", "property")
+
+    def _last_stamps(
+        self, signals: str | Sequence[str], at: int, span: int, selector: str | None
+    ) -> dict[tuple[str, str], int]:
+        """Each signal's newest value stamp in ``(at - span, at]`` (runs small Spark jobs).
+
+        The last hour is tried first: most signals have a value in it, and only their stamps
+        are read (a hash aggregate of one column). The rest of the lookback is read only if
+        some signal has no value in that hour.
+        """
+        keys = self.index.keys(parse_signals(signals))
+        lower = at - span + 1
+        near = max(lower, at - _HOUR_NS)
+        stamps: dict[tuple[str, str], int] = {}
+        for low, high in ((near, at + 1), (lower, near)):
+            if low >= high:
+                continue
+            newest = (
+                self.frame(signals, low, high, None, selector, False)
+                .groupBy("device", "property")
+                .agg(F.max("acq_stamp").alias("newest"))
+                .collect()
+            )
+            for row in newest:
+                stamps.setdefault((row["device"], row["property"]), int(row["newest"]))
+            if all(key in stamps for key in keys):
+                break
+        return stamps
 
     def aligned(
         self,

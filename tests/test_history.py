@@ -343,3 +343,11 @@ def test_to_pandas_time_index_and_numpy_arrays(history: History, store: Store) -
     assert isinstance(image, np.ndarray) and image.shape == (2, 3) and image.dtype == np.int16
     assert isinstance(frame["wave"].iloc[2], np.ndarray)
     assert str(frame["ts"].dt.tz) == "UTC"
+
+
+def test_history_local_reuses_the_active_session(spark: Any, store: Store) -> None:
+    local = History.local(store.root, master="local[2]")
+    assert local.spark is spark  # getOrCreate: the tests' one session, not a second JVM
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert local.search("*").count() == 3
