@@ -1,8 +1,8 @@
-"""Per-peer state of the server transport, and the queue of a peer whose pipe is full.
+"""The queue of a server-side peer whose pipe is full, and when to retry it.
 
-No zmq here: the dispatcher (``zmq_server``) does the sending; this module decides what waits,
-what replaces what (conflation: latest wins) and what is dropped, so the policy can be tested
-with plain lists.
+No zmq here: the dispatchers (``zmq_server``, the in-memory server) do the sending; this module
+decides what waits, what replaces what (conflation: latest wins) and what is dropped, so the
+policy can be tested with plain lists. The peer record itself is ``_peers.Peer``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,9 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from rda.transport.state import ConnState, HeartbeatTracker
-
-__all__ = ["Outbox", "Peer", "PutResult", "RetryBackoff"]
+__all__ = ["Outbox", "PutResult", "RetryBackoff"]
 
 
 class PutResult(enum.Enum):
@@ -70,20 +67,6 @@ class Outbox:
         self._queue.clear()
         self._keyed.clear()
         return n
-
-
-@dataclass(slots=True, eq=False)
-class Peer:
-    """One client as the server sees it (``last_received``/``last_sent`` live in heartbeat)."""
-
-    rid: bytes
-    info: dict[str, Any]
-    heartbeat: HeartbeatTracker
-    fd: int  # the connection's file descriptor (SRCFD of its CONNECT), -1 if unknown
-    state: ConnState = ConnState.CONNECTED
-    # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
-    announced: bool = False
-    outbox: Outbox = field(default_factory=Outbox)
 
 
 class RetryBackoff:

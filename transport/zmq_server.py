@@ -20,16 +20,24 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
 import zmq
 
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, encode_exception
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._outbox import Peer, PutResult, RetryBackoff
+from rda.transport._outbox import RetryBackoff
+from rda.transport._peers import (
+    HEARTBEAT_BEFORE_CONNECT,
+    BadInput,
+    Peer,
+    ServerCounters,
+    connect_ack_info,
+    heartbeat_round,
+    rda_version,
+    reject_request_before_connect,
+    reject_undecodable,
+)
 from rda.transport.api import (
     Buffer,
     ServerHandler,
@@ -41,13 +49,11 @@ from rda.transport.protocol import (
     Heartbeat,
     Incoming,
     Kind,
-    UnsupportedVersion,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
-    encode_message,
 )
-from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
 _DEFAULT_SETTINGS = TransportSettings()
 
@@ -90,18 +96,7 @@ class ZmqServerTransport:
         self._endpoint = endpoint
         self._handler = handler
         self._settings = settings
-        try:
-            version = metadata.version("rda")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        self._info: dict[str, Any] = {
-            "name": socket.gethostname(),
-            "version": version,
-            "heartbeat_interval": settings.heartbeat_interval,
-            "heartbeat_timeout": settings.heartbeat_timeout,
-        }
-        if server_info:
-            self._info.update(server_info)
+        self._info = connect_ack_info(socket.gethostname(), rda_version(), settings, server_info)
         self._own_context = context is None
         self._context = context
         self._clock = clock
@@ -126,19 +121,7 @@ class ZmqServerTransport:
         self._next_check = float("inf")
         self._suspects: dict[bytes, int] = {}
         self._probe_at: float | None = None
-        # Counters: plain ints written only by the dispatcher, read by statistics().
-        self._messages_in = 0
-        self._messages_out = 0
-        self._bytes_in = 0
-        self._bytes_out = 0
-        self._heartbeat_timeouts = 0
-        self._decode_errors = 0
-        self._protocol_errors = 0
-        self._queue_depth = 0
-        self._conflated = 0
-        self._dropped = 0
-        self._handler_errors = 0
-        self._internal_errors = 0
+        self._stats = ServerCounters()
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -235,20 +218,7 @@ class ZmqServerTransport:
             log.warning("server dispatcher did not stop within %.1f s (a handler blocks?)", limit)
 
     def statistics(self) -> ServerTransportStatistics:
-        return ServerTransportStatistics(
-            messages_in=self._messages_in,
-            messages_out=self._messages_out,
-            bytes_in=self._bytes_in,
-            bytes_out=self._bytes_out,
-            peers=len(self._peers),
-            heartbeat_timeouts=self._heartbeat_timeouts,
-            decode_errors=self._decode_errors,
-            protocol_errors=self._protocol_errors,
-            peer_queue_depth=self._queue_depth,
-            notifications_conflated=self._conflated,
-            messages_dropped=self._dropped,
-            handler_errors=self._handler_errors,
-        )
+        return self._stats.snapshot(len(self._peers))
 
     # ------------------------------------------------------------------ helpers
 
@@ -261,7 +231,7 @@ class ZmqServerTransport:
 
     def _handler_failed(self, what: str) -> None:
         # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._handler_errors += 1
+        self._stats.handler_errors += 1
         log.exception("server handler %s raised; the dispatcher carries on", what)
 
     # --------------------------------------------------------------- dispatcher thread
@@ -288,7 +258,7 @@ class ZmqServerTransport:
                         raise
                     except Exception:
                         # A bug must not take every client down: log it and keep serving.
-                        self._internal_errors += 1
+                        self._stats.internal_errors += 1
                         log.exception("server dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
@@ -347,7 +317,7 @@ class ZmqServerTransport:
         """Send now, or queue behind the peer's full pipe; never blocks."""
         p = self._peers.get(rid)
         if p is None:
-            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
+            self._stats.dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
             return
         if p.outbox or not self._write(p, frames):
             self._enqueue(p, frames, key)
@@ -365,25 +335,20 @@ class ZmqServerTransport:
                 self._drop(p, "peer gone", ConnEvent.PEER_GONE)
             else:
                 log.warning("send to a peer failed: %s", exc)
-                self._dropped += 1
+                self._stats.dropped += 1
             return True
-        self._messages_out += 1
-        self._bytes_out += sum(map(len, frames))
+        stats = self._stats
+        stats.messages_out += 1
+        stats.bytes_out += sum(map(len, frames))
         p.heartbeat.last_sent = self._clock()
         return True
 
     def _enqueue(self, p: Peer, frames: Sequence[Any], key: int | None) -> None:
         result = p.outbox.put(frames, key, self._settings.peer_queue_limit)
-        if result is PutResult.CONFLATED:
-            self._conflated += 1
-        elif result is PutResult.DROPPED:
-            self._dropped += 1
-        else:
-            self._queue_depth += 1
-            if p.rid not in self._blocked:
-                self._blocked[p.rid] = p
-                if not self._pollout and self._retry_at is None:
-                    self._set_pollout(True)
+        if self._stats.queued(result) and p.rid not in self._blocked:
+            self._blocked[p.rid] = p
+            if not self._pollout and self._retry_at is None:
+                self._set_pollout(True)
 
     def _set_pollout(self, on: bool) -> None:
         assert self._router is not None
@@ -398,7 +363,7 @@ class ZmqServerTransport:
                 if not self._write(p, outbox.head()) or p.rid not in self._peers:
                     break  # still full, or the peer turned out gone (outbox already freed)
                 outbox.pop()
-                self._queue_depth -= 1
+                self._stats.queue_depth -= 1
                 moved = True
             if not outbox:
                 self._blocked.pop(p.rid, None)
@@ -416,6 +381,7 @@ class ZmqServerTransport:
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
         max_size = self._settings.max_message_size
         now = self._clock()
+        stats = self._stats
         for _ in range(common.BATCH):
             raw = common.recv_frames(router)
             if raw is None:
@@ -423,28 +389,19 @@ class ZmqServerTransport:
                 return
             rid = raw[0].bytes
             frames = [f.buffer for f in raw[1:]]
-            self._messages_in += 1
-            self._bytes_in += sum(map(len, frames))
+            stats.messages_in += 1
+            stats.bytes_in += sum(map(len, frames))
             p = self._peers.get(rid)
             if p is not None:
                 p.heartbeat.last_received = now
             try:
                 event = decode_frames(frames, from_server=False, max_size=max_size)
-            except UnsupportedVersion as exc:
-                self._bad_input(rid, exc, protocol=True)
-                self._answer_version(rid, frames, exc)
-                continue
-            except ProtocolError as exc:
-                self._bad_input(rid, exc, protocol=True)
-                continue
-            except DecodeError as exc:
-                self._bad_input(rid, exc, protocol=False)
+            except (DecodeError, ProtocolError) as exc:
+                self._reject(rid, reject_undecodable(exc, frames))
                 continue
             if type(event) is Incoming:
                 if p is None:
-                    err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
-                    self._bad_input(rid, err, protocol=True)
-                    self._send_exception(rid, event.message.header.id, err)
+                    self._reject(rid, reject_request_before_connect(event.message.header.id))
                     continue
                 try:
                     self._handler.on_message(rid, event.message)
@@ -453,41 +410,22 @@ class ZmqServerTransport:
             elif type(event) is Connect:
                 self._on_connect(rid, event.info, raw[1], now)
             elif type(event) is Heartbeat and p is None:
-                self._bad_input(rid, ProtocolError("HEARTBEAT before CONNECT"), protocol=True)
+                self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
             if self._closing:
                 return
 
-    def _bad_input(self, rid: bytes, exc: Exception, protocol: bool) -> None:
-        # Every dropped message counts as a decode error; the protocol violations among them
-        # (wrong side's kind, other version, no CONNECT) are also counted separately.
-        self._decode_errors += 1
-        if protocol:
-            self._protocol_errors += 1
-        log.warning("dropped a bad message from peer %s: %s", rid.hex(), exc)
-
-    def _answer_version(
-        self, rid: bytes, frames: Sequence[Buffer], exc: UnsupportedVersion
-    ) -> None:
-        if exc.request_id is not None:
-            self._send_exception(rid, exc.request_id, exc)
-        elif bytes(frames[0]) == bytes([Kind.CONNECT]):
-            self._send_raw(rid, encode_connect_ack({"error": str(exc)}))
-
-    def _send_exception(self, rid: bytes, request_id: int, exc: ProtocolError) -> None:
-        # Always "ProtocolError": the client re-creates rda's own error types by name.
-        body = [(BodyKind.EXCEPTION, encode_exception("ProtocolError", str(exc)))]
-        header = Header(RequestType.EXCEPTION, request_id)
-        self._send_raw(rid, encode_message(Kind.REPLY, header, body))
-
-    def _send_raw(self, rid: bytes, frames: Sequence[Buffer]) -> None:
-        """Answer a peer that is not (or not yet) registered: best effort, never queued."""
-        assert self._router is not None
-        self._poller.touch(self._router)
-        try:
-            common.send_routed(self._router, rid, frames)
-            self._messages_out += 1
-        except zmq.ZMQError:
-            self._dropped += 1
+    def _reject(self, rid: bytes, bad: BadInput) -> None:
+        """Drop a bad message: count, log, answer (best effort, never queued) if due."""
+        self._stats.bad_input(bad)
+        log.warning("dropped a bad message from peer %s: %s", rid.hex(), bad.error)
+        if bad.answer is not None:
+            assert self._router is not None
+            self._poller.touch(self._router)
+            try:
+                common.send_routed(self._router, rid, bad.answer)
+                self._stats.messages_out += 1
+            except zmq.ZMQError:
+                self._stats.dropped += 1
 
     def _on_connect(self, rid: bytes, info: dict[str, Any], frame: zmq.Frame, now: float) -> None:
         old = self._peers.get(rid)
@@ -499,9 +437,8 @@ class ZmqServerTransport:
         except zmq.ZMQError:
             fd = -1
         s = self._settings
-        p = Peer(
-            rid, info, HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now), fd
-        )
+        hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now)
+        p = Peer(rid, info, hb, fd)
         p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
         self._peers[rid] = p
         if fd >= 0:
@@ -563,20 +500,10 @@ class ZmqServerTransport:
         )
 
     def _check_heartbeats(self, now: float) -> None:
-        next_check = float("inf")
-        for p in list(self._peers.values()):
-            action = p.heartbeat.check(now)
-            if action is HeartbeatAction.EXPIRED:
-                self._heartbeat_timeouts += 1
-                self._drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
-                continue
-            if action is HeartbeatAction.SEND:
-                if p.outbox or not self._write(p, _HEARTBEAT_FRAMES):
-                    p.heartbeat.last_sent = now  # the pipe is full: the peer is busy, not idle
-                if p.rid not in self._peers:
-                    continue
-            next_check = min(next_check, p.heartbeat.next_deadline())
-        self._next_check = next_check
+        self._next_check = heartbeat_round(self._peers, now, self._stats, self._ping, self._drop)
+
+    def _ping(self, p: Peer) -> bool:
+        return self._write(p, _HEARTBEAT_FRAMES)
 
     def _drop_rid(self, rid: bytes, reason: str) -> None:
         p = self._peers.get(rid)
@@ -590,7 +517,7 @@ class ZmqServerTransport:
         p.state = next_state(p.state, event)
         if self._by_fd.get(p.fd) == p.rid:
             del self._by_fd[p.fd]
-        self._queue_depth -= p.outbox.clear()
+        self._stats.queue_depth -= p.outbox.clear()
         self._blocked.pop(p.rid, None)
         if not p.announced:
             return

@@ -12,28 +12,33 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, encode_exception
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
+from rda.transport._peers import (
+    HEARTBEAT_BEFORE_CONNECT,
+    BadInput,
+    Peer,
+    ServerCounters,
+    connect_ack_info,
+    heartbeat_round,
+    reject_request_before_connect,
+    reject_undecodable,
+)
 from rda.transport.api import Buffer, ServerHandler, ServerTransportStatistics, TransportSettings
 from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
     Kind,
-    UnsupportedVersion,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
-    encode_message,
 )
-from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
 if TYPE_CHECKING:
     from rda.testing._memory import MemoryNetwork
@@ -83,14 +88,10 @@ class _Writable:
 
 
 @dataclass(slots=True, eq=False)
-class _Peer:
-    id: bytes
-    link: Link
-    heartbeat: HeartbeatTracker
-    state: ConnState = ConnState.CONNECTED
-    # Messages waiting for the pipe to drain: [frames, conflation key or None].
-    queue: deque[list[Any]] = field(default_factory=deque)
-    keyed: dict[int, list[Any]] = field(default_factory=dict)
+class _Peer(Peer):
+    """The shared peer record (outbox, heartbeat, state) plus the connection it came on."""
+
+    link: Link = field(kw_only=True)
 
 
 class MemoryServerTransport(Dispatcher):
@@ -115,17 +116,10 @@ class MemoryServerTransport(Dispatcher):
         self._endpoint = endpoint
         self._handler = handler
         self._settings = settings
-        self._info: dict[str, Any] = {
-            "name": endpoint.removeprefix("mem://"),
-            "version": "memory",
-            "heartbeat_interval": settings.heartbeat_interval,
-            "heartbeat_timeout": settings.heartbeat_timeout,
-        }
-        self._info.update(server_info or {})
+        name = endpoint.removeprefix("mem://")
+        self._info = connect_ack_info(name, "memory", settings, server_info)
         self._peers: dict[bytes, _Peer] = {}
-        self._messages_in = self._messages_out = self._bytes_in = self._bytes_out = 0
-        self._heartbeat_timeouts = self._decode_errors = self._protocol_errors = 0
-        self._queue_depth = self._conflated = self._dropped = self._handler_errors = 0
+        self._stats = ServerCounters()
 
     # --- api.ServerTransport (any thread) ---
 
@@ -172,20 +166,7 @@ class MemoryServerTransport(Dispatcher):
         self._stop(self._settings.close_timeout, kill=True)
 
     def statistics(self) -> ServerTransportStatistics:
-        return ServerTransportStatistics(
-            messages_in=self._messages_in,
-            messages_out=self._messages_out,
-            bytes_in=self._bytes_in,
-            bytes_out=self._bytes_out,
-            peers=len(self._peers),
-            heartbeat_timeouts=self._heartbeat_timeouts,
-            decode_errors=self._decode_errors,
-            protocol_errors=self._protocol_errors,
-            peer_queue_depth=self._queue_depth,
-            notifications_conflated=self._conflated,
-            messages_dropped=self._dropped,
-            handler_errors=self._handler_errors,
-        )
+        return self._stats.snapshot(len(self._peers))
 
     # --- called by the network (any thread) ---
 
@@ -226,42 +207,30 @@ class MemoryServerTransport(Dispatcher):
         link = item.link
         if link.closed:
             return  # the connection closed while this was queued
-        self._messages_in += 1
-        self._bytes_in += frames_size(item.frames)
+        self._stats.messages_in += 1
+        self._stats.bytes_in += frames_size(item.frames)
         p = self._peers.get(link.peer)
         try:
             event = decode_frames(
                 item.frames, from_server=False, max_size=self._settings.max_message_size
             )
-        except UnsupportedVersion as exc:
-            self._bad_input(link.peer, exc, protocol=True)
-            if exc.request_id is not None:
-                self._send_exception(link, exc.request_id, exc)
-            elif bytes(item.frames[0]) == bytes([Kind.CONNECT]):
-                self._send_raw(link, encode_connect_ack({"error": str(exc)}))
-            return
-        except ProtocolError as exc:
-            self._bad_input(link.peer, exc, protocol=True)
-            return
-        except DecodeError as exc:
-            self._bad_input(link.peer, exc, protocol=False)
+        except (DecodeError, ProtocolError) as exc:
+            self._reject(link, reject_undecodable(exc, item.frames))
             return
         if p is not None:
             p.heartbeat.received(item.stamp)
         if isinstance(event, Incoming):
             if p is None:
-                err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
-                self._bad_input(link.peer, err, protocol=True)
-                self._send_exception(link, event.message.header.id, err)
+                self._reject(link, reject_request_before_connect(event.message.header.id))
                 return
             try:
-                self._handler.on_message(p.id, event.message)
+                self._handler.on_message(p.rid, event.message)
             except Exception:
                 self._handler_failed("on_message")
         elif isinstance(event, Connect):
             self._on_connect(link, event.info, item.stamp)
         elif isinstance(event, Heartbeat) and p is None:
-            self._bad_input(link.peer, ProtocolError("HEARTBEAT before CONNECT"), protocol=True)
+            self._reject(link, HEARTBEAT_BEFORE_CONNECT)
 
     def _on_connect(self, link: Link, info: dict[str, Any], stamp: float) -> None:
         old = self._peers.get(link.peer)
@@ -269,108 +238,76 @@ class MemoryServerTransport(Dispatcher):
             self._drop(old, "reconnected")  # the same routing id introduced itself again
         s = self._settings
         hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, stamp)
-        p = _Peer(link.peer, link, hb, next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED))
-        self._peers[p.id] = p
+        p = _Peer(link.peer, info, hb, link=link, announced=True)
+        p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
+        self._peers[p.rid] = p
         self._send(p, encode_connect_ack(self._info), None)
         try:
-            self._handler.on_peer_connected(p.id, info)
+            self._handler.on_peer_connected(p.rid, info)
         except Exception:
             self._handler_failed("on_peer_connected")
 
-    def _bad_input(self, peer: bytes, exc: Exception, protocol: bool) -> None:
-        # As the ZeroMQ server: every dropped message is a decode error; protocol violations
-        # are also counted on their own.
-        self._decode_errors += 1
-        if protocol:
-            self._protocol_errors += 1
-        log.warning("dropped a bad message from peer %r: %s", peer, exc)
-
-    def _send_exception(self, link: Link, request_id: int, exc: ProtocolError) -> None:
-        body = [(BodyKind.EXCEPTION, encode_exception("ProtocolError", str(exc)))]
-        self._send_raw(
-            link, encode_message(Kind.REPLY, Header(RequestType.EXCEPTION, request_id), body)
-        )
-
-    def _send_raw(self, link: Link, frames: Sequence[Buffer]) -> None:
-        """Answer a peer that is not registered: best effort, never queued."""
-        if self._network._server_send(link, frames):
-            self._messages_out += 1
-            self._bytes_out += frames_size(frames)
+    def _reject(self, link: Link, bad: BadInput) -> None:
+        """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
+        self._stats.bad_input(bad)
+        log.warning("dropped a bad message from peer %r: %s", link.peer, bad.error)
+        if bad.answer is None:
+            return
+        # The sender may not be registered: best effort, never queued.
+        if self._network._server_send(link, bad.answer):
+            self._stats.messages_out += 1
+            self._stats.bytes_out += frames_size(bad.answer)
         else:
-            self._dropped += 1
+            self._stats.dropped += 1
 
     def _send_to(self, peer: bytes, frames: Sequence[Buffer], key: int | None) -> None:
         p = self._peers.get(peer)
         if p is None:
-            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
+            self._stats.dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
             return
         self._send(p, frames, key)
 
     def _send(self, p: _Peer, frames: Sequence[Buffer], key: int | None) -> None:
-        # Once something waits in the peer's queue, newer messages queue behind it (order).
-        if p.queue or not self._write(p, frames):
-            self._enqueue(p, frames, key)
+        # Once something waits in the peer's outbox, newer messages queue behind it (order).
+        if p.outbox or not self._write(p, frames):
+            self._stats.queued(p.outbox.put(frames, key, self._settings.peer_queue_limit))
 
     def _write(self, p: _Peer, frames: Sequence[Buffer]) -> bool:
         if not self._network._server_send(p.link, frames):
             return False  # the pipe is full
-        self._messages_out += 1
-        self._bytes_out += frames_size(frames)
+        self._stats.messages_out += 1
+        self._stats.bytes_out += frames_size(frames)
         p.heartbeat.sent(self._clock())
         return True
 
-    def _enqueue(self, p: _Peer, frames: Sequence[Buffer], key: int | None) -> None:
-        if key is not None:
-            entry = p.keyed.get(key)
-            if entry is not None:
-                entry[0] = frames  # latest wins, in the older one's place
-                self._conflated += 1
-                return
-        if len(p.queue) >= self._settings.peer_queue_limit:
-            self._dropped += 1
-            return
-        entry = [frames, key]
-        p.queue.append(entry)
-        self._queue_depth += 1
-        if key is not None:
-            p.keyed[key] = entry
-
     def _flush(self, p: _Peer) -> None:
-        while p.queue and self._write(p, p.queue[0][0]):
-            entry = p.queue.popleft()
-            self._queue_depth -= 1
-            key = entry[1]
-            if key is not None and p.keyed.get(key) is entry:
-                del p.keyed[key]
+        while p.outbox and self._write(p, p.outbox.head()):
+            p.outbox.pop()
+            self._stats.queue_depth -= 1
 
     def _check_timers(self, now: float) -> None:
-        for p in list(self._peers.values()):
-            action = p.heartbeat.check(now)
-            if action is HeartbeatAction.EXPIRED:
-                self._heartbeat_timeouts += 1
-                self._drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
-            elif action is HeartbeatAction.SEND:
-                sent = not p.queue and self._write(p, _HEARTBEAT)
-                if not sent:  # a full pipe takes no heartbeat; call it sent, or we would spin
-                    p.heartbeat.sent(now)
+        heartbeat_round(self._peers, now, self._stats, self._ping, self._drop)
+
+    def _ping(self, p: _Peer) -> bool:
+        return self._write(p, _HEARTBEAT)
 
     def _next_deadline(self) -> float | None:
         return min((p.heartbeat.next_deadline() for p in self._peers.values()), default=None)
 
     def _drop(self, p: _Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
-        del self._peers[p.id]
+        del self._peers[p.rid]
         p.state = next_state(p.state, event)
-        self._dropped += len(p.queue)
-        self._queue_depth -= len(p.queue)
-        p.queue.clear()
-        p.keyed.clear()
+        # Unlike the ZeroMQ server, what waited for this peer also counts as dropped.
+        lost = p.outbox.clear()
+        self._stats.dropped += lost
+        self._stats.queue_depth -= lost
         try:
-            self._handler.on_peer_disconnected(p.id, reason)
+            self._handler.on_peer_disconnected(p.rid, reason)
         except Exception:
             self._handler_failed("on_peer_disconnected")
 
     def _handler_failed(self, what: str) -> None:
-        self._handler_errors += 1
+        self._stats.handler_errors += 1
         log.exception("server handler %s raised; the transport carries on", what)
 
     def _teardown(self, report: bool) -> None:

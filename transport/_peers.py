@@ -1,0 +1,302 @@
+"""Sans-I/O bookkeeping shared by the ZeroMQ and the in-memory transports.
+
+No zmq here: both transport families call this module, so that what a server answers to bad
+input, how peers are pinged and expired, how the statistics are counted and what a handshake
+says about this process are written once. The transports only move the frames.
+
+* :class:`ServerCounters` / :class:`ClientCounters`: the counters behind ``statistics()``,
+  plain ints written by the dispatcher only (STYLE.md 12: no metric calls in the hot path);
+* :class:`BadInput` and the ``reject_*`` functions: every message a server drops, whether it is
+  answered (a version mismatch, a REQUEST before CONNECT) and how it is counted;
+* :class:`Peer` and :func:`heartbeat_round`: one client as a server sees it, and the periodic
+  heartbeat pass over all of them (state transitions stay in ``rda.transport.state``);
+* :func:`connect_info` / :func:`connect_ack_info`: what CONNECT and CONNECT_ACK carry.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, TypeVar
+
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import BodyKind, encode_exception
+from rda.serialization.errors import DecodeError, ProtocolError
+from rda.transport._outbox import Outbox, PutResult
+from rda.transport.api import (
+    Buffer,
+    ClientTransportStatistics,
+    ServerTransportStatistics,
+    TransportSettings,
+)
+from rda.transport.protocol import Kind, UnsupportedVersion, encode_connect_ack, encode_message
+from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
+
+__all__ = [
+    "HEARTBEAT_BEFORE_CONNECT",
+    "BadInput",
+    "ClientCounters",
+    "Peer",
+    "ServerCounters",
+    "connect_ack_info",
+    "connect_info",
+    "heartbeat_round",
+    "rda_version",
+    "reject_request_before_connect",
+    "reject_undecodable",
+]
+
+_CONNECT_KIND = bytes([Kind.CONNECT])
+
+
+class ServerCounters:
+    """A server transport's counters; :meth:`snapshot` is its ``statistics()``."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "conflated",
+        "decode_errors",
+        "dropped",
+        "handler_errors",
+        "heartbeat_timeouts",
+        "internal_errors",
+        "messages_in",
+        "messages_out",
+        "protocol_errors",
+        "queue_depth",
+    )
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.messages_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.heartbeat_timeouts = 0
+        self.decode_errors = 0
+        self.protocol_errors = 0
+        self.queue_depth = 0  # messages waiting in all peers' outboxes
+        self.conflated = 0
+        self.dropped = 0
+        self.handler_errors = 0
+        # Unexpected exceptions the dispatcher survived (logged; not in the statistics).
+        self.internal_errors = 0
+
+    def bad_input(self, bad: BadInput) -> None:
+        # Every dropped message counts as a decode error; the protocol violations among them
+        # (wrong side's kind, other version, no CONNECT) are also counted separately.
+        self.decode_errors += 1
+        if bad.protocol:
+            self.protocol_errors += 1
+
+    def queued(self, result: PutResult) -> bool:
+        """Count what ``Outbox.put`` did; True when the message now waits in the outbox."""
+        if result is PutResult.CONFLATED:
+            self.conflated += 1
+            return False
+        if result is PutResult.DROPPED:
+            self.dropped += 1
+            return False
+        self.queue_depth += 1
+        return True
+
+    def snapshot(self, peers: int) -> ServerTransportStatistics:
+        return ServerTransportStatistics(
+            messages_in=self.messages_in,
+            messages_out=self.messages_out,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            peers=peers,
+            heartbeat_timeouts=self.heartbeat_timeouts,
+            decode_errors=self.decode_errors,
+            protocol_errors=self.protocol_errors,
+            peer_queue_depth=self.queue_depth,
+            notifications_conflated=self.conflated,
+            messages_dropped=self.dropped,
+            handler_errors=self.handler_errors,
+        )
+
+
+class ClientCounters:
+    """A client transport's counters; :meth:`snapshot` is its ``statistics()``."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "decode_errors",
+        "disconnects",
+        "handler_errors",
+        "heartbeat_timeouts",
+        "internal_errors",
+        "messages_in",
+        "messages_out",
+        "queued",
+    )
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.messages_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.heartbeat_timeouts = 0
+        self.decode_errors = 0
+        self.disconnects = 0
+        self.queued = 0  # messages sent before CONNECT_ACK (they waited for it)
+        self.handler_errors = 0
+        self.internal_errors = 0
+
+    def snapshot(self, connections: int) -> ClientTransportStatistics:
+        return ClientTransportStatistics(
+            messages_in=self.messages_in,
+            messages_out=self.messages_out,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            connections=connections,
+            heartbeat_timeouts=self.heartbeat_timeouts,
+            decode_errors=self.decode_errors,
+            disconnects=self.disconnects,
+            queued_until_connected=self.queued,
+            handler_errors=self.handler_errors,
+        )
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """A message a server drops: why, whether it is a protocol violation, and the answer.
+
+    ``answer`` (frames, or None for silence) goes to the sender best effort and is never
+    queued: the sender may not be a registered peer.
+    """
+
+    error: DecodeError | ProtocolError
+    protocol: bool
+    answer: list[Buffer] | None = None
+
+
+def _exception_reply(request_id: int, exc: ProtocolError) -> list[Buffer]:
+    # Always "ProtocolError": the client re-creates rda's own error types by name.
+    body = [(BodyKind.EXCEPTION, encode_exception("ProtocolError", str(exc)))]
+    return encode_message(Kind.REPLY, Header(RequestType.EXCEPTION, request_id), body)
+
+
+def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer]) -> BadInput:
+    """What a server does with a message ``decode_frames`` refused with ``exc``.
+
+    A peer of another protocol version is told so (docs/protocol.md, "Versions"): a request
+    gets an EXCEPTION reply with its id, a CONNECT a refusing CONNECT_ACK; everything else is
+    dropped without an answer.
+    """
+    if isinstance(exc, UnsupportedVersion):
+        if exc.request_id is not None:
+            return BadInput(exc, True, _exception_reply(exc.request_id, exc))
+        if bytes(frames[0]) == _CONNECT_KIND:
+            return BadInput(exc, True, list(encode_connect_ack({"error": str(exc)})))
+        return BadInput(exc, True)
+    return BadInput(exc, isinstance(exc, ProtocolError))
+
+
+def reject_request_before_connect(request_id: int) -> BadInput:
+    """A REQUEST from a peer that never sent CONNECT: answered, so its caller fails fast."""
+    err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
+    return BadInput(err, True, _exception_reply(request_id, err))
+
+
+HEARTBEAT_BEFORE_CONNECT = BadInput(ProtocolError("HEARTBEAT before CONNECT"), True)
+
+
+# ------------------------------------------------------------------------- peers
+
+
+@dataclass(slots=True, eq=False)
+class Peer:
+    """One client as the server sees it (``last_received``/``last_sent`` live in heartbeat)."""
+
+    rid: bytes
+    info: dict[str, Any]
+    heartbeat: HeartbeatTracker
+    fd: int = -1  # the connection's file descriptor (SRCFD of its CONNECT), -1 if unknown
+    state: ConnState = ConnState.CONNECTED
+    # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
+    announced: bool = False
+    outbox: Outbox = field(default_factory=Outbox)
+
+
+P = TypeVar("P", bound=Peer)
+
+
+def heartbeat_round(
+    peers: Mapping[bytes, P],
+    now: float,
+    counters: ServerCounters,
+    ping: Callable[[P], bool],
+    drop: Callable[[P, str, ConnEvent], None],
+) -> float:
+    """One pass over every peer: drop the silent ones, ping the idle ones.
+
+    ``ping`` sends a HEARTBEAT and returns False when the peer's pipe is full; ``drop`` removes
+    the peer (and may be called by ``ping`` too). Returns the earliest next deadline of the
+    peers that remain (``inf`` for none).
+    """
+    next_check = float("inf")
+    for p in list(peers.values()):
+        action = p.heartbeat.check(now)
+        if action is HeartbeatAction.EXPIRED:
+            counters.heartbeat_timeouts += 1
+            drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+            continue
+        if action is HeartbeatAction.SEND:
+            if p.outbox or not ping(p):
+                # A full pipe takes no heartbeat: the peer is busy, not idle; calling it sent
+                # keeps the next round from pinging it again at once.
+                p.heartbeat.last_sent = now
+            if peers.get(p.rid) is not p:
+                continue
+        next_check = min(next_check, p.heartbeat.next_deadline())
+    return next_check
+
+
+# ------------------------------------------------------------------------- handshakes
+
+
+def rda_version() -> str:
+    try:
+        return metadata.version("rda")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def connect_info(version: str) -> dict[str, Any]:
+    """What CONNECT tells the server about this process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name in some containers
+        user = str(os.getuid())
+    return {
+        "application": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
+        "user": user,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "version": version,
+    }
+
+
+def connect_ack_info(
+    name: str, version: str, settings: TransportSettings, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What CONNECT_ACK tells a client: who answers and the heartbeat it expects."""
+    info: dict[str, Any] = {
+        "name": name,
+        "version": version,
+        "heartbeat_interval": settings.heartbeat_interval,
+        "heartbeat_timeout": settings.heartbeat_timeout,
+    }
+    info.update(extra or {})
+    return info
