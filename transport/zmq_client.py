@@ -14,26 +14,22 @@ through ``on_disconnected`` and its DEALER closed; the business layer calls ``co
 
 from __future__ import annotations
 
-import getpass
 import itertools
 import logging
-import os
-import socket
 import struct
-import sys
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any
 
 import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
+from rda.transport._peers import ClientCounters, connect_info, rda_version
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -62,26 +58,9 @@ _SEND, _CONNECT, _DISCONNECT, _WAKE = 0, 1, 2, 3
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
 
 
-def _rda_version() -> str:
-    try:
-        return metadata.version("rda")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def default_client_info() -> dict[str, Any]:
     """What CONNECT tells the server about this process."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return {
-        "application": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
-        "user": user,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "version": _rda_version(),
-    }
+    return connect_info(rda_version())
 
 
 @dataclass(slots=True, eq=False)
@@ -132,17 +111,7 @@ class ZmqClientTransport:
         self._pull: zmq.Socket[bytes] | None = None
         self._backlog_total = 0
         self._pipe_paused = False
-        # Counters: plain ints written only by the dispatcher, read by statistics().
-        self._messages_in = 0
-        self._messages_out = 0
-        self._bytes_in = 0
-        self._bytes_out = 0
-        self._heartbeat_timeouts = 0
-        self._decode_errors = 0
-        self._disconnects = 0
-        self._queued = 0
-        self._handler_errors = 0
-        self._internal_errors = 0
+        self._stats = ClientCounters()
         self._next_timer = float("inf")
         self._connected = 0
 
@@ -207,18 +176,7 @@ class ZmqClientTransport:
             log.warning("client dispatcher did not stop within %.1f s (a handler blocks?)", limit)
 
     def statistics(self) -> ClientTransportStatistics:
-        return ClientTransportStatistics(
-            messages_in=self._messages_in,
-            messages_out=self._messages_out,
-            bytes_in=self._bytes_in,
-            bytes_out=self._bytes_out,
-            connections=self._connected,
-            heartbeat_timeouts=self._heartbeat_timeouts,
-            decode_errors=self._decode_errors,
-            disconnects=self._disconnects,
-            queued_until_connected=self._queued,
-            handler_errors=self._handler_errors,
-        )
+        return self._stats.snapshot(self._connected)
 
     # ------------------------------------------------------------------ helpers
 
@@ -236,7 +194,7 @@ class ZmqClientTransport:
 
     def _handler_failed(self, what: str) -> None:
         # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._handler_errors += 1
+        self._stats.handler_errors += 1
         log.exception("client handler %s raised; the dispatcher carries on", what)
 
     # --------------------------------------------------------------- dispatcher thread
@@ -263,7 +221,7 @@ class ZmqClientTransport:
                         raise
                     except Exception:
                         # A bug must not take every connection down: log it and carry on.
-                        self._internal_errors += 1
+                        self._stats.internal_errors += 1
                         log.exception("client dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
@@ -324,7 +282,7 @@ class ZmqClientTransport:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
             common.close_monitored(sock, monitor)
-            self._disconnects += 1
+            self._stats.disconnects += 1
             self._notify_disconnected(conn, f"cannot connect to {endpoint}: {exc}")
             return
         self._conns[conn] = c
@@ -350,7 +308,7 @@ class ZmqClientTransport:
 
     def _send_on(self, c: _Connection, frames: Sequence[Any]) -> None:
         if c.state is ConnState.CONNECTING:
-            self._queued += 1
+            self._stats.queued += 1
             self._push_backlog(c, frames)
         elif c.backlog or not self._write(c, frames):
             # The DEALER's pipe is full (or older messages wait): keep the order, retry on
@@ -369,8 +327,9 @@ class ZmqClientTransport:
         except zmq.ZMQError as exc:
             self._drop(c, f"send failed: {exc}")
             return True
-        self._messages_out += 1
-        self._bytes_out += sum(map(len, frames))
+        stats = self._stats
+        stats.messages_out += 1
+        stats.bytes_out += sum(map(len, frames))
         c.heartbeat.last_sent = self._clock()
         return True
 
@@ -400,19 +359,20 @@ class ZmqClientTransport:
         sock = c.sock
         max_size = self._settings.max_message_size
         now = self._clock()
+        stats = self._stats
         for _ in range(common.BATCH):
             raw = common.recv_frames(sock)
             if raw is None:
                 self._poller.settle(sock)
                 return
             frames = [f.buffer for f in raw]
-            self._messages_in += 1
-            self._bytes_in += sum(map(len, frames))
+            stats.messages_in += 1
+            stats.bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
             try:
                 event = decode_frames(frames, from_server=True, max_size=max_size)
             except (DecodeError, ProtocolError) as exc:
-                self._decode_errors += 1
+                stats.decode_errors += 1
                 log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
                 continue
             if type(event) is Incoming:
@@ -422,12 +382,12 @@ class ZmqClientTransport:
                     except Exception:
                         self._handler_failed("on_message")
                 else:
-                    self._decode_errors += 1
+                    stats.decode_errors += 1
                     log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
             elif type(event) is ConnectAck:
                 self._on_ack(c, event.info)
             elif type(event) is not Heartbeat:
-                self._decode_errors += 1
+                stats.decode_errors += 1
             if self._closing or c.id not in self._conns:
                 return
 
@@ -484,7 +444,7 @@ class ZmqClientTransport:
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
-                self._heartbeat_timeouts += 1
+                self._stats.heartbeat_timeouts += 1
                 self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
                 continue
             if (
@@ -509,7 +469,7 @@ class ZmqClientTransport:
             self._connected -= 1
         c.state = next_state(c.state, event)
         self._close_connection(c)
-        self._disconnects += 1
+        self._stats.disconnects += 1
         self._notify_disconnected(c.id, reason)
 
     def _close_connection(self, c: _Connection) -> None:

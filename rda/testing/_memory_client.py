@@ -9,18 +9,15 @@ within connect_timeout" and "refused by the server: ...".
 
 from __future__ import annotations
 
-import getpass
 import itertools
 import logging
-import os
-import socket
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
+from rda.transport._peers import ClientCounters, connect_info
 from rda.transport.api import Buffer, ClientHandler, ClientTransportStatistics, TransportSettings
 from rda.transport.protocol import (
     ConnectAck,
@@ -40,20 +37,6 @@ __all__ = ["MemoryClientTransport"]
 log = logging.getLogger("rda.testing")
 _HEARTBEAT = encode_heartbeat(from_server=False)
 _instances = itertools.count(1)
-
-
-def _default_info() -> dict[str, Any]:
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in some containers; the info is informative only
-        user = "unknown"
-    return {
-        "application": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
-        "user": user,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "version": "memory",
-    }
 
 
 @dataclass(slots=True)
@@ -114,15 +97,12 @@ class MemoryClientTransport(Dispatcher):
         self._network = network
         self._handler = handler
         self._settings = settings
-        self._info = _default_info()
+        self._info = connect_info("memory")
         self._info.update(client_info or {})
         self._ids = itertools.count(1)
         self._conns: dict[int, _Connection] = {}
         self._routing: dict[int, bytes] = {}
-        # Counters: written by the dispatcher only, read by statistics().
-        self._messages_in = self._messages_out = self._bytes_in = self._bytes_out = 0
-        self._heartbeat_timeouts = self._decode_errors = self._disconnects = 0
-        self._queued = self._handler_errors = 0
+        self._stats = ClientCounters()
 
     # --- api.ClientTransport (any thread) ---
 
@@ -144,18 +124,7 @@ class MemoryClientTransport(Dispatcher):
         self._stop(self._settings.close_timeout if timeout is None else timeout, kill=False)
 
     def statistics(self) -> ClientTransportStatistics:
-        return ClientTransportStatistics(
-            messages_in=self._messages_in,
-            messages_out=self._messages_out,
-            bytes_in=self._bytes_in,
-            bytes_out=self._bytes_out,
-            connections=len(self._conns),
-            heartbeat_timeouts=self._heartbeat_timeouts,
-            decode_errors=self._decode_errors,
-            disconnects=self._disconnects,
-            queued_until_connected=self._queued,
-            handler_errors=self._handler_errors,
-        )
+        return self._stats.snapshot(len(self._conns))
 
     def routing_id(self, connection: int) -> bytes | None:
         """The peer id the server sees for ``connection`` (None before the dispatcher opened it)."""
@@ -180,7 +149,7 @@ class MemoryClientTransport(Dispatcher):
                 return  # a dead connection: its on_disconnected was or will be delivered
             if c.state is ConnState.CONNECTING:
                 c.pending.append(item.frames)
-                self._queued += 1
+                self._stats.queued += 1
             else:
                 self._transmit(c, item.frames)
         elif isinstance(item, _Open):
@@ -211,21 +180,21 @@ class MemoryClientTransport(Dispatcher):
         c = self._conns.get(item.conn)
         if c is None:
             return  # arrived after we dropped the connection
-        self._messages_in += 1
-        self._bytes_in += frames_size(item.frames)
+        self._stats.messages_in += 1
+        self._stats.bytes_in += frames_size(item.frames)
         try:
             event = decode_frames(
                 item.frames, from_server=True, max_size=self._settings.max_message_size
             )
         except (DecodeError, ProtocolError) as exc:
-            self._decode_errors += 1
+            self._stats.decode_errors += 1
             log.warning("dropped a bad message on connection %d: %s", c.id, exc)
             return
         if c.heartbeat is not None:
             c.heartbeat.received(item.stamp)
         if isinstance(event, Incoming):
             if c.state is not ConnState.CONNECTED:
-                self._decode_errors += 1
+                self._stats.decode_errors += 1
                 log.warning("REPLY before CONNECT_ACK on connection %d dropped", c.id)
                 return
             try:
@@ -235,11 +204,11 @@ class MemoryClientTransport(Dispatcher):
         elif isinstance(event, ConnectAck):
             self._on_ack(c, event.info, item.stamp)
         elif isinstance(event, Heartbeat) and c.state is not ConnState.CONNECTED:
-            self._decode_errors += 1
+            self._stats.decode_errors += 1
 
     def _on_ack(self, c: _Connection, info: dict[str, Any], stamp: float) -> None:
         if c.state is not ConnState.CONNECTING:
-            self._decode_errors += 1  # a second ACK: ignore it
+            self._stats.decode_errors += 1  # a second ACK: ignore it
             return
         if "error" in info:
             self._drop(c, f"refused by the server: {info['error']}", ConnEvent.ACK_REFUSED)
@@ -257,8 +226,8 @@ class MemoryClientTransport(Dispatcher):
 
     def _transmit(self, c: _Connection, frames: Sequence[Buffer]) -> None:
         self._network._client_send(c.link, frames)
-        self._messages_out += 1
-        self._bytes_out += frames_size(frames)
+        self._stats.messages_out += 1
+        self._stats.bytes_out += frames_size(frames)
         if c.heartbeat is not None:
             c.heartbeat.sent(self._clock())
 
@@ -272,7 +241,7 @@ class MemoryClientTransport(Dispatcher):
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
-                self._heartbeat_timeouts += 1
+                self._stats.heartbeat_timeouts += 1
                 self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
             elif action is HeartbeatAction.SEND:
                 self._transmit(c, _HEARTBEAT)
@@ -289,14 +258,14 @@ class MemoryClientTransport(Dispatcher):
         self._routing.pop(c.id, None)
         c.state = next_state(c.state, event)
         self._network._close_link(c.link)
-        self._disconnects += 1
+        self._stats.disconnects += 1
         try:
             self._handler.on_disconnected(c.id, reason)
         except Exception:
             self._handler_failed("on_disconnected")
 
     def _handler_failed(self, what: str) -> None:
-        self._handler_errors += 1
+        self._stats.handler_errors += 1
         log.exception("client handler %s raised; the transport carries on", what)
 
     def _teardown(self, report: bool) -> None:
