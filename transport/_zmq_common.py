@@ -6,6 +6,8 @@
 * :func:`decode_monitor_event`: socket-monitor messages, so a closed TCP connection is noticed
   in milliseconds instead of after the heartbeat timeout.
 * :func:`close_socket`: linger-bounded close that never raises.
+* :class:`DispatcherShell`: what both transports wrap around their dispatcher loop (the
+  context, the pipe, the named thread, the idempotent bounded ``close``).
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ import logging
 import select
 import struct
 import threading
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import zmq
 
 from rda.serialization.errors import TransportError
+from rda.transport._peers import ClientCounters, ServerCounters
+from rda.transport.api import TransportSettings
 
 __all__ = [
     "BATCH",
     "GONE_EVENTS",
     "PIPE_SEND_TIMEOUT_MS",
+    "DispatcherShell",
     "Selector",
     "SendPipe",
     "close_monitored",
@@ -323,3 +329,115 @@ def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
         sock.close(linger=linger)
     except zmq.ZMQError as exc:
         log.debug("closing a socket failed: %s", exc)
+
+
+class DispatcherShell:
+    """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
+
+    A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
+    :meth:`_close_pipe` and :meth:`_term_context` on its way out) and ``_stats``. ``side`` is
+    "client" or "server": it names the thread ``rda-<side>-dispatcher``, the inproc pipe and
+    the log messages. ``wake`` is the pipe message that only wakes the dispatcher.
+    """
+
+    _stats: ClientCounters | ServerCounters
+
+    def __init__(
+        self,
+        side: str,
+        settings: TransportSettings,
+        context: zmq.Context[zmq.Socket[bytes]] | None,
+        clock: Callable[[], float],
+        wake: list[bytes],
+        logger: logging.Logger,
+    ) -> None:
+        self._side = side
+        self._settings = settings
+        self._own_context = context is None
+        self._context = context
+        self._clock = clock
+        self._wake = wake
+        self._log = logger
+        self._address = pipe_address(side)
+        self._pipe: SendPipe | None = None
+        self._pull: zmq.Socket[bytes] | None = None
+        self._poller = Selector()
+        self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None
+        self._closing = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing = True
+        thread, pipe = self._thread, self._pipe
+        if thread is None:  # never started
+            self._term_context()
+            return
+        if self._on_dispatcher():
+            # A handler asked: the dispatcher cannot join itself; it cleans up on its way out.
+            return
+        assert pipe is not None
+        limit = self._settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        pipe.mark_closed()  # producers blocked on a full pipe give up within 50 ms
+        pipe.wake(self._wake, min(limit, 0.1))
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            self._log.warning(
+                "%s dispatcher did not stop within %.1f s (a handler blocks?)", self._side, limit
+            )
+
+    def _begin_start(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The context to open sockets in; refuses a second start or a start after close."""
+        if self._thread is not None or self._closed:
+            raise TransportError("a transport can be started once")
+        if self._context is None:
+            self._context = zmq.Context()
+        return self._context
+
+    def _open_pipe(self) -> zmq.Socket[bytes]:
+        """Bind the PULL end (watched for POLLIN) and connect the producers' PUSH end."""
+        assert self._context is not None
+        hwm = max(1, self._settings.send_hwm)
+        self._pull = pull = open_pipe_pull(self._context, self._address, hwm)
+        self._poller.register(pull, zmq.POLLIN)
+        self._pipe = SendPipe(self._context, self._address, hwm)
+        return pull
+
+    def _start_thread(self) -> None:
+        name = f"rda-{self._side}-dispatcher"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _on_dispatcher(self) -> bool:
+        return threading.get_ident() == self._thread_id
+
+    def _timeout_ms(self, deadline: float) -> int:
+        """The poll timeout that wakes the dispatcher at ``deadline`` (``inf``: never)."""
+        if deadline == float("inf"):
+            return -1
+        # Round up so that the wake-up finds the deadline passed, not 1 ms short of it.
+        return max(0, int((deadline - self._clock()) * 1000.0) + 1)
+
+    def _handler_failed(self, what: str) -> None:
+        # The dispatcher must survive any business-layer bug: log, count, carry on.
+        self._stats.handler_errors += 1
+        self._log.exception("%s handler %s raised; the dispatcher carries on", self._side, what)
+
+    def _close_pipe(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+        if self._pull is not None:
+            close_socket(self._pull)
+
+    def _term_context(self) -> None:
+        if self._own_context and self._context is not None:
+            self._context.term()

@@ -77,8 +77,10 @@ class _Connection:
     backlog: deque[Sequence[Any]] = field(default_factory=deque)
 
 
-class ZmqClientTransport:
+class ZmqClientTransport(common.DispatcherShell):
     """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets."""
+
+    _stats: ClientCounters
 
     def __init__(
         self,
@@ -88,27 +90,15 @@ class ZmqClientTransport:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__("client", settings, context, clock, [_OP.pack(_WAKE, 0)], log)
         self._handler = handler
-        self._settings = settings
         self._info = default_client_info()
         if client_info:
             self._info.update(client_info)
-        self._own_context = context is None
-        self._context = context
-        self._clock = clock
         self._ids = itertools.count(1)
-        self._address = common.pipe_address("client")
-        self._pipe: common.SendPipe | None = None
-        self._thread: threading.Thread | None = None
-        self._thread_id: int | None = None
-        self._closing = False
-        self._closed = False
-        self._close_lock = threading.Lock()
         self._conns: dict[int, _Connection] = {}
         self._by_socket: dict[zmq.Socket[bytes], _Connection] = {}
         self._by_monitor: dict[zmq.Socket[bytes], _Connection] = {}
-        self._poller = common.Selector()
-        self._pull: zmq.Socket[bytes] | None = None
         self._backlog_total = 0
         self._pipe_paused = False
         self._stats = ClientCounters()
@@ -118,16 +108,9 @@ class ZmqClientTransport:
     # ----------------------------------------------------------------- public, any thread
 
     def start(self) -> None:
-        if self._thread is not None or self._closed:
-            raise TransportError("a transport can be started once")
-        if self._context is None:
-            self._context = zmq.Context()
-        hwm = max(1, self._settings.send_hwm)
-        self._pull = common.open_pipe_pull(self._context, self._address, hwm)
-        self._poller.register(self._pull, zmq.POLLIN)
-        self._pipe = common.SendPipe(self._context, self._address, hwm)
-        self._thread = threading.Thread(target=self._run, name="rda-client-dispatcher", daemon=True)
-        self._thread.start()
+        self._begin_start()
+        self._open_pipe()
+        self._start_thread()
 
     def connect(self, endpoint: str) -> int:
         conn = next(self._ids)
@@ -153,49 +136,15 @@ class ZmqClientTransport:
         elif self._pipe is not None:
             self._pipe.send([_OP.pack(_DISCONNECT, connection)])
 
-    def close(self, timeout: float | None = None) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._closing = True
-        thread, pipe = self._thread, self._pipe
-        if thread is None:  # never started
-            self._term_context()
-            return
-        if self._on_dispatcher():
-            # A handler asked: the dispatcher cannot join itself; it cleans up on its way out.
-            return
-        assert pipe is not None
-        limit = self._settings.close_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        pipe.mark_closed()  # producers blocked on a full pipe give up within 50 ms
-        pipe.wake([_OP.pack(_WAKE, 0)], min(limit, 0.1))
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.warning("client dispatcher did not stop within %.1f s (a handler blocks?)", limit)
-
     def statistics(self) -> ClientTransportStatistics:
         return self._stats.snapshot(self._connected)
 
     # ------------------------------------------------------------------ helpers
 
-    def _on_dispatcher(self) -> bool:
-        return threading.get_ident() == self._thread_id
-
     def _pipe_or_raise(self) -> common.SendPipe:
         if self._pipe is None:
             raise TransportError("the transport is not started")
         return self._pipe
-
-    def _term_context(self) -> None:
-        if self._own_context and self._context is not None:
-            self._context.term()
-
-    def _handler_failed(self, what: str) -> None:
-        # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._stats.handler_errors += 1
-        log.exception("client handler %s raised; the dispatcher carries on", what)
 
     # --------------------------------------------------------------- dispatcher thread
 
@@ -206,7 +155,7 @@ class ZmqClientTransport:
         poll = self._poller.poll
         try:
             while not self._closing:
-                for sock, event in poll(self._poll_timeout_ms()):
+                for sock, event in poll(self._timeout_ms(self._next_timer)):
                     try:
                         if sock is pull:
                             self._drain_pipe(pull)
@@ -231,12 +180,6 @@ class ZmqClientTransport:
             log.exception("client dispatcher failed; closing the transport")
         finally:
             self._shutdown()
-
-    def _poll_timeout_ms(self) -> int:
-        if self._next_timer == float("inf"):
-            return -1
-        # Round up so that the wake-up finds the deadline passed, not 1 ms short of it.
-        return max(0, int((self._next_timer - self._clock()) * 1000.0) + 1)
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
@@ -494,8 +437,5 @@ class ZmqClientTransport:
         self._closing = True
         for c in list(self._conns.values()):
             self._drop(c, "closed locally")
-        if self._pipe is not None:
-            self._pipe.close()
-        if self._pull is not None:
-            common.close_socket(self._pull)
+        self._close_pipe()
         self._term_context()

@@ -75,12 +75,14 @@ _PROBE_FIRST, _PROBES = 0.001, 8
 _CLOSE_LINGER_MS = 100
 
 
-class ZmqServerTransport:
+class ZmqServerTransport(common.DispatcherShell):
     """:class:`rda.transport.api.ServerTransport` over one ZeroMQ ROUTER.
 
     ``sndhwm`` is the ROUTER's per-peer ZeroMQ send high-water mark (messages libzmq buffers
     for one peer before its pipe reports full and the transport's own queue takes over).
     """
+
+    _stats: ServerCounters
 
     def __init__(
         self,
@@ -92,26 +94,14 @@ class ZmqServerTransport:
         clock: Callable[[], float] = time.monotonic,
         sndhwm: int = 1000,
     ) -> None:
+        super().__init__("server", settings, context, clock, [_OP.pack(_WAKE, 0, 0)], log)
         self._requested = endpoint
         self._endpoint = endpoint
         self._handler = handler
-        self._settings = settings
         self._info = connect_ack_info(socket.gethostname(), rda_version(), settings, server_info)
-        self._own_context = context is None
-        self._context = context
-        self._clock = clock
         self._sndhwm = sndhwm
-        self._address = common.pipe_address("server")
-        self._pipe: common.SendPipe | None = None
-        self._pull: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
-        self._poller = common.Selector()
-        self._thread: threading.Thread | None = None
-        self._thread_id: int | None = None
-        self._closing = False
-        self._closed = False
-        self._close_lock = threading.Lock()
         self._peers: dict[bytes, Peer] = {}
         self._by_fd: dict[int, bytes] = {}
         self._blocked: dict[bytes, Peer] = {}
@@ -130,11 +120,7 @@ class ZmqServerTransport:
         return self._endpoint
 
     def start(self) -> None:
-        if self._thread is not None or self._closed:
-            raise TransportError("a transport can be started once")
-        if self._context is None:
-            self._context = zmq.Context()
-        router = self._context.socket(zmq.ROUTER)
+        router = self._begin_start().socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.SNDHWM, self._sndhwm)
@@ -153,15 +139,11 @@ class ZmqServerTransport:
         self._monitor = (
             None if self._endpoint.startswith("inproc://") else common.open_monitor(router)
         )
-        hwm = max(1, self._settings.send_hwm)
-        self._pull = common.open_pipe_pull(self._context, self._address, hwm)
-        self._pipe = common.SendPipe(self._context, self._address, hwm)
-        self._poller.register(self._pull, zmq.POLLIN)
+        self._open_pipe()
         self._poller.register(router, zmq.POLLIN)
         if self._monitor is not None:
             self._poller.register(self._monitor, zmq.POLLIN)
-        self._thread = threading.Thread(target=self._run, name="rda-server-dispatcher", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
         if self._on_dispatcher():
@@ -196,43 +178,8 @@ class ZmqServerTransport:
         elif self._pipe is not None:
             self._pipe.send([_OP.pack(_DISCONNECT, 0, 0) + peer])
 
-    def close(self, timeout: float | None = None) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._closing = True
-        thread, pipe = self._thread, self._pipe
-        if thread is None:
-            self._term_context()
-            return
-        if self._on_dispatcher():
-            return  # the dispatcher cannot join itself; it cleans up on its way out
-        assert pipe is not None
-        limit = self._settings.close_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        pipe.mark_closed()
-        pipe.wake([_OP.pack(_WAKE, 0, 0)], min(limit, 0.1))
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.warning("server dispatcher did not stop within %.1f s (a handler blocks?)", limit)
-
     def statistics(self) -> ServerTransportStatistics:
         return self._stats.snapshot(len(self._peers))
-
-    # ------------------------------------------------------------------ helpers
-
-    def _on_dispatcher(self) -> bool:
-        return threading.get_ident() == self._thread_id
-
-    def _term_context(self) -> None:
-        if self._own_context and self._context is not None:
-            self._context.term()
-
-    def _handler_failed(self, what: str) -> None:
-        # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._stats.handler_errors += 1
-        log.exception("server handler %s raised; the dispatcher carries on", what)
 
     # --------------------------------------------------------------- dispatcher thread
 
@@ -281,9 +228,7 @@ class ZmqServerTransport:
             deadline = min(deadline, self._retry_at)
         if self._probe_at is not None:
             deadline = min(deadline, self._probe_at)
-        if deadline == float("inf"):
-            return -1
-        return max(0, int((deadline - self._clock()) * 1000.0) + 1)
+        return self._timeout_ms(deadline)
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
@@ -531,10 +476,7 @@ class ZmqServerTransport:
         self._closing = True
         for p in list(self._peers.values()):
             self._drop(p, "closed locally")
-        if self._pipe is not None:
-            self._pipe.close()
-        if self._pull is not None:
-            common.close_socket(self._pull)
+        self._close_pipe()
         if self._router is not None:
             linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))
             common.close_monitored(self._router, self._monitor, linger)
