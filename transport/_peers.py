@@ -4,7 +4,7 @@ No zmq here: both transport families call this module, so that what a server ans
 input, how peers are pinged and expired, how the statistics are counted and what a handshake
 says about this process are written once. The transports only move the frames.
 
-* :class:`ServerCounters` / :class:`ClientCounters`: the counters behind ``statistics()``,
+* :class:`ServerCounters` / :class:`ClientCounters` (both :class:`Counters`): the counters behind ``statistics()``,
   plain ints written by the dispatcher only (STYLE.md 12: no metric calls in the hot path);
 * :class:`BadInput` and the ``reject_*`` functions: every message a server drops, whether it is
   answered (a version mismatch, a REQUEST before CONNECT) and how it is counted;
@@ -41,6 +41,7 @@ __all__ = [
     "HEARTBEAT_BEFORE_CONNECT",
     "BadInput",
     "ClientCounters",
+    "Counters",
     "Peer",
     "ServerCounters",
     "connect_ack_info",
@@ -54,22 +55,18 @@ __all__ = [
 _CONNECT_KIND = bytes([Kind.CONNECT])
 
 
-class ServerCounters:
-    """A server transport's counters; :meth:`snapshot` is its ``statistics()``."""
+class Counters:
+    """What both sides count; written by the dispatcher only, read by ``statistics()``."""
 
     __slots__ = (
         "bytes_in",
         "bytes_out",
-        "conflated",
         "decode_errors",
-        "dropped",
         "handler_errors",
         "heartbeat_timeouts",
         "internal_errors",
         "messages_in",
         "messages_out",
-        "protocol_errors",
-        "queue_depth",
     )
 
     def __init__(self) -> None:
@@ -79,13 +76,22 @@ class ServerCounters:
         self.bytes_out = 0
         self.heartbeat_timeouts = 0
         self.decode_errors = 0
+        self.handler_errors = 0
+        # Unexpected exceptions the dispatcher survived (logged; not in the statistics).
+        self.internal_errors = 0
+
+
+class ServerCounters(Counters):
+    """A server transport's counters; :meth:`snapshot` is its ``statistics()``."""
+
+    __slots__ = ("conflated", "dropped", "protocol_errors", "queue_depth")
+
+    def __init__(self) -> None:
+        super().__init__()
         self.protocol_errors = 0
         self.queue_depth = 0  # messages waiting in all peers' outboxes
         self.conflated = 0
         self.dropped = 0
-        self.handler_errors = 0
-        # Unexpected exceptions the dispatcher survived (logged; not in the statistics).
-        self.internal_errors = 0
 
     def bad_input(self, bad: BadInput) -> None:
         # Every dropped message counts as a decode error; the protocol violations among them
@@ -122,33 +128,15 @@ class ServerCounters:
         )
 
 
-class ClientCounters:
+class ClientCounters(Counters):
     """A client transport's counters; :meth:`snapshot` is its ``statistics()``."""
 
-    __slots__ = (
-        "bytes_in",
-        "bytes_out",
-        "decode_errors",
-        "disconnects",
-        "handler_errors",
-        "heartbeat_timeouts",
-        "internal_errors",
-        "messages_in",
-        "messages_out",
-        "queued",
-    )
+    __slots__ = ("disconnects", "queued")
 
     def __init__(self) -> None:
-        self.messages_in = 0
-        self.messages_out = 0
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.heartbeat_timeouts = 0
-        self.decode_errors = 0
+        super().__init__()
         self.disconnects = 0
         self.queued = 0  # messages sent before CONNECT_ACK (they waited for it)
-        self.handler_errors = 0
-        self.internal_errors = 0
 
     def snapshot(self, connections: int) -> ClientTransportStatistics:
         return ClientTransportStatistics(

@@ -25,7 +25,7 @@ from typing import Any, cast
 import zmq
 
 from rda.serialization.errors import TransportError
-from rda.transport._peers import ClientCounters, ServerCounters
+from rda.transport._peers import Counters
 from rda.transport.api import TransportSettings
 
 __all__ = [
@@ -340,7 +340,7 @@ class DispatcherShell:
     the log messages. ``wake`` is the pipe message that only wakes the dispatcher.
     """
 
-    _stats: ClientCounters | ServerCounters
+    _stats: Counters
 
     def __init__(
         self,
