@@ -4,7 +4,7 @@ The server groups tasks by device, the client by subscription, admin tasks have 
 group: so one flooded device cannot delay another, and admin still answers under a flood.
 
 ``submit`` sits on the dispatcher's hot path, so it takes one lock, appends to a deque and
-wakes at most one worker. The bookkeeping is three structures guarded by that lock:
+wakes at most one worker. The bookkeeping is four structures guarded by that lock:
 
 - ``_groups``: key -> :class:`_Group` for every group that has waiting tasks or a running one;
   a group leaves the dict as soon as it is idle and empty, so memory does not grow with the
@@ -13,7 +13,13 @@ wakes at most one worker. The bookkeeping is three structures guarded by that lo
   ready. A group is in ``_ready`` exactly when it is in ``_groups``, not running, and has
   tasks; a worker that finishes a task puts its group back at the end (round-robin), which
   keeps one busy group from starving the others;
-- per-group deques of ``(task, on_drop)`` pairs.
+- per-group deques of ``(task, on_drop)`` pairs;
+- ``_sleepers``: the wake locks of idle workers, a stack. Each worker owns one ``Lock`` that
+  it holds while awake; to sleep it pushes the lock and blocks acquiring it again, and
+  ``submit`` wakes it with one ``release`` (a C call). A ``Condition`` would cost a Python-level
+  ``notify`` and a fresh lock per ``wait`` on both sides of every hand-off. The stack wakes the
+  worker that slept last (its memory is the warmest), and a worker that finishes a task takes
+  the next ready one without sleeping, so a busy scheduler makes no wake-ups at all.
 
 Overflow (a group already holds ``queue_limit`` waiting tasks) follows the policy: ``reject``
 refuses the new task, ``drop_newest`` discards it (calling its ``on_drop``), ``drop_oldest``
@@ -97,11 +103,9 @@ class GroupTaskScheduler:
         self.name = name
         self.queue_limit = queue_limit
         self.policy: OverflowPolicy = policy
-        # ``submit`` enters the bare lock (one C call) rather than the Condition wrapped around
-        # it (a Python-level __enter__): it is the dispatcher's hot path.
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._idle = 0  # workers waiting on the condition: notify only when someone listens
+        # Wake locks of idle workers (see the module docstring); released at most once each.
+        self._sleepers: list[threading.Lock] = []
         self._groups: dict[str, _Group] = {}
         self._ready: deque[_Group] = deque()
         self._closed = False
@@ -153,8 +157,8 @@ class GroupTaskScheduler:
                 if self._max_depth == 0:
                     self._max_depth = 1
                 # Wake one idle worker; when all are busy, one of them finds the group next.
-                if self._idle:
-                    self._cond.notify()
+                if self._sleepers:
+                    self._sleepers.pop().release()
                 return True
             tasks = entry.tasks
             if len(tasks) < self.queue_limit:
@@ -183,20 +187,27 @@ class GroupTaskScheduler:
     # -- workers -----------------------------------------------------------------------------
 
     def _work(self) -> None:
-        cond = self._cond
+        lock = self._lock
+        wake = threading.Lock()
+        wake.acquire()  # held while awake; sleeping = blocking on acquiring it again
         group: _Group | None = None
         ok = True
         while True:
-            with cond:
+            with lock:
                 if group is not None:
                     # Finishing one task and taking the next share one lock acquisition.
                     self._finish(group, ok)
                 while not self._ready:
                     if self._closed:
                         return
-                    self._idle += 1
-                    cond.wait()
-                    self._idle -= 1
+                    self._sleepers.append(wake)
+                    lock.release()
+                    try:
+                        # Whoever popped our lock released it (submit or close): returns at once
+                        # if that happened before we got here.
+                        wake.acquire()
+                    finally:
+                        lock.acquire()
                 group = self._ready.popleft()
                 task, _ = group.tasks.popleft()
                 group.running = True
@@ -210,7 +221,7 @@ class GroupTaskScheduler:
                 ok = False
             except BaseException:
                 # SystemExit/KeyboardInterrupt end this worker; keep the group usable.
-                with cond:
+                with lock:
                     self._finish(group, False)
                 raise
 
@@ -230,7 +241,7 @@ class GroupTaskScheduler:
     # -- inspection and shutdown -------------------------------------------------------------
 
     def statistics(self) -> SchedulerStatistics:
-        with self._cond:
+        with self._lock:
             return SchedulerStatistics(
                 queued=self._queued,
                 running=self._running,
@@ -245,7 +256,7 @@ class GroupTaskScheduler:
 
     def queue_depth(self, group: str) -> int:
         """Number of tasks of ``group`` waiting to run (not counting a running one)."""
-        with self._cond:
+        with self._lock:
             entry = self._groups.get(group)
             return 0 if entry is None else len(entry.tasks)
 
@@ -260,7 +271,7 @@ class GroupTaskScheduler:
         ``timeout`` seconds in total for the workers; a task still running after that is left
         to finish on its (daemon) thread and logged.
         """
-        with self._cond:
+        with self._lock:
             self._closed = True
             discarded: list[tuple[str, DropCallback]] = []
             for group in self._groups.values():
@@ -270,7 +281,9 @@ class GroupTaskScheduler:
             # Running groups stay until their worker finishes them; the rest are gone.
             self._groups = {k: g for k, g in self._groups.items() if g.running}
             self._queued = 0
-            self._cond.notify_all()
+            # Every sleeping worker wakes, sees ``_closed`` and ends.
+            while self._sleepers:
+                self._sleepers.pop().release()
         for key, on_drop in discarded:
             if on_drop is not None:
                 _call_on_drop(on_drop, key)
