@@ -121,6 +121,35 @@ def encode_header(header: Header) -> bytes:
     )
 
 
+# Every message's header passes through decode_header on a dispatcher thread, so the parse is
+# kept to one unpack, dictionary lookups and no Python-level constructor (STYLE.md 15):
+# - the names part (its three lengths and the UTF-8 bytes) maps to the decoded strings in a
+#   bounded cache (entries and key size, so a peer sending ever new or huge names costs at most
+#   about 1 MiB): a process talks to few (device, property, selector) triples;
+# - flags and enum values come from dicts, not from the (slow) enum constructors;
+# - the frozen Header is filled through its slot descriptors, skipping the dataclass
+#   ``__init__`` and its ``object.__setattr__`` per field (frozen dataclasses pay for that).
+_FLAGS = {int(f): f for f in (HeaderFlags.NONE, HeaderFlags.CONFLATABLE)}
+_NAMES: dict[bytes, tuple[str, str, str]] = {}
+_NAMES_MAX = 4096
+_NAMES_KEY_MAX = 256
+_NAMES_AT = HEADER_FIXED.size - 6  # the three u16 lengths, then the names
+_new = object.__new__
+_SET = tuple(
+    getattr(Header, name).__set__
+    for name in (
+        "request_type",
+        "id",
+        "device",
+        "property",
+        "selector",
+        "update_type",
+        "flags",
+        "version",
+    )
+)
+
+
 def decode_header(frame: bytes | memoryview) -> Header:
     """Parse a header frame; any malformed input raises ``DecodeError`` naming the problem."""
     size = len(frame)
@@ -146,18 +175,35 @@ def decode_header(frame: bytes | memoryview) -> Header:
             f"{size - HEADER_FIXED.size}",
             HEADER_FIXED.size,
         )
-    raw = bytes(frame[HEADER_FIXED.size :])
+    key = bytes(frame[_NAMES_AT:])
+    names = _NAMES.get(key)
+    if names is None:
+        names = _decode_names(key[6:], ld, lp)
+        if len(_NAMES) < _NAMES_MAX and len(key) <= _NAMES_KEY_MAX:
+            _NAMES[key] = names
+    header_flags = _FLAGS.get(flags)
+    if header_flags is None:
+        header_flags = HeaderFlags(flags)
+    header: Header = _new(Header)
+    set_type, set_id, set_device, set_property, set_selector, set_update, set_flags, set_v = _SET
+    set_type(header, request_type)
+    set_id(header, ident)
+    set_device(header, names[0])
+    set_property(header, names[1])
+    set_selector(header, names[2])
+    set_update(header, update_type)
+    set_flags(header, header_flags)
+    set_v(header, version)
+    return header
+
+
+def _decode_names(raw: bytes, ld: int, lp: int) -> tuple[str, str, str]:
     try:
-        device = raw[:ld].decode()
-        prop = raw[ld : ld + lp].decode()
-        selector = raw[ld + lp :].decode()
+        return raw[:ld].decode(), raw[ld : ld + lp].decode(), raw[ld + lp :].decode()
     except UnicodeDecodeError as exc:
         raise DecodeError(
             f"header names are not valid UTF-8: {exc.reason}", HEADER_FIXED.size + exc.start
         ) from exc
-    return Header(
-        request_type, ident, device, prop, selector, update_type, HeaderFlags(flags), version
-    )
 
 
 @dataclass(frozen=True, slots=True)

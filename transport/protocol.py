@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,10 @@ CLIENT_KINDS = frozenset({Kind.CONNECT, Kind.REQUEST, Kind.HEARTBEAT})
 SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT})
 _KIND_BYTES = {bytes([k]): k for k in Kind}
 _BODY_KINDS = {int(k): k for k in BodyKind}
+# Descriptor bytes -> body kinds, filled as layouts are seen (bounded: a peer cannot grow it).
+_LAYOUTS: dict[bytes, tuple[BodyKind, ...]] = {}
+_LAYOUTS_MAX = 256
+_new = object.__new__
 
 
 class UnsupportedVersion(ProtocolError):
@@ -157,8 +161,9 @@ def _decode_handshake(frames: Sequence[Buffer], kind: Kind) -> dict[str, Any]:
 
 
 def _decode_message(frames: Sequence[Buffer]) -> Message:
-    if len(frames) < 3:
-        raise DecodeError(f"message has {len(frames)} frames; needs kind, header and descriptor")
+    n_frames = len(frames)
+    if n_frames < 3:
+        raise DecodeError(f"message has {n_frames} frames; needs kind, header and descriptor")
     header_frame = frames[1]
     # Version first, so a peer of another version gets an explicit answer with its request id.
     if len(header_frame) >= HEADER_FIXED.size and header_frame[0] != PROTOCOL_VERSION:
@@ -166,18 +171,30 @@ def _decode_message(frames: Sequence[Buffer]) -> Message:
         raise UnsupportedVersion(header_frame[0], request_id)
     header = decode_header(header_frame)
     descriptor = frames[-1]
-    n_body = len(frames) - 3
+    n_body = n_frames - 3
     if len(descriptor) != n_body:
         raise DecodeError(
             f"descriptor lists {len(descriptor)} body frames but the message carries {n_body}"
         )
-    body: list[tuple[BodyKind, Buffer]] = []
-    for i in range(n_body):
+    # The descriptor's bytes as a key: one lookup gives every frame's kind (a handful of
+    # layouts ever occur), instead of one lookup per body frame.
+    kinds = _LAYOUTS.get(bytes(descriptor))
+    if kinds is None:
+        kinds = _layout(descriptor)
+    return Message(header, tuple(zip(kinds, frames[2:-1], strict=True)))
+
+
+def _layout(descriptor: Buffer) -> tuple[BodyKind, ...]:
+    kinds = []
+    for i in range(len(descriptor)):
         kind = _BODY_KINDS.get(descriptor[i])
         if kind is None:
             raise DecodeError(f"unknown body frame kind {descriptor[i]}", i)
-        body.append((kind, frames[2 + i]))
-    return Message(header, body)
+        kinds.append(kind)
+    layout = tuple(kinds)
+    if len(_LAYOUTS) < _LAYOUTS_MAX and len(layout) <= 8:
+        _LAYOUTS[bytes(descriptor)] = layout
+    return layout
 
 
 def decode_frames(
@@ -194,15 +211,17 @@ def decode_frames(
     """
     if not frames:
         raise DecodeError("empty message (0 frames)")
-    size = 0
-    for f in frames:
-        size += len(f)
+    size = sum(map(len, frames))
     if size > max_size:
         raise DecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
-    # Check the length before bytes(): a huge bogus frame 0 must not be copied.
-    kind = _KIND_BYTES.get(bytes(frames[0])) if len(frames[0]) == 1 else None
+    # Check the length before indexing: a huge bogus frame 0 must not be copied.
+    first = frames[0]
+    kind = _KIND_BYTES.get(bytes(first)) if len(first) == 1 else None
     if kind is None:
-        raise DecodeError(f"unknown kind byte {bytes(frames[0][:8])!r}", 0)
+        raise DecodeError(f"unknown kind byte {bytes(first[:8])!r}", 0)
+    # REQUEST at the server, REPLY at the client: the message path, tested first.
+    if kind is (Kind.REPLY if from_server else Kind.REQUEST):
+        return _incoming(_decode_message(frames))
     allowed = SERVER_KINDS if from_server else CLIENT_KINDS
     if kind not in allowed:
         side = "a server" if from_server else "a client"
@@ -213,6 +232,14 @@ def decode_frames(
         return Heartbeat()
     if kind is Kind.CONNECT:
         return Connect(_decode_handshake(frames, kind))
-    if kind is Kind.CONNECT_ACK:
-        return ConnectAck(_decode_handshake(frames, kind))
-    return Incoming(_decode_message(frames))
+    return ConnectAck(_decode_handshake(frames, kind))
+
+
+_set_message: Callable[[Incoming, Message], None] = vars(Incoming)["message"].__set__
+
+
+def _incoming(message: Message) -> Incoming:
+    """``Incoming(message)`` without the frozen dataclass ``__init__`` (hot path)."""
+    event: Incoming = _new(Incoming)
+    _set_message(event, message)
+    return event
