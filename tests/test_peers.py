@@ -73,20 +73,20 @@ def test_requests_and_heartbeats_before_connect() -> None:
 
 def test_server_counters_count_bad_input_and_outbox_results() -> None:
     c = ServerCounters()
-    c.bad_input(reject_undecodable(DecodeError("x"), [b"\x21"]))
-    c.bad_input(HEARTBEAT_BEFORE_CONNECT)
-    assert c.queued(PutResult.QUEUED)
-    assert not c.queued(PutResult.CONFLATED)
-    assert not c.queued(PutResult.DROPPED)
-    s = c.snapshot(peers=3)
+    c._count_bad_input(reject_undecodable(DecodeError("x"), [b"\x21"]))
+    c._count_bad_input(HEARTBEAT_BEFORE_CONNECT)
+    assert c._count_put(PutResult.QUEUED)
+    assert not c._count_put(PutResult.CONFLATED)
+    assert not c._count_put(PutResult.DROPPED)
+    s = c._statistics(peers=3)
     assert (s.decode_errors, s.protocol_errors, s.peers) == (2, 1, 3)
     assert (s.peer_queue_depth, s.notifications_conflated, s.messages_dropped) == (1, 1, 1)
 
 
 def test_client_counters_snapshot() -> None:
     c = ClientCounters()
-    c.messages_in, c.queued, c.disconnects = 4, 2, 1
-    s = c.snapshot(connections=5)
+    c._messages_in, c._queued, c._disconnects = 4, 2, 1
+    s = c._statistics(connections=5)
     assert (s.messages_in, s.queued_until_connected, s.disconnects, s.connections) == (4, 2, 1, 5)
 
 
@@ -113,7 +113,7 @@ def test_heartbeat_round_drops_the_silent_and_pings_the_idle() -> None:
     counters = ServerCounters()
     next_check = heartbeat_round(peers, 5.0, counters, ping, drop)
     assert dropped == [(b"quiet", "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)]
-    assert counters.heartbeat_timeouts == 1
+    assert counters._statistics(peers=0).heartbeat_timeouts == 1
     assert pinged == [b"idle"]  # busy sent something 0.5 s ago
     assert next_check == pytest.approx(5.5)  # busy's next heartbeat; idle's is at 6.0
 

@@ -331,16 +331,15 @@ def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
         log.debug("closing a socket failed: %s", exc)
 
 
-class DispatcherShell:
+class DispatcherShell(Counters):
     """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
 
     A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
-    :meth:`_close_pipe` and :meth:`_term_context` on its way out) and ``_stats``. ``side`` is
+    :meth:`_close_pipe` and :meth:`_term_context` on its way out) and its counters (it also
+    derives from ``ServerCounters`` or ``ClientCounters`` and initialises them). ``side`` is
     "client" or "server": it names the thread ``rda-<side>-dispatcher``, the inproc pipe and
     the log messages. ``wake`` is the pipe message that only wakes the dispatcher.
     """
-
-    _stats: Counters
 
     def __init__(
         self,
@@ -429,7 +428,7 @@ class DispatcherShell:
 
     def _handler_failed(self, what: str) -> None:
         # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._stats.handler_errors += 1
+        self._handler_errors += 1
         self._log.exception("%s handler %s raised; the dispatcher carries on", self._side, what)
 
     def _close_pipe(self) -> None:

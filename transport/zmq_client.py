@@ -77,10 +77,8 @@ class _Connection:
     backlog: deque[Sequence[Any]] = field(default_factory=deque)
 
 
-class ZmqClientTransport(common.DispatcherShell):
+class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets."""
-
-    _stats: ClientCounters
 
     def __init__(
         self,
@@ -101,7 +99,7 @@ class ZmqClientTransport(common.DispatcherShell):
         self._by_monitor: dict[zmq.Socket[bytes], _Connection] = {}
         self._backlog_total = 0
         self._pipe_paused = False
-        self._stats = ClientCounters()
+        ClientCounters.__init__(self)
         self._next_timer = float("inf")
         self._connected = 0
 
@@ -137,7 +135,7 @@ class ZmqClientTransport(common.DispatcherShell):
             self._pipe.send([_OP.pack(_DISCONNECT, connection)])
 
     def statistics(self) -> ClientTransportStatistics:
-        return self._stats.snapshot(self._connected)
+        return self._statistics(self._connected)
 
     # ------------------------------------------------------------------ helpers
 
@@ -170,7 +168,7 @@ class ZmqClientTransport(common.DispatcherShell):
                         raise
                     except Exception:
                         # A bug must not take every connection down: log it and carry on.
-                        self._stats.internal_errors += 1
+                        self._internal_errors += 1
                         log.exception("client dispatcher: unexpected error; carrying on")
                     if self._closing:
                         break
@@ -225,7 +223,7 @@ class ZmqClientTransport(common.DispatcherShell):
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
             common.close_monitored(sock, monitor)
-            self._stats.disconnects += 1
+            self._disconnects += 1
             self._notify_disconnected(conn, f"cannot connect to {endpoint}: {exc}")
             return
         self._conns[conn] = c
@@ -251,7 +249,7 @@ class ZmqClientTransport(common.DispatcherShell):
 
     def _send_on(self, c: _Connection, frames: Sequence[Any]) -> None:
         if c.state is ConnState.CONNECTING:
-            self._stats.queued += 1
+            self._queued += 1
             self._push_backlog(c, frames)
         elif c.backlog or not self._write(c, frames):
             # The DEALER's pipe is full (or older messages wait): keep the order, retry on
@@ -270,9 +268,8 @@ class ZmqClientTransport(common.DispatcherShell):
         except zmq.ZMQError as exc:
             self._drop(c, f"send failed: {exc}")
             return True
-        stats = self._stats
-        stats.messages_out += 1
-        stats.bytes_out += sum(map(len, frames))
+        self._messages_out += 1
+        self._bytes_out += sum(map(len, frames))
         c.heartbeat.last_sent = self._clock()
         return True
 
@@ -302,20 +299,19 @@ class ZmqClientTransport(common.DispatcherShell):
         sock = c.sock
         max_size = self._settings.max_message_size
         now = self._clock()
-        stats = self._stats
         for _ in range(common.BATCH):
             raw = common.recv_frames(sock)
             if raw is None:
                 self._poller.settle(sock)
                 return
             frames = [f.buffer for f in raw]
-            stats.messages_in += 1
-            stats.bytes_in += sum(map(len, frames))
+            self._messages_in += 1
+            self._bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
             try:
                 event = decode_frames(frames, from_server=True, max_size=max_size)
             except (DecodeError, ProtocolError) as exc:
-                stats.decode_errors += 1
+                self._decode_errors += 1
                 log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
                 continue
             if type(event) is Incoming:
@@ -325,12 +321,12 @@ class ZmqClientTransport(common.DispatcherShell):
                     except Exception:
                         self._handler_failed("on_message")
                 else:
-                    stats.decode_errors += 1
+                    self._decode_errors += 1
                     log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
             elif type(event) is ConnectAck:
                 self._on_ack(c, event.info)
             elif type(event) is not Heartbeat:
-                stats.decode_errors += 1
+                self._decode_errors += 1
             if self._closing or c.id not in self._conns:
                 return
 
@@ -387,7 +383,7 @@ class ZmqClientTransport(common.DispatcherShell):
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
-                self._stats.heartbeat_timeouts += 1
+                self._heartbeat_timeouts += 1
                 self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
                 continue
             if (
@@ -412,7 +408,7 @@ class ZmqClientTransport(common.DispatcherShell):
             self._connected -= 1
         c.state = next_state(c.state, event)
         self._close_connection(c)
-        self._stats.disconnects += 1
+        self._disconnects += 1
         self._notify_disconnected(c.id, reason)
 
     def _close_connection(self, c: _Connection) -> None:

@@ -78,7 +78,7 @@ class _Connection:
     pending: list[list[Buffer]] = field(default_factory=list)
 
 
-class MemoryClientTransport(Dispatcher):
+class MemoryClientTransport(Dispatcher, ClientCounters):
     """A client transport on a :class:`~rda.testing.MemoryNetwork`; see ``rda.transport.api``.
 
     Build it with ``network.client(handler, settings, client_info)``, then ``start()``.
@@ -102,7 +102,7 @@ class MemoryClientTransport(Dispatcher):
         self._ids = itertools.count(1)
         self._conns: dict[int, _Connection] = {}
         self._routing: dict[int, bytes] = {}
-        self._stats = ClientCounters()
+        ClientCounters.__init__(self)
 
     # --- api.ClientTransport (any thread) ---
 
@@ -124,7 +124,7 @@ class MemoryClientTransport(Dispatcher):
         self._stop(self._settings.close_timeout if timeout is None else timeout, kill=False)
 
     def statistics(self) -> ClientTransportStatistics:
-        return self._stats.snapshot(len(self._conns))
+        return self._statistics(len(self._conns))
 
     def routing_id(self, connection: int) -> bytes | None:
         """The peer id the server sees for ``connection`` (None before the dispatcher opened it)."""
@@ -149,7 +149,7 @@ class MemoryClientTransport(Dispatcher):
                 return  # a dead connection: its on_disconnected was or will be delivered
             if c.state is ConnState.CONNECTING:
                 c.pending.append(item.frames)
-                self._stats.queued += 1
+                self._queued += 1
             else:
                 self._transmit(c, item.frames)
         elif isinstance(item, _Open):
@@ -180,21 +180,21 @@ class MemoryClientTransport(Dispatcher):
         c = self._conns.get(item.conn)
         if c is None:
             return  # arrived after we dropped the connection
-        self._stats.messages_in += 1
-        self._stats.bytes_in += frames_size(item.frames)
+        self._messages_in += 1
+        self._bytes_in += frames_size(item.frames)
         try:
             event = decode_frames(
                 item.frames, from_server=True, max_size=self._settings.max_message_size
             )
         except (DecodeError, ProtocolError) as exc:
-            self._stats.decode_errors += 1
+            self._decode_errors += 1
             log.warning("dropped a bad message on connection %d: %s", c.id, exc)
             return
         if c.heartbeat is not None:
             c.heartbeat.received(item.stamp)
         if isinstance(event, Incoming):
             if c.state is not ConnState.CONNECTED:
-                self._stats.decode_errors += 1
+                self._decode_errors += 1
                 log.warning("REPLY before CONNECT_ACK on connection %d dropped", c.id)
                 return
             try:
@@ -204,11 +204,11 @@ class MemoryClientTransport(Dispatcher):
         elif isinstance(event, ConnectAck):
             self._on_ack(c, event.info, item.stamp)
         elif isinstance(event, Heartbeat) and c.state is not ConnState.CONNECTED:
-            self._stats.decode_errors += 1
+            self._decode_errors += 1
 
     def _on_ack(self, c: _Connection, info: dict[str, Any], stamp: float) -> None:
         if c.state is not ConnState.CONNECTING:
-            self._stats.decode_errors += 1  # a second ACK: ignore it
+            self._decode_errors += 1  # a second ACK: ignore it
             return
         if "error" in info:
             self._drop(c, f"refused by the server: {info['error']}", ConnEvent.ACK_REFUSED)
@@ -226,8 +226,8 @@ class MemoryClientTransport(Dispatcher):
 
     def _transmit(self, c: _Connection, frames: Sequence[Buffer]) -> None:
         self._network._client_send(c.link, frames)
-        self._stats.messages_out += 1
-        self._stats.bytes_out += frames_size(frames)
+        self._messages_out += 1
+        self._bytes_out += frames_size(frames)
         if c.heartbeat is not None:
             c.heartbeat.sent(self._clock())
 
@@ -241,7 +241,7 @@ class MemoryClientTransport(Dispatcher):
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
-                self._stats.heartbeat_timeouts += 1
+                self._heartbeat_timeouts += 1
                 self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
             elif action is HeartbeatAction.SEND:
                 self._transmit(c, _HEARTBEAT)
@@ -258,14 +258,14 @@ class MemoryClientTransport(Dispatcher):
         self._routing.pop(c.id, None)
         c.state = next_state(c.state, event)
         self._network._close_link(c.link)
-        self._stats.disconnects += 1
+        self._disconnects += 1
         try:
             self._handler.on_disconnected(c.id, reason)
         except Exception:
             self._handler_failed("on_disconnected")
 
     def _handler_failed(self, what: str) -> None:
-        self._stats.handler_errors += 1
+        self._handler_errors += 1
         log.exception("client handler %s raised; the transport carries on", what)
 
     def _teardown(self, report: bool) -> None:

@@ -94,7 +94,7 @@ class _Peer(Peer):
     link: Link = field(kw_only=True)
 
 
-class MemoryServerTransport(Dispatcher):
+class MemoryServerTransport(Dispatcher, ServerCounters):
     """A server transport on a :class:`~rda.testing.MemoryNetwork`; see ``rda.transport.api``.
 
     Build it with ``network.server(name, handler, settings, server_info)``, then ``start()``;
@@ -119,7 +119,7 @@ class MemoryServerTransport(Dispatcher):
         name = endpoint.removeprefix("mem://")
         self._info = connect_ack_info(name, "memory", settings, server_info)
         self._peers: dict[bytes, _Peer] = {}
-        self._stats = ServerCounters()
+        ServerCounters.__init__(self)
 
     # --- api.ServerTransport (any thread) ---
 
@@ -166,7 +166,7 @@ class MemoryServerTransport(Dispatcher):
         self._stop(self._settings.close_timeout, kill=True)
 
     def statistics(self) -> ServerTransportStatistics:
-        return self._stats.snapshot(len(self._peers))
+        return self._statistics(len(self._peers))
 
     # --- called by the network (any thread) ---
 
@@ -207,8 +207,8 @@ class MemoryServerTransport(Dispatcher):
         link = item.link
         if link.closed:
             return  # the connection closed while this was queued
-        self._stats.messages_in += 1
-        self._stats.bytes_in += frames_size(item.frames)
+        self._messages_in += 1
+        self._bytes_in += frames_size(item.frames)
         p = self._peers.get(link.peer)
         try:
             event = decode_frames(
@@ -249,44 +249,44 @@ class MemoryServerTransport(Dispatcher):
 
     def _reject(self, link: Link, bad: BadInput) -> None:
         """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
-        self._stats.bad_input(bad)
+        self._count_bad_input(bad)
         log.warning("dropped a bad message from peer %r: %s", link.peer, bad.error)
         if bad.answer is None:
             return
         # The sender may not be registered: best effort, never queued.
         if self._network._server_send(link, bad.answer):
-            self._stats.messages_out += 1
-            self._stats.bytes_out += frames_size(bad.answer)
+            self._messages_out += 1
+            self._bytes_out += frames_size(bad.answer)
         else:
-            self._stats.dropped += 1
+            self._dropped += 1
 
     def _send_to(self, peer: bytes, frames: Sequence[Buffer], key: int | None) -> None:
         p = self._peers.get(peer)
         if p is None:
-            self._stats.dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
+            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
             return
         self._send(p, frames, key)
 
     def _send(self, p: _Peer, frames: Sequence[Buffer], key: int | None) -> None:
         # Once something waits in the peer's outbox, newer messages queue behind it (order).
         if p.outbox or not self._write(p, frames):
-            self._stats.queued(p.outbox.put(frames, key, self._settings.peer_queue_limit))
+            self._count_put(p.outbox.put(frames, key, self._settings.peer_queue_limit))
 
     def _write(self, p: _Peer, frames: Sequence[Buffer]) -> bool:
         if not self._network._server_send(p.link, frames):
             return False  # the pipe is full
-        self._stats.messages_out += 1
-        self._stats.bytes_out += frames_size(frames)
+        self._messages_out += 1
+        self._bytes_out += frames_size(frames)
         p.heartbeat.sent(self._clock())
         return True
 
     def _flush(self, p: _Peer) -> None:
         while p.outbox and self._write(p, p.outbox.head()):
             p.outbox.pop()
-            self._stats.queue_depth -= 1
+            self._queue_depth -= 1
 
     def _check_timers(self, now: float) -> None:
-        heartbeat_round(self._peers, now, self._stats, self._ping, self._drop)
+        heartbeat_round(self._peers, now, self, self._ping, self._drop)
 
     def _ping(self, p: _Peer) -> bool:
         return self._write(p, _HEARTBEAT)
@@ -299,15 +299,15 @@ class MemoryServerTransport(Dispatcher):
         p.state = next_state(p.state, event)
         # Unlike the ZeroMQ server, what waited for this peer also counts as dropped.
         lost = p.outbox.clear()
-        self._stats.dropped += lost
-        self._stats.queue_depth -= lost
+        self._dropped += lost
+        self._queue_depth -= lost
         try:
             self._handler.on_peer_disconnected(p.rid, reason)
         except Exception:
             self._handler_failed("on_peer_disconnected")
 
     def _handler_failed(self, what: str) -> None:
-        self._stats.handler_errors += 1
+        self._handler_errors += 1
         log.exception("server handler %s raised; the transport carries on", what)
 
     def _teardown(self, report: bool) -> None:
