@@ -15,12 +15,14 @@ from rda.transport._peers import (
     connect_ack_info,
     connect_info,
     heartbeat_round,
+    lost_reason,
+    refused_reason,
     reject_request_before_connect,
     reject_undecodable,
 )
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import ConnectAck, Incoming, UnsupportedVersion, decode_frames
-from rda.transport.state import ConnEvent, HeartbeatTracker
+from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker
 
 
 def _exception_answer(frames: list[bytes | memoryview] | None) -> tuple[int, str, str]:
@@ -152,3 +154,9 @@ def test_handshake_infos() -> None:
         "heartbeat_timeout": 4.0,
         "extra": 1,
     }
+
+
+def test_client_disconnect_reasons() -> None:
+    assert lost_reason(ConnState.CONNECTING) == "connection refused or closed"
+    assert lost_reason(ConnState.CONNECTED) == "server closed the connection"
+    assert refused_reason("version 9") == "refused by the server: version 9"

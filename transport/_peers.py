@@ -10,6 +10,7 @@ says about this process are written once. The transports only move the frames.
   answered (a version mismatch, a REQUEST before CONNECT) and how it is counted;
 * :class:`Peer` and :func:`heartbeat_round`: one client as a server sees it, and the periodic
   heartbeat pass over all of them (state transitions stay in ``rda.transport.state``);
+* the disconnect reasons (``CLOSED_LOCALLY`` ..., :func:`lost_reason`), the same everywhere;
 * :func:`connect_info` / :func:`connect_ack_info`: what CONNECT and CONNECT_ACK carry.
 """
 
@@ -38,7 +39,12 @@ from rda.transport.protocol import Kind, UnsupportedVersion, encode_connect_ack,
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
 
 __all__ = [
+    "CLOSED_LOCALLY",
     "HEARTBEAT_BEFORE_CONNECT",
+    "HEARTBEAT_TIMEOUT",
+    "NO_CONNECT_ACK",
+    "PEER_GONE",
+    "RECONNECTED",
     "BadInput",
     "ClientCounters",
     "Counters",
@@ -47,7 +53,9 @@ __all__ = [
     "connect_ack_info",
     "connect_info",
     "heartbeat_round",
+    "lost_reason",
     "rda_version",
+    "refused_reason",
     "reject_request_before_connect",
     "reject_undecodable",
 ]
@@ -141,6 +149,29 @@ class ClientCounters(Counters):
         )
 
 
+# ------------------------------------------------------------------------- reasons
+
+# The reasons handed to ``on_disconnected`` / ``on_peer_disconnected`` (the api.py contract;
+# the business layer and the tests compare them), defined once for every transport.
+CLOSED_LOCALLY = "closed locally"
+HEARTBEAT_TIMEOUT = "heartbeat timeout"
+PEER_GONE = "peer gone"  # server: the client's connection closed
+RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
+NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
+
+
+def lost_reason(state: ConnState) -> str:
+    """Client: why a connection whose socket closed under it is over."""
+    if state is ConnState.CONNECTING:
+        return "connection refused or closed"
+    return "server closed the connection"
+
+
+def refused_reason(error: object) -> str:
+    """Client: the server's CONNECT_ACK carried ``error``."""
+    return f"refused by the server: {error}"
+
+
 # ------------------------------------------------------------------------- bad input
 
 
@@ -226,7 +257,7 @@ def heartbeat_round(
         action = p.heartbeat.check(now)
         if action is HeartbeatAction.EXPIRED:
             counters._heartbeat_timeouts += 1
-            drop(p, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+            drop(p, HEARTBEAT_TIMEOUT, ConnEvent.HEARTBEAT_TIMEOUT)
             continue
         if action is HeartbeatAction.SEND:
             if p.outbox or not ping(p):

@@ -29,7 +29,16 @@ import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._peers import ClientCounters, connect_info, rda_version
+from rda.transport._peers import (
+    CLOSED_LOCALLY,
+    HEARTBEAT_TIMEOUT,
+    NO_CONNECT_ACK,
+    ClientCounters,
+    connect_info,
+    lost_reason,
+    rda_version,
+    refused_reason,
+)
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -130,7 +139,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
 
     def disconnect(self, connection: int) -> None:
         if self._on_dispatcher():
-            self._drop_id(connection, "closed locally")
+            self._drop_id(connection, CLOSED_LOCALLY)
         elif self._pipe is not None:
             self._pipe.send([_OP.pack(_DISCONNECT, connection)])
 
@@ -193,7 +202,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             elif op == _CONNECT:
                 self._open(conn, frames[1].bytes.decode())
             elif op == _DISCONNECT:
-                self._drop_id(conn, "closed locally")
+                self._drop_id(conn, CLOSED_LOCALLY)
             if self._closing or self._pipe_paused:
                 return
 
@@ -336,7 +345,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         error = info.get("error")
         if error is not None:
             c.state = next_state(c.state, ConnEvent.ACK_REFUSED)
-            self._drop(c, f"refused by the server: {error}")
+            self._drop(c, refused_reason(error))
             return
         c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
         self._next_timer = min(self._next_timer, c.heartbeat.next_deadline())
@@ -356,12 +365,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                 return
             event, _ = common.decode_monitor_event(raw)
             if event in common.GONE_EVENTS:
-                reason = (
-                    "connection refused or closed"
-                    if c.state is ConnState.CONNECTING
-                    else "server closed the connection"
-                )
-                self._drop(c, reason, ConnEvent.PEER_GONE)
+                self._drop(c, lost_reason(c.state), ConnEvent.PEER_GONE)
                 return
 
     def _check_timers(self) -> None:
@@ -375,16 +379,14 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         for c in list(self._conns.values()):
             if c.state is ConnState.CONNECTING:
                 if now >= c.connect_deadline:
-                    self._drop(
-                        c, "no CONNECT_ACK within connect_timeout", ConnEvent.HEARTBEAT_TIMEOUT
-                    )
+                    self._drop(c, NO_CONNECT_ACK, ConnEvent.HEARTBEAT_TIMEOUT)
                 else:
                     next_timer = min(next_timer, c.connect_deadline)
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
                 self._heartbeat_timeouts += 1
-                self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+                self._drop(c, HEARTBEAT_TIMEOUT, ConnEvent.HEARTBEAT_TIMEOUT)
                 continue
             if (
                 action is HeartbeatAction.SEND
@@ -432,6 +434,6 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         """Runs last on the dispatcher: report, close every socket, terminate our context."""
         self._closing = True
         for c in list(self._conns.values()):
-            self._drop(c, "closed locally")
+            self._drop(c, CLOSED_LOCALLY)
         self._close_pipe()
         self._term_context()

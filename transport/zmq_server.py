@@ -28,7 +28,10 @@ from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._outbox import RetryBackoff
 from rda.transport._peers import (
+    CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
+    PEER_GONE,
+    RECONNECTED,
     BadInput,
     Peer,
     ServerCounters,
@@ -172,7 +175,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():
-            self._drop_rid(peer, "closed locally")
+            self._drop_rid(peer, CLOSED_LOCALLY)
         elif self._pipe is not None:
             self._pipe.send([_OP.pack(_DISCONNECT, 0, 0) + peer])
 
@@ -244,7 +247,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             elif op == _PUBLISH:
                 self._publish_from_pipe(frames, value, bool(flag))
             elif op == _DISCONNECT:
-                self._drop_rid(head[_OP.size :], "closed locally")
+                self._drop_rid(head[_OP.size :], CLOSED_LOCALLY)
             if self._closing:
                 return
 
@@ -278,7 +281,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
             else:
                 log.warning("send to a peer failed: %s", exc)
                 self._dropped += 1
@@ -375,7 +378,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         old = self._peers.get(rid)
         if old is not None:
             # The same routing id introduced itself again: report the old session over.
-            self._drop(old, "reconnected")
+            self._drop(old, RECONNECTED)
         try:
             fd = int(frame.get(zmq.SRCFD))
         except zmq.ZMQError:
@@ -433,7 +436,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:
                     del self._suspects[rid]
-                    self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+                    self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
                     continue
             if attempt >= _PROBES:
                 del self._suspects[rid]
@@ -474,7 +477,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         """Runs last on the dispatcher: report, close every socket, terminate our context."""
         self._closing = True
         for p in list(self._peers.values()):
-            self._drop(p, "closed locally")
+            self._drop(p, CLOSED_LOCALLY)
         self._close_pipe()
         if self._router is not None:
             linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))

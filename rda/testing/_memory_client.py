@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
-from rda.transport._peers import ClientCounters, connect_info
+from rda.transport._peers import (
+    CLOSED_LOCALLY,
+    HEARTBEAT_TIMEOUT,
+    NO_CONNECT_ACK,
+    ClientCounters,
+    connect_info,
+    lost_reason,
+    refused_reason,
+)
 from rda.transport.api import Buffer, ClientHandler, ClientTransportStatistics, TransportSettings
 from rda.transport.protocol import (
     ConnectAck,
@@ -157,16 +165,11 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         elif isinstance(item, _Disconnect):
             c = self._conns.get(item.conn)
             if c is not None:
-                self._drop(c, "closed locally")
+                self._drop(c, CLOSED_LOCALLY)
         elif isinstance(item, _Gone):
             c = self._conns.get(item.conn)
             if c is not None:
-                reason = (
-                    "connection refused or closed"
-                    if c.state is ConnState.CONNECTING
-                    else "server closed the connection"
-                )
-                self._drop(c, reason, ConnEvent.PEER_GONE)
+                self._drop(c, lost_reason(c.state), ConnEvent.PEER_GONE)
 
     def _open(self, item: _Open) -> None:
         link = self._network._open_link(item.endpoint, self, item.conn)
@@ -211,7 +214,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
             self._decode_errors += 1  # a second ACK: ignore it
             return
         if "error" in info:
-            self._drop(c, f"refused by the server: {info['error']}", ConnEvent.ACK_REFUSED)
+            self._drop(c, refused_reason(info["error"]), ConnEvent.ACK_REFUSED)
             return
         c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
         s = self._settings
@@ -235,14 +238,12 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         for c in list(self._conns.values()):
             if c.heartbeat is None:
                 if now >= c.connect_deadline:
-                    self._drop(
-                        c, "no CONNECT_ACK within connect_timeout", ConnEvent.HEARTBEAT_TIMEOUT
-                    )
+                    self._drop(c, NO_CONNECT_ACK, ConnEvent.HEARTBEAT_TIMEOUT)
                 continue
             action = c.heartbeat.check(now)
             if action is HeartbeatAction.EXPIRED:
                 self._heartbeat_timeouts += 1
-                self._drop(c, "heartbeat timeout", ConnEvent.HEARTBEAT_TIMEOUT)
+                self._drop(c, HEARTBEAT_TIMEOUT, ConnEvent.HEARTBEAT_TIMEOUT)
             elif action is HeartbeatAction.SEND:
                 self._transmit(c, _HEARTBEAT)
 
@@ -271,7 +272,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
     def _teardown(self, report: bool) -> None:
         for c in list(self._conns.values()):
             if report:
-                self._drop(c, "closed locally")
+                self._drop(c, CLOSED_LOCALLY)
             else:
                 self._conns.pop(c.id)
                 self._network._close_link(c.link)

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
 from rda.transport._peers import (
+    CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
+    PEER_GONE,
+    RECONNECTED,
     BadInput,
     Peer,
     ServerCounters,
@@ -193,11 +196,11 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         elif isinstance(item, _Kick):
             p = self._peers.get(item.peer)
             if p is not None:
-                self._drop(p, "closed locally")
+                self._drop(p, CLOSED_LOCALLY)
         elif isinstance(item, _PeerGone):
             p = self._peers.get(item.peer)
             if p is not None:
-                self._drop(p, "peer gone", ConnEvent.PEER_GONE)
+                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
         elif isinstance(item, _Writable):
             p = self._peers.get(item.peer)
             if p is not None:
@@ -235,7 +238,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
     def _on_connect(self, link: Link, info: dict[str, Any], stamp: float) -> None:
         old = self._peers.get(link.peer)
         if old is not None:
-            self._drop(old, "reconnected")  # the same routing id introduced itself again
+            self._drop(old, RECONNECTED)  # the same routing id introduced itself again
         s = self._settings
         hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, stamp)
         p = _Peer(link.peer, info, hb, link=link, announced=True)
@@ -313,6 +316,6 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
     def _teardown(self, report: bool) -> None:
         if report:
             for p in list(self._peers.values()):
-                self._drop(p, "closed locally")
+                self._drop(p, CLOSED_LOCALLY)
         self._peers.clear()
         self._network._unbind(self)
