@@ -176,15 +176,19 @@ class _Inbox:
     def __init__(self, capacity: int, counters: ClientCounters) -> None:
         self.capacity = capacity
         self._counters = counters
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0  # threads blocked in get(): put notifies only when someone waits
         self._items: deque[Entry] = deque()
         self._carry = 0  # updates dropped since the last one handed out
         self._closed = False
         self.waker: Callable[[], None] | None = None
 
     def put(self, entry: Entry) -> None:
+        """Dispatcher thread, once per notification: the bare lock (a C-level ``with``), and
+        ``Condition.notify`` (Python code) only when a ``poll`` is actually waiting."""
         dropped = 0
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             items = self._items
@@ -195,7 +199,8 @@ class _Inbox:
                 self._carry += old_gap + 1
                 dropped = 1
             items.append(entry)
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
         if dropped:
             self._counters.add_dropped(dropped)
         if was_empty and self.waker is not None:
@@ -203,10 +208,14 @@ class _Inbox:
 
     def get(self, timeout: float | None) -> Entry | None:
         """The oldest entry, waiting up to ``timeout`` (None: forever); None if closed or none."""
-        with self._cond:
+        with self._lock:
             items = self._items
             if not items and not self._closed and timeout != 0:
-                self._cond.wait_for(lambda: items or self._closed, timeout)
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(lambda: items or self._closed, timeout)
+                finally:
+                    self._waiting -= 1
             if not items:
                 return None
             payload, gap, seq = items.popleft()
