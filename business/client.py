@@ -34,8 +34,10 @@ from typing import Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
 from rda.business.client_replies import (
+    Completion,
     Pending,
     ReplyFuture,
+    ReplyWaiter,
     admin_result,
     complete,
     op_name,
@@ -281,12 +283,42 @@ class ClientService:
     ) -> Future[Any]:
         """Send one request to ``endpoint``; the future completes with ``convert(reply)``."""
         fut = ReplyFuture(convert)
+        self._send_request(fut, op, endpoint, device, prop, selector, body, timeout)
+        return fut
+
+    def call(
+        self,
+        op: RequestType,
+        endpoint: str,
+        device: str,
+        prop: str,
+        selector: str,
+        body: list[tuple[BodyKind, bytes]],
+        timeout: float | None,
+        convert: Callable[[Message], Any],
+    ) -> Any:
+        """``request(...).result()`` for a caller that blocks anyway, without a Future."""
+        waiter = ReplyWaiter(convert)
+        self._send_request(waiter, op, endpoint, device, prop, selector, body, timeout)
+        return waiter.result()
+
+    def _send_request(
+        self,
+        fut: Completion,
+        op: RequestType,
+        endpoint: str,
+        device: str,
+        prop: str,
+        selector: str,
+        body: list[tuple[BodyKind, bytes]],
+        timeout: float | None,
+    ) -> None:
         if timeout is None:
             timeout = self.config.request_timeout
         name = op_name(op)
         if self._closing:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
-            return fut
+            return
         rid = next(self._ids)
         next(self._request_count)
         ep = self._endpoint(endpoint)
@@ -298,21 +330,21 @@ class ClientService:
             conn = None  # closed while we were connecting
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
-            return fut
+            return
         pending = Pending(fut, conn, name, device, prop, timeout)
         self._pending[rid] = pending
         pending.timer = self._timer.call_at(
             self._clock() + timeout, functools.partial(self._expire, rid)
         )
-        fut.on_cancel = functools.partial(self._abandon, rid)
+        if isinstance(fut, ReplyFuture):
+            fut.on_cancel = functools.partial(self._abandon, rid)
         if ep.connection != conn:
             # The connection died between choosing it and registering: its on_disconnected
             # may have scanned the table before our entry was there.
             self._disconnected(rid, ep.address, ep.last_reason)
-            return fut
+            return
         header = Header(op, rid, device, prop, selector)
         self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
-        return fut
 
     def request_context(self, timeout: float | None, filters: Data | None) -> bytes:
         """The REQUEST_CONTEXT frame for a request with this deadline and filters."""

@@ -98,7 +98,9 @@ class AccessPoint:
         timeout: float | None = None,
     ) -> AcquiredData:
         """Read the property's value with its acquisition context."""
-        result: AcquiredData = self.get_async(selector, filters, timeout).result()
+        result: AcquiredData = self._call(
+            RequestType.GET, [], selector, filters, timeout, get_result
+        )
         return result
 
     def set(
@@ -109,7 +111,9 @@ class AccessPoint:
         timeout: float | None = None,
     ) -> None:
         """Write ``data`` (an ``rda.Data`` or a mapping) to the property."""
-        self.set_async(data, selector, filters, timeout).result()
+        value = to_data(data, f"set {self.device}/{self.property}")
+        body = [(BodyKind.DATA, _binary.encode(value))]
+        self._call(RequestType.SET, body, selector, filters, timeout, set_result)
 
     def get_async(
         self,
@@ -167,5 +171,23 @@ class AccessPoint:
         flt = None if filters is None else to_data(filters, "filters")
         body.append((BodyKind.REQUEST_CONTEXT, service.request_context(timeout, flt)))
         return service.request(
+            op, endpoint, self.device, self.property, selector or "", body, timeout, convert
+        )
+
+    def _call(
+        self,
+        op: RequestType,
+        body: list[tuple[BodyKind, bytes]],
+        selector: str | None,
+        filters: Data | Mapping[str, Any] | None,
+        timeout: float | None,
+        convert: Callable[[Any], Any],
+    ) -> Any:
+        """The blocking form of ``_request``: the same request, waited for without a Future."""
+        service = self._service
+        endpoint = self.endpoint
+        flt = None if filters is None else to_data(filters, "filters")
+        body.append((BodyKind.REQUEST_CONTEXT, service.request_context(timeout, flt)))
+        return service.call(
             op, endpoint, self.device, self.property, selector or "", body, timeout, convert
         )

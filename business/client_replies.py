@@ -3,10 +3,17 @@
 The dispatcher completes a request's future with the *undecoded* reply message; converting it
 (decoding the body, mapping an EXCEPTION frame to its rda error) happens when someone asks for
 the result, in their thread (STYLE.md 6).
+
+Two kinds of completion: :class:`ReplyFuture` (a ``concurrent.futures.Future``, what
+``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: a
+pre-acquired lock that the completing thread releases. A Future costs a Condition (an RLock),
+a Python-level ``notify_all`` and callback bookkeeping on the dispatcher, and a fresh waiter
+lock in the caller; the waiter is one allocation and one C-level release/acquire pair.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -22,6 +29,7 @@ from rda.serialization.errors import ProtocolError
 __all__ = [
     "Pending",
     "ReplyFuture",
+    "ReplyWaiter",
     "admin_result",
     "complete",
     "get_result",
@@ -76,11 +84,52 @@ class ReplyFuture(Future[Any]):
         return cancelled
 
 
+class ReplyWaiter:
+    """Completion of a blocking request: ``result()`` waits, then converts in the caller.
+
+    Completed at most once: the client hands an outcome only to the entry it popped from its
+    pending table (reply, deadline, disconnection and close all pop), so exactly one thread
+    completes it; a second call is ignored, as a Future would refuse it. ``result()`` needs no
+    timeout of its own: every request has a deadline on the client's timer.
+    """
+
+    __slots__ = ("_convert", "_lock", "_outcome")
+
+    def __init__(self, convert: Callable[[Message], Any]) -> None:
+        self._convert = convert
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._outcome: Message | BaseException | None = None
+
+    def set_result(self, message: Message) -> None:
+        self._complete(message)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(error)
+
+    def _complete(self, outcome: Message | BaseException) -> None:
+        if self._outcome is None:
+            self._outcome = outcome
+            self._lock.release()
+
+    def result(self) -> Any:
+        self._lock.acquire()
+        self._lock.release()  # a second result() returns too
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return self._convert(outcome)
+
+
+Completion = ReplyFuture | ReplyWaiter
+
+
 class Pending:
     __slots__ = ("connection", "device", "future", "op", "property", "timeout", "timer")
 
     def __init__(
-        self, future: ReplyFuture, connection: int, op: str, device: str, prop: str, timeout: float
+        self, future: Completion, connection: int, op: str, device: str, prop: str, timeout: float
     ) -> None:
         self.future = future
         self.connection = connection
@@ -91,7 +140,7 @@ class Pending:
         self.timer: TimerHandle | None = None
 
 
-def complete(future: ReplyFuture, outcome: Message | BaseException) -> None:
+def complete(future: Completion, outcome: Message | BaseException) -> None:
     try:
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
