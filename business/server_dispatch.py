@@ -176,7 +176,7 @@ class Dispatch:
     def _run(self, request: ServerRequest) -> None:
         """Worker: check the deadline, call the user callback, arm the deadline watcher."""
         try:
-            timeout = request.timeout
+            timeout = _client_timeout(request.message)
         except DecodeError as exc:
             request._answer(None, exc)
             return
@@ -411,6 +411,29 @@ class Dispatch:
 
         if not self._scheduler.submit(group, task):
             log.warning("%s: queue full, %r not called for %r", group, callback, arg)
+
+
+# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
+# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
+# decodes each distinct one once instead of running the binary codec for every request.
+_TIMEOUTS: dict[bytes, float | None] = {}
+_TIMEOUTS_MAX = 256
+_TIMEOUT_FRAME_MAX = 64
+
+
+def _client_timeout(message: Message) -> float | None:
+    frame = message.frame(BodyKind.REQUEST_CONTEXT)
+    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
+        return message.timeout
+    key = bytes(frame)
+    try:
+        return _TIMEOUTS[key]
+    except KeyError:
+        pass
+    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
+    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
+        _TIMEOUTS[key] = timeout
+    return timeout
 
 
 def _deliver_immediate(

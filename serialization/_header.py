@@ -79,6 +79,8 @@ class HeaderFlags(enum.IntFlag):
     CONFLATABLE = 1
 
 
+_NAMES_MAX = 4096
+_NAMES_KEY_MAX = 256
 _REQUEST_TYPES = {int(t): t for t in RequestType}
 _UPDATE_TYPES = {int(t): t for t in UpdateType}
 
@@ -97,13 +99,18 @@ class Header:
     version: int = PROTOCOL_VERSION
 
 
+# Encoded names by (device, property, selector): a sender encodes the same few names over and
+# over (every reply, every request of an access point). Bounded like ``_NAMES`` below.
+_ENCODED: dict[tuple[str, str, str], tuple[int, int, int, bytes]] = {}
+
+
 def encode_header(header: Header) -> bytes:
     """Pack a header into its frame."""
-    device = header.device.encode()
-    prop = header.property.encode()
-    selector = header.selector.encode()
-    if max(len(device), len(prop), len(selector)) > _MAX_NAME:
-        raise ValueError("device, property and selector must each be at most 65535 UTF-8 bytes")
+    key = (header.device, header.property, header.selector)
+    names = _ENCODED.get(key)
+    if names is None:
+        names = _encode_names(*key)
+    ld, lp, ls, raw = names
     return (
         HEADER_FIXED.pack(
             header.version,
@@ -111,14 +118,22 @@ def encode_header(header: Header) -> bytes:
             header.update_type,
             header.flags,
             header.id,
-            len(device),
-            len(prop),
-            len(selector),
+            ld,
+            lp,
+            ls,
         )
-        + device
-        + prop
-        + selector
+        + raw
     )
+
+
+def _encode_names(device: str, prop: str, selector: str) -> tuple[int, int, int, bytes]:
+    d, p, s = device.encode(), prop.encode(), selector.encode()
+    if max(len(d), len(p), len(s)) > _MAX_NAME:
+        raise ValueError("device, property and selector must each be at most 65535 UTF-8 bytes")
+    names = (len(d), len(p), len(s), d + p + s)
+    if len(_ENCODED) < _NAMES_MAX and len(names[3]) <= _NAMES_KEY_MAX:
+        _ENCODED[(device, prop, selector)] = names
+    return names
 
 
 # Every message's header passes through decode_header on a dispatcher thread, so the parse is
@@ -131,8 +146,6 @@ def encode_header(header: Header) -> bytes:
 #   ``__init__`` and its ``object.__setattr__`` per field (frozen dataclasses pay for that).
 _FLAGS = {int(f): f for f in (HeaderFlags.NONE, HeaderFlags.CONFLATABLE)}
 _NAMES: dict[bytes, tuple[str, str, str]] = {}
-_NAMES_MAX = 4096
-_NAMES_KEY_MAX = 256
 _NAMES_AT = HEADER_FIXED.size - 6  # the three u16 lengths, then the names
 _new = object.__new__
 _SET = tuple(
