@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,14 +291,21 @@ def test_failure_and_restart_deliver_every_row_exactly_once(spark: Any, tmp_path
             query.awaitTermination(120)
         except Exception as exc:  # the forced failure surfaces as a StreamingQueryException
             return exc
+        finally:
+            # The restart must not race the failed query's cleanup (same checkpoint, same id).
+            deadline = time.monotonic() + 30
+            while any(q.id == query.id for q in spark.streams.active):
+                assert time.monotonic() < deadline, "the query did not stop"
+                time.sleep(0.05)
         return query.exception()
 
     failure = run({1})
-    assert failure is not None and "sink failure in batch 1" in str(failure)
+    assert failure is not None and "sink failure in batch 1" in str(failure), failure
     assert _delivered(out) == [("a", s) for s in range(1, 5)]  # batch 0 only: seq 1-4
     # The recorder goes on while the query is down; the restart replays batch 1 from its offsets.
     expected += _write(root, "a", [[("PS3", 50)]])
-    assert run(None) is None
+    restarted = run(None)
+    assert restarted is None, restarted
     delivered = _delivered(out)
     assert delivered == sorted((e["recorder_id"], e["seq"]) for e in expected)
     assert len(delivered) == len(set(delivered)) == 13

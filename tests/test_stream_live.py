@@ -116,10 +116,10 @@ def test_live_stream_receives_rows(spark: Any, server: Server) -> None:
             time.sleep(0.1)
     finally:
         query.stop()
-    assert query.exception() is None
+    assert query.exception() is None, query.exception()
     with lock:
         rows = list(received)
-    assert {r["device"] for r in rows} == {"PS1", "BPM1"}
+    assert {r["device"] for r in rows} == {"PS1", "BPM1"}, query.recentProgress
     orbit = next(r for r in rows if r["device"] == "BPM1")
     values = json.loads(orbit["data"])
     assert len(values["orbit"]) == 2 and len(values["orbit"][0]) == 64
