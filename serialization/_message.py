@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Sequence
-from functools import cached_property
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from rda.serialization import _binary
 from rda.serialization._header import DataContext, Header, decode_context
@@ -26,6 +25,36 @@ __all__ = ["BodyKind", "Message", "decode_exception", "encode_exception"]
 Buffer = bytes | memoryview
 
 _EXC_FIXED = struct.Struct("<H")
+
+T = TypeVar("T")
+
+
+class _lazy(Generic[T]):
+    """``functools.cached_property`` without its per-class RLock (Python 3.11 takes it on every
+    first access, in Python code; 3.12 dropped it). The value lands in the instance
+    ``__dict__`` under the attribute's name, so later reads never reach this descriptor. Two
+    threads racing on a first access both decode and one result wins: harmless for values
+    decoded from immutable frames."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self._fn = fn
+        self._name = fn.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _lazy[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | _lazy[T]:
+        if obj is None:
+            return self
+        value = self._fn(obj)
+        obj.__dict__[self._name] = value
+        return value
 
 
 class BodyKind(enum.IntEnum):
@@ -80,12 +109,12 @@ class Message:
                 return frame
         return None
 
-    @cached_property
+    @_lazy
     def data(self) -> Data | None:
         frame = self.frame(BodyKind.DATA)
         return None if frame is None else _binary.decode(frame)
 
-    @cached_property
+    @_lazy
     def request_context(self) -> Data | None:
         """The REQUEST_CONTEXT frame: a Data with optional ``filters`` (Data) and
         ``timeout_ms`` (int64, the client's deadline for this request)."""
@@ -108,7 +137,7 @@ class Message:
             return None
         return int(ctx["timeout_ms"]) / 1000.0
 
-    @cached_property
+    @_lazy
     def _context_and_seq(self) -> tuple[DataContext, int]:
         frame = self.frame(BodyKind.DATA_CONTEXT)
         if frame is None:
@@ -124,7 +153,7 @@ class Message:
         """Per-subscription sequence number of a notification (0 when absent)."""
         return self._context_and_seq[1]
 
-    @cached_property
+    @_lazy
     def exception(self) -> tuple[str, str] | None:
         frame = self.frame(BodyKind.EXCEPTION)
         return None if frame is None else decode_exception(frame)

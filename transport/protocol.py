@@ -66,6 +66,20 @@ class Kind(enum.IntEnum):
 CLIENT_KINDS = frozenset({Kind.CONNECT, Kind.REQUEST, Kind.HEARTBEAT})
 SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT})
 _KIND_BYTES = {bytes([k]): k for k in Kind}
+_KIND_FRAMES = {k: bytes([k]) for k in Kind}
+# The descriptor frames of the messages this library sends (encode_message's lookup).
+_DESCRIPTORS = {
+    tuple(kinds): bytes(kinds)
+    for kinds in (
+        (),
+        (BodyKind.DATA,),
+        (BodyKind.EXCEPTION,),
+        (BodyKind.REQUEST_CONTEXT,),
+        (BodyKind.DATA, BodyKind.DATA_CONTEXT),
+        (BodyKind.DATA, BodyKind.REQUEST_CONTEXT),
+        (BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT),
+    )
+}
 _BODY_KINDS = {int(k): k for k in BodyKind}
 # Descriptor bytes -> body kinds, filled as layouts are seen (bounded: a peer cannot grow it).
 _LAYOUTS: dict[bytes, tuple[BodyKind, ...]] = {}
@@ -133,9 +147,13 @@ def encode_message(
     kind: Kind, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()
 ) -> list[Buffer]:
     """REQUEST or REPLY frames. Body buffers are passed through untouched (no copy)."""
-    frames: list[Buffer] = [bytes([kind]), encode_header(header)]
-    frames.extend(buf for _, buf in body)
-    frames.append(bytes(int(k) for k, _ in body))
+    frames: list[Buffer] = [_KIND_FRAMES[kind], encode_header(header)]
+    kinds = []
+    for body_kind, buf in body:
+        frames.append(buf)
+        kinds.append(body_kind)
+    descriptor = _DESCRIPTORS.get(tuple(kinds))
+    frames.append(descriptor if descriptor is not None else bytes(kinds))
     return frames
 
 
