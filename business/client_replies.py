@@ -150,8 +150,12 @@ def complete(future: Completion, outcome: Message | BaseException) -> None:
         pass  # cancelled by its owner meanwhile
 
 
+# Enum ``.name`` is a Python-level property: looked up once per type, not per request.
+_OP_NAMES = {t: t.name.lower() for t in RequestType}
+
+
 def op_name(op: RequestType) -> str:
-    return op.name.lower()
+    return _OP_NAMES[op]
 
 
 def _raise_if_exception(message: Message) -> None:

@@ -59,7 +59,10 @@ class Timer:
     ) -> None:
         self._clock = clock
         self._max_wait = max_wait
-        self._cond = threading.Condition(threading.Lock())
+        # call_at and cancel run once per request (user thread and dispatcher): they enter the
+        # bare lock, a C-level ``with``, not the Condition's Python-level ``__enter__``.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._order = itertools.count()
         self._cancelled = 0
@@ -73,7 +76,7 @@ class Timer:
 
     def call_at(self, deadline: float, callback: Callable[[], None]) -> TimerHandle:
         handle = TimerHandle(self, deadline, callback)
-        with self._cond:
+        with self._lock:
             if self._closed:
                 handle.cancelled = True
                 return handle
@@ -90,11 +93,11 @@ class Timer:
 
     def pending(self) -> int:
         """Scheduled calls not yet run nor cancelled."""
-        with self._cond:
+        with self._lock:
             return len(self._heap) - self._cancelled
 
     def _cancel(self, handle: TimerHandle) -> None:
-        with self._cond:
+        with self._lock:
             # Under the lock: the thread may be popping this very entry as due.
             if handle.cancelled or self._closed:
                 return
