@@ -392,3 +392,30 @@ def test_retry_backoff_doubles_to_its_cap_and_resets() -> None:
     assert [backoff.next_delay() for _ in range(4)] == [0.001, 0.002, 0.004, 0.004]
     backoff.reset()
     assert backoff.next_delay() == 0.001
+
+
+def test_messages_queued_for_a_dropped_peer_are_counted_as_dropped(ctx: Ctx) -> None:
+    srv, rec = start_server(settings=TransportSettings(peer_queue_limit=50), sndhwm=2)
+    slow = ctx.socket(zmq.DEALER)
+    slow.setsockopt(zmq.LINGER, 0)
+    slow.setsockopt(zmq.RCVHWM, 1)
+    slow.setsockopt(zmq.RCVBUF, 64 * 1024)
+    slow.setsockopt(zmq.ROUTING_ID, b"slow")
+    slow.connect(srv.endpoint)
+    slow.send_multipart(encode_connect({"application": "slow"}))
+    try:
+        assert wait_for(lambda: b"slow" in rec.peers)
+        big = b"x" * (256 * 1024)
+        for i in range(30):
+            srv.send(b"slow", request(i, big))
+        assert wait_for(lambda: srv.statistics().peer_queue_depth > 0)
+        before = srv.statistics()
+        srv.disconnect(b"slow")
+        assert wait_for(lambda: b"slow" in rec.gone)
+        after = srv.statistics()
+        assert after.peer_queue_depth == 0
+        # Nothing the peer never received disappears uncounted.
+        assert after.messages_dropped >= before.messages_dropped + before.peer_queue_depth
+    finally:
+        slow.close(0)
+        srv.close()

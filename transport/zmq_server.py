@@ -464,7 +464,10 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         p.state = next_state(p.state, event)
         if self._by_fd.get(p.fd) == p.rid:
             del self._by_fd[p.fd]
-        self._queue_depth -= p.outbox.clear()
+        # What was still queued for the peer is lost with it: count it, never lose silently.
+        lost = p.outbox.clear()
+        self._queue_depth -= lost
+        self._dropped += lost
         self._blocked.pop(p.rid, None)
         if not p.announced:
             return
