@@ -1,20 +1,47 @@
 """rda.pipeline: the history recorder (journal -> Parquet) and the PySpark History API.
 
 Needs the ``[pipeline]`` extra (pyarrow; pyspark for the History API). The core library never
-imports this package.
+imports this package. ``History``, ``to_pandas`` and ``local_session`` are loaded on first use,
+so a recorder never pays for importing pyspark.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from rda.pipeline.converter import Converter, compact
 from rda.pipeline.metrics import start_recorder_metrics
 from rda.pipeline.recorder import Recorder, RecorderStatistics, Sample
 from rda.pipeline.schema import SchemaCatalog
 
+if TYPE_CHECKING:
+    from rda.pipeline.history import History, to_pandas
+    from rda.pipeline.spark_session import local_session
+
 __all__ = [
     "Converter",
+    "History",
     "Recorder",
     "RecorderStatistics",
     "Sample",
     "SchemaCatalog",
     "compact",
+    "local_session",
     "start_recorder_metrics",
+    "to_pandas",
 ]
+
+_LAZY = {
+    "History": "rda.pipeline.history",
+    "to_pandas": "rda.pipeline.history",
+    "local_session": "rda.pipeline.spark_session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rda.pipeline' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

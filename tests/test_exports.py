@@ -74,3 +74,11 @@ def test_core_never_imports_pyarrow_or_pyspark() -> None:
             text = path.read_text()
             assert "import pyarrow" not in text, path
             assert "import pyspark" not in text, path
+
+
+def test_recording_does_not_import_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, rda.pipeline; assert 'pyspark' not in sys.modules; rda.pipeline.History"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
