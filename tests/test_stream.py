@@ -16,10 +16,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThan, In
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows
 
 from rda.pipeline.recorder import Recorder, Sample
 from rda.pipeline.stream import (
+    JournalBatchReader,
     JournalDataSource,
     JournalError,
     JournalOptions,
@@ -211,6 +213,23 @@ def test_partitions_group_consecutive_segments_of_a_recorder(tmp_path: Path) -> 
     assert [len(p.segments) for p in plan_partitions(options, {"a": 0}, {"a": 6})] == [2, 1]
 
 
+def test_batch_filters_prune_keys_recorders_and_segments(tmp_path: Path) -> None:
+    _write(tmp_path, "a", [[("PS1", i), ("PS2", i)] for i in range(3)])  # seq 1-2, 3-4, 5-6
+    _write(tmp_path, "b", [[("PS2", 9)]])
+    reader = JournalBatchReader(_options(tmp_path))
+    seq_filter = GreaterThan(("seq",), 2)
+    pushed = [EqualTo(("device",), "PS2"), In(("recorder_id",), ("a",)), seq_filter]
+    unsupported = EqualTo(("error",), "x")
+    assert list(reader.pushFilters([*pushed, unsupported])) == [seq_filter, unsupported]
+    partitions = reader.partitions()
+    assert [(s.recorder_id, s.first_seq) for p in partitions for s in p.segments] == [
+        ("a", 3),
+        ("a", 5),
+    ]
+    rows = [r for p in partitions for batch in reader.read(p) for r in batch.to_pylist()]
+    assert [(r["device"], r["seq"]) for r in rows] == [("PS2", 4), ("PS2", 6)]
+
+
 def test_latest_starts_after_what_exists(tmp_path: Path) -> None:
     _write(tmp_path, "a", [[("PS1", 1)], [("PS1", 2)]])
     reader = JournalStreamReader(_options(tmp_path, startingOffsets="latest"))
@@ -323,6 +342,8 @@ def test_struct_data_for_one_property(spark: Any, tmp_path: Path) -> None:
         .load()
     )
     rows = frame.orderBy("seq").select("seq", "data.x", "data.y", "data.name").collect()
+    filtered = spark.read.format("rda-journal").option("root", str(root)).load()
+    assert [r.seq for r in filtered.where("device = 'PS1' AND seq > 1").collect()] == [3]
     want = [e for e in expected if e["device"] == "PS1"]
     assert [tuple(r) for r in rows] == [
         (e["seq"], e["data"]["x"], e["data"]["y"], e["data"]["name"]) for e in want
