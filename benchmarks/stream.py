@@ -23,7 +23,7 @@ from rda.pipeline.stream import (
     JournalDataSource,
     JournalOptions,
     JournalStreamReader,
-    plan_partitions,
+    plan_segments,
     read_segment_rows,
 )
 from rda.serialization._data import Data
@@ -54,7 +54,7 @@ def direct_read(root: Path) -> tuple[int, float]:
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
     started = time.perf_counter()
-    rows = sum(read_segment_rows(options, p).num_rows for p in plan_partitions(options, start, end))
+    rows = sum(read_segment_rows(options, p).num_rows for p in plan_segments(options, start, end))
     return rows, time.perf_counter() - started
 
 
