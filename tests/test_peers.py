@@ -16,11 +16,12 @@ from rda.transport._peers import (
     connect_info,
     heartbeat_round,
     lost_reason,
+    peer_statistics,
     refused_reason,
     reject_request_before_connect,
     reject_undecodable,
 )
-from rda.transport.api import TransportSettings
+from rda.transport.api import PeerStatistics, TransportSettings
 from rda.transport.protocol import ConnectAck, Incoming, UnsupportedVersion, decode_frames
 from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker
 
@@ -160,3 +161,16 @@ def test_client_disconnect_reasons() -> None:
     assert lost_reason(ConnState.CONNECTING) == "connection refused or closed"
     assert lost_reason(ConnState.CONNECTED) == "server closed the connection"
     assert refused_reason("version 9") == "refused by the server: version 9"
+
+
+def test_outbox_counts_conflation_and_drops_per_key_and_peer_statistics_snapshots_them() -> None:
+    peer = Peer(b"p", {}, HeartbeatTracker.start(1.0, 10.0, 0.0))
+    box = peer.outbox
+    assert box.put([b"n1"], 7, limit=2) is PutResult.QUEUED
+    assert box.put([b"n2"], 7, limit=2) is PutResult.CONFLATED  # latest wins, in place
+    assert box.put([b"r1"], None, limit=2) is PutResult.QUEUED
+    assert box.put([b"n3"], 8, limit=2) is PutResult.DROPPED  # full
+    assert box.put([b"n4"], 7, limit=2) is PutResult.CONFLATED  # still replaceable when full
+    stats = peer_statistics({b"p": peer})[b"p"]
+    assert stats == PeerStatistics(2, 2, 1, {7: 2}, {8: 1})
+    assert box.head() == [b"n4"]

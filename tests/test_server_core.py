@@ -30,7 +30,13 @@ from rda.serialization._data import Data
 from rda.serialization._header import DataContext, Header, HeaderFlags, RequestType, UpdateType
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import NoSuchDeviceError
-from rda.transport.api import Buffer, ServerHandler, ServerTransportStatistics, TransportSettings
+from rda.transport.api import (
+    Buffer,
+    PeerStatistics,
+    ServerHandler,
+    ServerTransportStatistics,
+    TransportSettings,
+)
 from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
 
 PEER = b"\x00peer-1"
@@ -61,6 +67,7 @@ class RecordingTransport:
     """A ServerTransport that decodes and records what the server sends."""
 
     def __init__(self, handler: ServerHandler) -> None:
+        self.peer_stats: dict[bytes, PeerStatistics] = {}
         self.handler = handler
         self.sent: list[tuple[bytes, Message]] = []
         self.publishes = 0
@@ -102,6 +109,9 @@ class RecordingTransport:
 
     def statistics(self) -> ServerTransportStatistics:
         return ServerTransportStatistics()
+
+    def peer_statistics(self) -> dict[bytes, PeerStatistics]:
+        return self.peer_stats
 
     def wait(self, count: int, timeout: float = 10.0) -> list[tuple[bytes, Message]]:
         """Wait (bounded) until at least ``count`` messages were sent; return them all."""

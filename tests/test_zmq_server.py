@@ -282,6 +282,11 @@ def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
             srv.send(b"slow", request(i, big))
         assert wait_for(lambda: srv.statistics().messages_dropped > 0)
         assert srv.statistics().peer_queue_depth <= limit
+        # The per-peer view says who lost what: the slow peer, on subscription 9.
+        slow_stats = srv.peer_statistics()[b"slow"]
+        assert slow_stats.conflated_by_key.get(9, 0) > 0
+        assert slow_stats.dropped > 0
+        assert slow_stats.queue_depth <= limit
         # Meanwhile another client is served normally.
         conn = client.connect(srv.endpoint)
         for i in range(20):

@@ -28,12 +28,18 @@ class Outbox:
     in that one's place: the peer gets the latest value without the queue growing.
     """
 
-    __slots__ = ("_keyed", "_queue")
+    __slots__ = ("_keyed", "_queue", "conflated", "conflated_by_key", "dropped", "dropped_by_key")
 
     def __init__(self) -> None:
         # Entries are [frames, key]; a list so that conflation can swap the frames in place.
         self._queue: deque[list[Any]] = deque()
         self._keyed: dict[int, list[Any]] = {}
+        # What this peer lost, in total and per key (subscription id): the admin interface's
+        # "why is my subscription blind?" view. Only touched when the pipe is full.
+        self.conflated = 0
+        self.dropped = 0
+        self.conflated_by_key: dict[int, int] = {}
+        self.dropped_by_key: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -43,8 +49,13 @@ class Outbox:
             slot = self._keyed.get(key)
             if slot is not None:
                 slot[0] = frames
+                self.conflated += 1
+                self.conflated_by_key[key] = self.conflated_by_key.get(key, 0) + 1
                 return PutResult.CONFLATED
         if len(self._queue) >= limit:
+            self.dropped += 1
+            if key is not None:
+                self.dropped_by_key[key] = self.dropped_by_key.get(key, 0) + 1
             return PutResult.DROPPED
         slot = [frames, key]
         self._queue.append(slot)

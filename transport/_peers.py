@@ -32,6 +32,7 @@ from rda.transport._outbox import Outbox, PutResult
 from rda.transport.api import (
     Buffer,
     ClientTransportStatistics,
+    PeerStatistics,
     ServerTransportStatistics,
     TransportSettings,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "connect_info",
     "heartbeat_round",
     "lost_reason",
+    "peer_statistics",
     "rda_version",
     "refused_reason",
     "reject_request_before_connect",
@@ -237,6 +239,23 @@ class Peer:
 
 
 P = TypeVar("P", bound=Peer)
+
+
+def peer_statistics(peers: Mapping[bytes, Peer]) -> dict[bytes, PeerStatistics]:
+    """A snapshot of every peer's outbox counters, safe to take from a non-dispatcher thread:
+    ``list(values())`` and ``dict(...)`` copy under the GIL, so a dispatcher adding or removing
+    peers meanwhile cannot break the iteration."""
+    result: dict[bytes, PeerStatistics] = {}
+    for p in list(peers.values()):
+        box = p.outbox
+        result[p.rid] = PeerStatistics(
+            len(box),
+            box.conflated,
+            box.dropped,
+            dict(box.conflated_by_key),
+            dict(box.dropped_by_key),
+        )
+    return result
 
 
 def heartbeat_round(

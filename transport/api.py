@@ -13,7 +13,7 @@ transport (those are safe from any thread, the dispatcher included).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rda.serialization._message import Message
@@ -23,6 +23,7 @@ __all__ = [
     "ClientHandler",
     "ClientTransport",
     "ClientTransportStatistics",
+    "PeerStatistics",
     "ServerHandler",
     "ServerTransport",
     "ServerTransportStatistics",
@@ -79,6 +80,20 @@ class ServerTransportStatistics:
     messages_dropped: int = 0
     # Handler calls that raised (logged; the dispatcher carries on).
     handler_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatistics:
+    """What one server-side peer has waiting and has lost because its pipe was full.
+
+    ``*_by_key`` count per conflation key (the subscription id of a notification).
+    """
+
+    queue_depth: int = 0
+    conflated: int = 0
+    dropped: int = 0
+    conflated_by_key: dict[int, int] = field(default_factory=dict)
+    dropped_by_key: dict[int, int] = field(default_factory=dict)
 
 
 class ClientHandler(Protocol):
@@ -164,6 +179,12 @@ class ServerTransport(Protocol):
         was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
         conflation key, as in ``send``.
         """
+        ...
+
+    def peer_statistics(self) -> dict[bytes, PeerStatistics]:
+        """Per connected peer: queue depth and what conflation or a full queue cost it.
+
+        Safe from any thread (a snapshot; counters may move while it is taken)."""
         ...
 
     def disconnect(self, peer: bytes) -> None:

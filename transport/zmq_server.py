@@ -37,12 +37,14 @@ from rda.transport._peers import (
     ServerCounters,
     connect_ack_info,
     heartbeat_round,
+    peer_statistics,
     rda_version,
     reject_request_before_connect,
     reject_undecodable,
 )
 from rda.transport.api import (
     Buffer,
+    PeerStatistics,
     ServerHandler,
     ServerTransportStatistics,
     TransportSettings,
@@ -181,6 +183,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def statistics(self) -> ServerTransportStatistics:
         return self._statistics(len(self._peers))
+
+    def peer_statistics(self) -> dict[bytes, PeerStatistics]:
+        return peer_statistics(self._peers)
 
     # --------------------------------------------------------------- dispatcher thread
 

@@ -401,6 +401,11 @@ def check_statistics(pair: TransportPair) -> None:
     assert s.messages_out >= 11 and s.bytes_out >= 10 * 1000, s
     assert c.connections == 1 and s.peers == 1, (c, s)
     assert c.decode_errors == 0 and s.decode_errors == 0, (c, s)
+    # One entry per connected peer; a healthy peer has nothing queued and lost nothing.
+    peers = server.peer_statistics()
+    assert len(peers) == 1, peers
+    ((peer_stats),) = peers.values()
+    assert (peer_stats.queue_depth, peer_stats.conflated, peer_stats.dropped) == (0, 0, 0)
     client.disconnect(conn)
     crec.wait_for(lambda: bool(crec.reasons(conn)), WAIT, "on_disconnected")
     c = client.statistics()

@@ -28,10 +28,17 @@ from rda.transport._peers import (
     ServerCounters,
     connect_ack_info,
     heartbeat_round,
+    peer_statistics,
     reject_request_before_connect,
     reject_undecodable,
 )
-from rda.transport.api import Buffer, ServerHandler, ServerTransportStatistics, TransportSettings
+from rda.transport.api import (
+    Buffer,
+    PeerStatistics,
+    ServerHandler,
+    ServerTransportStatistics,
+    TransportSettings,
+)
 from rda.transport.protocol import (
     Connect,
     Heartbeat,
@@ -170,6 +177,9 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
 
     def statistics(self) -> ServerTransportStatistics:
         return self._statistics(len(self._peers))
+
+    def peer_statistics(self) -> dict[bytes, PeerStatistics]:
+        return peer_statistics(self._peers)
 
     # --- called by the network (any thread) ---
 
