@@ -45,7 +45,7 @@ demo: install
 	$(BIN)/python examples/demo_session.py
 
 bench: install
-	$(BIN)/python benchmarks/serialization.py
+	$(BIN)/rda bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
