@@ -242,15 +242,17 @@ class Dispatch:
             result = self._admin(self._server, header.device, args, client)
             body = [(BodyKind.DATA, _binary.encode(result))]
             reply = Header(RequestType.REPLY, header.id, header.device, header.property)
-            self._send(peer, encode_message(Kind.REPLY, reply, body))
+            frames = encode_message(Kind.REPLY, reply, body)
             outcome = "ok"
         except Exception as exc:
             if not isinstance(exc, RdaError):
                 log.warning("admin command %r raised", header.device, exc_info=True)
                 self._counters.handler_error()
-            self._send_error(peer, header, RequestType.EXCEPTION, exc)
+            frames = _error_frames(header, RequestType.EXCEPTION, exc)
             outcome = "error"
+        # Counted before the answer leaves, as in _respond.
         self._counters.record("admin", outcome, self._clock() - at)
+        self._send(peer, frames)
 
     # -- answers: any thread -----------------------------------------------------------------
 
@@ -260,13 +262,14 @@ class Dispatch:
         header = request.header
         rtype = header.request_type
         peer = request.client.peer
+        frames: list[Buffer] | None = None
         if error is not None:
             reply_type = (
                 RequestType.SUBSCRIBE_EXCEPTION
                 if rtype is RequestType.SUBSCRIBE
                 else RequestType.EXCEPTION
             )
-            self._send_error(peer, header, reply_type, error)
+            frames = _error_frames(header, reply_type, error)
             outcome = _outcome(rtype, error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
@@ -280,27 +283,33 @@ class Dispatch:
                 # gets an answer, and the handler's author a counted error.
                 self._counters.handler_error()
                 log.warning("%r: reply could not be encoded", request, exc_info=True)
-                self._send_error(peer, header, RequestType.EXCEPTION, exc)
+                frames = _error_frames(header, RequestType.EXCEPTION, exc)
                 outcome = "error"
             else:
-                self._send(peer, encode_message(Kind.REPLY, _reply_header(header), body))
+                frames = encode_message(Kind.REPLY, _reply_header(header), body)
                 outcome = "ok"
         elif rtype is RequestType.SET:
-            self._send(peer, encode_message(Kind.REPLY, _reply_header(header)))
+            frames = encode_message(Kind.REPLY, _reply_header(header))
             outcome = "ok"
+        else:
+            outcome = "ok"
+        # Counted before the answer leaves: a client that has its reply finds it counted (the
+        # worker would otherwise race the client's next look at the statistics).
+        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
+        if frames is not None:
+            self._send(peer, frames)
+        if error is not None:
+            return
+        if rtype is RequestType.SET:
             if self._immediate:
                 self._updates(header.device, header.property)
-        else:
+        elif rtype is RequestType.SUBSCRIBE:
             self._accepted(request)
-            outcome = "ok"
-        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
 
     def _send_error(
         self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
     ) -> None:
-        reply = Header(reply_type, header.id, header.device, header.property, header.selector)
-        frame = encode_exception(*describe_error(error))
-        self._send(peer, encode_message(Kind.REPLY, reply, [(BodyKind.EXCEPTION, frame)]))
+        self._send(peer, _error_frames(header, reply_type, error))
 
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         transport = self._transport
@@ -443,6 +452,12 @@ def _deliver_immediate(
         source.notify(result, UpdateType.IMMEDIATE)
     else:
         source.notify_error(error or RuntimeError("no update"), UpdateType.IMMEDIATE)
+
+
+def _error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
+    reply = Header(reply_type, header.id, header.device, header.property, header.selector)
+    frame = encode_exception(*describe_error(error))
+    return encode_message(Kind.REPLY, reply, [(BodyKind.EXCEPTION, frame)])
 
 
 def _reply_header(header: Header) -> Header:
