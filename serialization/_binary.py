@@ -372,7 +372,7 @@ def _read_other(
             n, epos = size // itemsize, bpos
             dims: tuple[int, ...] = (n,)
         else:
-            n, dims, epos = _read_dims(buf, bpos, pos, ndim, name)
+            n, dims, epos = _read_dims(buf, bpos, pos, ndim, name, lim.max_elements)
         if n * itemsize != pos - epos:
             raise DecodeError(
                 f"field {name!r}: dims {dims} need {n * itemsize} bytes, body has {pos - epos}",
@@ -395,12 +395,28 @@ def _read_other(
 
 
 def _read_dims(
-    buf: Any, pos: int, end: int, ndim: int, name: str
+    buf: Any, pos: int, end: int, ndim: int, name: str, max_elements: int
 ) -> tuple[int, tuple[int, ...], int]:
-    """Read ``ndim`` u32 dims: (element count, dims, position after them)."""
+    """Read ``ndim`` u32 dims: (element count, dims, position after them).
+
+    A zero-size array can declare absurd dims, e.g. (3774873604, 0): it holds no bytes, yet
+    ``tolist()``/``repr`` of it would build billions of nested lists. So the nested lists a
+    shape implies (the products of its leading dims) count against ``max_elements`` too.
+    """
     if pos + 4 * ndim > end:
         raise DecodeError(f"field {name!r}: body too short for {ndim} dims", pos)
     dims: tuple[int, ...] = _DIMS[ndim].unpack_from(buf, pos)
+    nested = 0
+    prefix = 1
+    for d in dims[:-1]:
+        prefix *= d
+        nested += prefix
+    if nested > max_elements:
+        raise DecodeError(
+            f"field {name!r}: dims {dims} imply {nested} nested lists, more than "
+            f"max_elements={max_elements}",
+            pos,
+        )
     return math.prod(dims), dims, pos + 4 * ndim
 
 
@@ -415,7 +431,7 @@ def _read_strings(
     buf: Any, pos: int, end: int, ndim: int, name: str, budget: int, lim: DecodeLimits
 ) -> tuple[Any, int]:
     if ndim > 1:
-        n, dims, pos = _read_dims(buf, pos, end, ndim, name)
+        n, dims, pos = _read_dims(buf, pos, end, ndim, name, lim.max_elements)
     size = end - pos
     if size == 0:
         items: list[str] = []

@@ -374,7 +374,8 @@ def _values_equal(t: DataType, a: Any, b: Any) -> bool:
         if not isinstance(b, np.ndarray) or a.shape != b.shape:
             return False
         if a.dtype.kind == "O":
-            return bool(a.tolist() == b.tolist())
+            # Element-wise, without building nested Python lists (cost follows the elements).
+            return a.size == 0 or bool(np.array_equal(a, b))
         return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
     return bool(a == b)
 

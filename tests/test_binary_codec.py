@@ -269,3 +269,29 @@ def test_zero_size_array_with_huge_dims() -> None:
         decode(raw)
     ok = bytes.fromhex("0100000007020100080000006100000000ffffffff")
     assert decode(ok)["a"].shape == (0, 0xFFFFFFFF)
+
+
+def test_zero_size_array_with_absurd_dims_is_a_decode_error() -> None:
+    """(3774873604, 0) holds no bytes, but tolist()/repr would build billions of lists
+    (found by hypothesis): the implied nested lists count against max_elements."""
+
+    arr = np.empty((1, 0), dtype=object)
+    good = encode(Data(s=arr))
+    assert decode(good)["s"].shape == (1, 0)
+    bad = good.replace(struct.pack("<II", 1, 0), struct.pack("<II", 3774873604, 0), 1)
+    assert bad != good
+    with pytest.raises(DecodeError, match="nested lists"):
+        decode(bad)
+    numeric = encode(Data(a=np.empty((1, 0), dtype=np.float64)))
+    bad_numeric = numeric.replace(struct.pack("<II", 1, 0), struct.pack("<II", 3774873604, 0), 1)
+    with pytest.raises(DecodeError, match="nested lists"):
+        decode(bad_numeric)
+
+
+def test_object_arrays_compare_without_building_lists() -> None:
+    a = np.array([["x", "y"], ["z", "w"]], dtype=object)
+    assert Data(s=a) == Data(s=a.copy())
+    b = a.copy()
+    b[1, 1] = "q"
+    assert Data(s=a) != Data(s=b)
+    assert Data(s=np.empty((5, 0), dtype=object)) == Data(s=np.empty((5, 0), dtype=object))
