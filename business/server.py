@@ -38,6 +38,7 @@ from rda.business.server_stats import (
 from rda.business.subscriptions import SubscriptionRegistry, SubscriptionSource
 from rda.serialization.errors import RdaError
 from rda.transport.api import (
+    PeerStatistics,
     ServerHandler,
     ServerTransport,
     ServerTransportStatistics,
@@ -424,6 +425,8 @@ class Server:
         if self._dispatch is None or self._registry is None:
             return []
         registry = self._registry
+        lost = self._peer_statistics()
+        none = PeerStatistics()
         return [
             ClientSnapshot(
                 peer=peer.hex(),
@@ -431,9 +434,16 @@ class Server:
                 connected_since=state.connected_since,
                 last_heard=state.last_heard,
                 subscriptions=registry.subscriptions_of(peer),
+                queue_depth=lost.get(peer, none).queue_depth,
+                conflated=lost.get(peer, none).conflated,
+                dropped=lost.get(peer, none).dropped,
             )
             for peer, state in self._dispatch.peers()
         ]
+
+    def _peer_statistics(self) -> dict[bytes, PeerStatistics]:
+        transport = self._transport
+        return {} if transport is None else transport.peer_statistics()
 
     def client_info(self, peer_hex: str) -> ClientInfo | None:
         if self._dispatch is None:
@@ -444,7 +454,8 @@ class Server:
         return None
 
     def sources(self) -> list[SourceSnapshot]:
-        return [source.snapshot() for source in self.subscriptions()]
+        lost = self._peer_statistics()
+        return [source.snapshot(lost) for source in self.subscriptions()]
 
     def statistics(self) -> ServerStatistics:
         requests, durations, handler_errors, late = self._counters.snapshot()

@@ -69,6 +69,11 @@ class ClientSnapshot:
     connected_since: float
     last_heard: float
     subscriptions: int
+    # From the transport: messages waiting for this client's pipe, and what its full pipe
+    # cost it (notifications replaced by newer ones; messages dropped at the queue limit).
+    queue_depth: int = 0
+    conflated: int = 0
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +81,8 @@ class SourceSnapshot:
     """One subscription source, keyed by (device, property, selector, filters).
 
     ``notifications_sent`` counts messages handed to the transport (one per subscriber per
-    update); ``errors_sent`` the NOTIFICATION_EXC among them. ``last_update`` is the
+    update); ``errors_sent`` the NOTIFICATION_EXC among them; ``conflated``/``dropped`` what
+    slow subscribers lost (the "why is my subscription blind?" view). ``last_update`` is the
     ``time.time()`` of the last ``notify``/``notify_error``, None before the first.
     """
 
@@ -88,6 +94,10 @@ class SourceSnapshot:
     notifications_sent: int
     errors_sent: int
     last_update: float | None
+    # Summed over this source's subscribers: updates a slow subscriber never saw because a
+    # newer one replaced them (conflated) or its queue was full (dropped).
+    conflated: int = 0
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

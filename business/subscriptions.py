@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from threading import Lock
 
 from rda.business.common import AcquiredData
@@ -45,7 +45,7 @@ from rda.serialization._header import (
     encode_header,
 )
 from rda.serialization._message import BodyKind, encode_exception
-from rda.transport.api import Buffer, ServerTransport
+from rda.transport.api import Buffer, PeerStatistics, ServerTransport
 
 __all__ = ["SourceKey", "SubscriptionRegistry", "SubscriptionSource"]
 
@@ -251,8 +251,17 @@ class SubscriptionSource:
             self._closed = True
             self._subscribers.clear()
 
-    def snapshot(self) -> SourceSnapshot:
+    def snapshot(self, peers: Mapping[bytes, PeerStatistics] | None = None) -> SourceSnapshot:
+        """The source's counters; with the transport's ``peer_statistics()``, also what its
+        subscribers lost to conflation and full queues (keyed by subscription id)."""
+        conflated = dropped = 0
         with self._lock:
+            if peers:
+                for peer, sub_id in self._subscribers:
+                    stats = peers.get(peer)
+                    if stats is not None:
+                        conflated += stats.conflated_by_key.get(sub_id, 0)
+                        dropped += stats.dropped_by_key.get(sub_id, 0)
             return SourceSnapshot(
                 device=self.device,
                 property=self.property,
@@ -262,6 +271,8 @@ class SubscriptionSource:
                 notifications_sent=self.notifications_sent,
                 errors_sent=self.errors_sent,
                 last_update=self.last_update,
+                conflated=conflated,
+                dropped=dropped,
             )
 
 

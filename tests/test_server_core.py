@@ -788,3 +788,28 @@ def test_a_first_update_that_cannot_be_encoded_arrives_as_an_error(make: Factory
     assert first.header.request_type is RequestType.NOTIFICATION_EXC
     assert first.header.update_type is UpdateType.FIRST and first.seq == 1
     assert first.exception is not None and "cycle name" in first.exception[1]
+
+
+def test_clients_and_sources_show_what_slow_subscribers_lost(make: Factory) -> None:
+    """The "why is my subscription blind?" view: per client and per source, from the
+    transport's per-peer counters keyed by subscription id."""
+    h = make(request_reply=Echo())
+    h.send(request(RequestType.SUBSCRIBE, 1))
+    h.send(request(RequestType.SUBSCRIBE, 2, prop="Other"))
+    h.send(request(RequestType.SUBSCRIBE, 3), PEER2)
+    h.transport.wait(3)
+    h.transport.peer_stats = {
+        PEER: PeerStatistics(
+            queue_depth=4,
+            conflated=7,
+            dropped=2,
+            conflated_by_key={1: 5, 2: 2},
+            dropped_by_key={1: 2},
+        ),
+        PEER2: PeerStatistics(conflated=1, conflated_by_key={3: 1}),
+    }
+    clients = {c.peer: (c.queue_depth, c.conflated, c.dropped) for c in h.server.clients()}
+    assert clients == {PEER.hex(): (4, 7, 2), PEER2.hex(): (0, 1, 0)}
+    sources = {s.property: (s.subscribers, s.conflated, s.dropped) for s in h.server.sources()}
+    # "Prop" has subscription 1 of PEER and 3 of PEER2; "Other" has subscription 2 of PEER.
+    assert sources == {"Prop": (2, 6, 2), "Other": (1, 2, 0)}
