@@ -1,8 +1,9 @@
 """Pieces shared by the ZeroMQ client and server transports.
 
-* :class:`SendPipe` / :func:`open_pipe_pull`: the inproc PUSH -> PULL hand-off from user
-  threads to the dispatcher (RDA3 paper, "Communication with the Business Layer"): the PUSH has
-  a send high-water mark, so a flooding producer blocks instead of growing memory.
+* :class:`SendPipe` / :func:`open_pipe_pull` / :func:`recv_pipe`: the inproc PUSH -> PULL
+  hand-off from user threads to the dispatcher (RDA3 paper, "Communication with the Business
+  Layer"): the PUSH has a send high-water mark, so a flooding producer blocks instead of growing
+  memory. A small message crosses it as one packed frame (see :func:`pack_pipe`).
 * :func:`decode_monitor_event`: socket-monitor messages, so a closed TCP connection is noticed
   in milliseconds instead of after the heartbeat timeout.
 * :func:`close_socket`: linger-bounded close that never raises.
@@ -31,6 +32,7 @@ from rda.transport.api import TransportSettings
 __all__ = [
     "BATCH",
     "GONE_EVENTS",
+    "PACK_LIMIT",
     "PIPE_SEND_TIMEOUT_MS",
     "DispatcherShell",
     "Selector",
@@ -40,8 +42,10 @@ __all__ = [
     "decode_monitor_event",
     "open_monitor",
     "open_pipe_pull",
+    "pack_pipe",
     "pipe_address",
     "recv_frames",
+    "recv_pipe",
     "send_frames",
     "send_routed",
 ]
@@ -211,6 +215,71 @@ class Selector:
         return ready
 
 
+# A pipe message is an operation head (the transport's own bytes: operation and target) plus
+# the message frames. pyzmq releases the GIL around every frame it sends or receives, and each
+# release is a chance for another thread to take the interpreter for a whole switch interval,
+# so a small message crosses the pipe as ONE frame:
+#   PACKED, n (u32), len(head) (u32), n x len(frame) (u32), head, frame 0, ..., frame n-1
+# and the dispatcher cuts it up with memoryview slices. From PACK_LIMIT bytes of frames on,
+# the copy costs more than the calls it saves: frame 0 is MULTI, n, 0 followed by the head
+# in the same frame, then the n frames as given (zero-copy above pyzmq's copy threshold).
+PACK_LIMIT = 65536
+_PACKED, _MULTI = 1, 0
+_PIPE_PREFIX = struct.Struct("<BII")
+_LAYOUTS: dict[int, struct.Struct] = {}
+
+
+def _layout(n: int) -> struct.Struct:
+    """``<BII`` plus ``n`` frame lengths; cached for the frame counts messages have (one
+    frame per target in a publish)."""
+    layout = _LAYOUTS.get(n)
+    if layout is None:
+        layout = struct.Struct(f"<BII{n}I")
+        if n < 1024:
+            _LAYOUTS[n] = layout
+    return layout
+
+
+def _nbytes(frame: Any) -> int:
+    # len() of a memoryview counts items, not bytes (a view of a float64 array).
+    return len(frame) if type(frame) is bytes else memoryview(frame).nbytes
+
+
+def pack_pipe(head: bytes, frames: Sequence[Any]) -> bytes | list[Any]:
+    """One pipe message: a single packed ``bytes`` or, for big ones, the multi-frame list."""
+    sizes = [_nbytes(f) for f in frames]
+    if sum(sizes) < PACK_LIMIT:
+        prefix = _layout(len(sizes)).pack(_PACKED, len(sizes), len(head), *sizes)
+        return b"".join((prefix, head, *frames))
+    return [_PIPE_PREFIX.pack(_MULTI, len(sizes), 0) + head, *frames]
+
+
+def recv_pipe(sock: zmq.Socket[bytes]) -> tuple[bytes, list[Any]] | None:
+    """One pipe message as ``(head, frames)``, or None when none is waiting.
+
+    Packed frames come back as memoryview slices of the one received ``bytes`` (no copy);
+    a multi-frame message's frames as ``zmq.Frame`` objects (no copy). The first frame is
+    received as ``bytes``: for a message this small that is cheaper than a ``zmq.Frame``.
+    """
+    try:
+        first: bytes = _backend_recv(sock, _NOBLOCK, True)
+    except zmq.Again:
+        return None
+    flag, n, head_size = _PIPE_PREFIX.unpack_from(first)
+    if flag == _MULTI:
+        return first[_PIPE_PREFIX.size :], [_backend_recv(sock, _NOBLOCK, False) for _ in range(n)]
+    offset = _PIPE_PREFIX.size + 4 * n
+    sizes = _layout(n).unpack_from(first)[3:]
+    head = first[offset : offset + head_size]
+    offset += head_size
+    view = memoryview(first)
+    frames: list[Any] = []
+    for size in sizes:
+        frames.append(view[offset : offset + size])
+        offset += size
+    return head, frames
+
+
 def pipe_address(kind: str) -> str:
     """A unique inproc endpoint, so many transports can share one context."""
     return f"inproc://rda-{kind}-{uuid.uuid4().hex}"
@@ -231,9 +300,9 @@ class SendPipe:
 
     ZeroMQ sockets are not thread-safe; a lock around one socket is cheaper than one socket per
     thread (no per-thread sockets to find and close at shutdown) and serialises nothing that
-    would not be serialised by the single dispatcher anyway. Frames above pyzmq's
-    ``copy_threshold`` (64 KiB) travel without a copy (``copy=False``); smaller ones are copied,
-    which is faster for them. A zero-copy buffer must not be modified after ``send``.
+    would not be serialised by the single dispatcher anyway. Each hand-off is one pipe message
+    (the HWM counts messages); a small one is packed into one frame before the lock is taken,
+    the frames of a big one travel without a copy and must not be modified after ``send``.
     """
 
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int) -> None:
@@ -247,15 +316,18 @@ class SendPipe:
         self._sock.setsockopt(zmq.SNDTIMEO, PIPE_SEND_TIMEOUT_MS)
         self._sock.connect(address)
 
-    def send(self, frames: Sequence[zmq.Frame | bytes | memoryview]) -> bool:
-        """Hand one message to the dispatcher; blocks while the pipe is full.
-
-        Returns False (and sends nothing) once the pipe is closed.
+    def send(self, head: bytes, frames: Sequence[zmq.Frame | bytes | memoryview] = ()) -> bool:
+        """Hand one message (``head``: the operation, then ``frames``) to the dispatcher;
+        blocks while the pipe is full. Returns False (and sends nothing) once it is closed.
         """
+        message = pack_pipe(head, frames)
         with self._lock:
             while not self._closed:
                 try:
-                    send_frames(self._sock, frames, block=True)
+                    if type(message) is bytes:
+                        _backend_send(self._sock, message, 0, True)
+                    else:
+                        send_frames(self._sock, message, block=True)
                     return True
                 except zmq.Again:
                     continue  # still full: look at _closed again, then keep waiting
@@ -267,7 +339,7 @@ class SendPipe:
                     ) from exc
             return False
 
-    def wake(self, frames: Sequence[bytes], timeout: float) -> bool:
+    def wake(self, head: bytes, timeout: float) -> bool:
         """Send a wake-up even after ``mark_closed``; waits at most ``timeout`` for the lock.
 
         A full pipe needs no wake-up (the dispatcher has work and checks its closing flag on
@@ -278,7 +350,7 @@ class SendPipe:
         try:
             if self._sock.closed:
                 return False
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            _backend_send(self._sock, _layout(0).pack(_PACKED, 0, len(head)) + head, _NOBLOCK, True)
             return True
         except zmq.ZMQError:
             return False
@@ -338,7 +410,7 @@ class DispatcherShell(Counters):
     :meth:`_close_pipe` and :meth:`_term_context` on its way out) and its counters (it also
     derives from ``ServerCounters`` or ``ClientCounters`` and initialises them). ``side`` is
     "client" or "server": it names the thread ``rda-<side>-dispatcher``, the inproc pipe and
-    the log messages. ``wake`` is the pipe message that only wakes the dispatcher.
+    the log messages. ``wake`` is the pipe head that only wakes the dispatcher.
     """
 
     def __init__(
@@ -347,7 +419,7 @@ class DispatcherShell(Counters):
         settings: TransportSettings,
         context: zmq.Context[zmq.Socket[bytes]] | None,
         clock: Callable[[], float],
-        wake: list[bytes],
+        wake: bytes,
         logger: logging.Logger,
     ) -> None:
         self._side = side

@@ -61,7 +61,7 @@ __all__ = ["ZmqClientTransport", "default_client_info"]
 
 log = logging.getLogger("rda.transport.client")
 
-# Pipe message frame 0: operation and connection id.
+# Pipe message head: operation and connection id.
 _OP = struct.Struct("<BQ")
 _SEND, _CONNECT, _DISCONNECT, _WAKE = 0, 1, 2, 3
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
@@ -97,7 +97,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__("client", settings, context, clock, [_OP.pack(_WAKE, 0)], log)
+        super().__init__("client", settings, context, clock, _OP.pack(_WAKE, 0), log)
         self._handler = handler
         self._info = default_client_info()
         if client_info:
@@ -123,7 +123,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         conn = next(self._ids)
         if self._on_dispatcher():
             self._open(conn, endpoint)
-        elif not self._pipe_or_raise().send([_OP.pack(_CONNECT, conn), endpoint.encode()]):
+        elif not self._pipe_or_raise().send(_OP.pack(_CONNECT, conn), [endpoint.encode()]):
             raise TransportError("the transport is closed")
         return conn
 
@@ -135,13 +135,13 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             return
         pipe = self._pipe
         if pipe is not None:
-            pipe.send([_OP.pack(_SEND, connection), *frames])
+            pipe.send(_OP.pack(_SEND, connection), frames)
 
     def disconnect(self, connection: int) -> None:
         if self._on_dispatcher():
             self._drop_id(connection, CLOSED_LOCALLY)
         elif self._pipe is not None:
-            self._pipe.send([_OP.pack(_DISCONNECT, connection)])
+            self._pipe.send(_OP.pack(_DISCONNECT, connection))
 
     def statistics(self) -> ClientTransportStatistics:
         return self._statistics(self._connected)
@@ -190,17 +190,18 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
-            frames = common.recv_frames(pull)
-            if frames is None:
+            message = common.recv_pipe(pull)
+            if message is None:
                 self._poller.settle(pull)
                 return
-            op, conn = _OP.unpack(frames[0].buffer)
+            head, frames = message
+            op, conn = _OP.unpack(head)
             if op == _SEND:
                 c = self._conns.get(conn)
                 if c is not None:
-                    self._send_on(c, frames[1:])
+                    self._send_on(c, frames)
             elif op == _CONNECT:
-                self._open(conn, frames[1].bytes.decode())
+                self._open(conn, bytes(frames[0]).decode())
             elif op == _DISCONNECT:
                 self._drop_id(conn, CLOSED_LOCALLY)
             if self._closing or self._pipe_paused:

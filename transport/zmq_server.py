@@ -66,11 +66,11 @@ __all__ = ["ZmqServerTransport"]
 
 log = logging.getLogger("rda.transport.server")
 
-# Pipe message frame 0: operation, flag (has key / conflatable), key or target count; then the
-# routing id of the peer for SEND and DISCONNECT.
+# Pipe message head: operation, flag (has key / conflatable), key or target count; then the
+# routing id of the peer for SEND and DISCONNECT, the packed targets for PUBLISH.
 _OP = struct.Struct("<BBQ")
 _SEND, _PUBLISH, _DISCONNECT, _WAKE = 0, 1, 2, 3
-# PUBLISH frame 1: per target a subscription id and the routing id's length, then the id.
+# PUBLISH head after _OP: per target a subscription id and the routing id's length, then the id.
 _TARGET = struct.Struct("<QB")
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
@@ -97,7 +97,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         clock: Callable[[], float] = time.monotonic,
         sndhwm: int = 1000,
     ) -> None:
-        super().__init__("server", settings, context, clock, [_OP.pack(_WAKE, 0, 0)], log)
+        super().__init__("server", settings, context, clock, _OP.pack(_WAKE, 0, 0), log)
         self._requested = endpoint
         self._endpoint = endpoint
         self._handler = handler
@@ -155,7 +155,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         pipe = self._pipe
         if pipe is not None:
             head = _OP.pack(_SEND, conflate_key is not None, conflate_key or 0) + peer
-            pipe.send([head, *frames])
+            pipe.send(head, frames)
 
     def publish(
         self,
@@ -172,14 +172,14 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         pipe = self._pipe
         if pipe is not None:
             packed = b"".join(_TARGET.pack(sub, len(peer)) + peer for peer, sub, _ in targets)
-            head = _OP.pack(_PUBLISH, conflatable, len(targets))
-            pipe.send([head, packed, *(h for _, _, h in targets), *tail])
+            head = _OP.pack(_PUBLISH, conflatable, len(targets)) + packed
+            pipe.send(head, [*(h for _, _, h in targets), *tail])
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():
             self._drop_rid(peer, CLOSED_LOCALLY)
         elif self._pipe is not None:
-            self._pipe.send([_OP.pack(_DISCONNECT, 0, 0) + peer])
+            self._pipe.send(_OP.pack(_DISCONNECT, 0, 0) + peer)
 
     def statistics(self) -> ServerTransportStatistics:
         return self._statistics(len(self._peers))
@@ -241,31 +241,32 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
         for _ in range(common.BATCH):
-            frames = common.recv_frames(pull)
-            if frames is None:
+            message = common.recv_pipe(pull)
+            if message is None:
                 self._poller.settle(pull)
                 return
-            head = frames[0].bytes
+            head, frames = message
             op, flag, value = _OP.unpack_from(head)
             if op == _SEND:
-                self._deliver(head[_OP.size :], frames[1:], value if flag else None)
+                self._deliver(head[_OP.size :], frames, value if flag else None)
             elif op == _PUBLISH:
-                self._publish_from_pipe(frames, value, bool(flag))
+                self._publish_from_pipe(head, frames, value, bool(flag))
             elif op == _DISCONNECT:
                 self._drop_rid(head[_OP.size :], CLOSED_LOCALLY)
             if self._closing:
                 return
 
-    def _publish_from_pipe(self, frames: list[zmq.Frame], count: int, conflatable: bool) -> None:
-        packed = frames[1].bytes
-        tail = frames[2 + count :]
-        offset = 0
+    def _publish_from_pipe(
+        self, head: bytes, frames: list[Any], count: int, conflatable: bool
+    ) -> None:
+        tail = frames[count:]
+        offset = _OP.size  # the targets follow the operation in the head
         for i in range(count):
-            sub, size = _TARGET.unpack_from(packed, offset)
+            sub, size = _TARGET.unpack_from(head, offset)
             offset += _TARGET.size
-            peer = packed[offset : offset + size]
+            peer = head[offset : offset + size]
             offset += size
-            self._deliver(peer, [_REPLY_KIND, frames[2 + i], *tail], sub if conflatable else None)
+            self._deliver(peer, [_REPLY_KIND, frames[i], *tail], sub if conflatable else None)
 
     def _deliver(self, rid: bytes, frames: Sequence[Any], key: int | None) -> None:
         """Send now, or queue behind the peer's full pipe; never blocks."""
