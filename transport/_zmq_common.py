@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import select
@@ -403,7 +404,7 @@ def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
         log.debug("closing a socket failed: %s", exc)
 
 
-class DispatcherShell(Counters):
+class DispatcherShell(Counters, abc.ABC):
     """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
 
     A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
@@ -485,8 +486,9 @@ class DispatcherShell(Counters):
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The dispatcher loop (each transport has its own: it is the hot path)."""
 
     def _on_dispatcher(self) -> bool:
         return threading.get_ident() == self._thread_id
