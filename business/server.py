@@ -15,12 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
 from rda.business.directory import FileDirectory
+from rda.business.policy import Authorizer, Policy, PolicyError
 from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
 from rda.business.server_dispatch import AdminHandler, Dispatch
 from rda.business.server_requests import (
@@ -80,6 +82,9 @@ class ServerBuilder:
         self._clock: Callable[[], float] = time.monotonic
         self._admin: AdminHandler | None = None
         self.metrics_port_value: int | None = None
+        self._policy: Policy | None = None
+        self._policy_file: Path | None = None
+        self._trust_declared = False
         self._on_start: list[Hook] = []
         self._on_stop: list[Hook] = []
 
@@ -163,6 +168,25 @@ class ServerBuilder:
         self.metrics_port_value = port
         return self
 
+    def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
+        """Authorize every get, set, subscribe and admin request by ``policy`` (a
+        :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
+        not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
+        :meth:`Server.reload_policy` re-reads. None: no authorization (everything allowed)."""
+        if policy is None or isinstance(policy, Policy):
+            self._policy, self._policy_file = policy, None
+        else:
+            self._policy_file = Path(policy)
+            self._policy = Policy.from_toml(self._policy_file)
+        return self
+
+    def trust_declared_principals(self, trust: bool = True) -> ServerBuilder:
+        """Take the principal a client declares (``ClientService(principal=...)``) at its word
+        when the transport authenticated none. For test stands only: without CURVE anyone can
+        claim any name."""
+        self._trust_declared = trust
+        return self
+
     def on_start(self, hook: Hook) -> ServerBuilder:
         self._on_start.append(hook)
         return self
@@ -204,6 +228,9 @@ class ServerBuilder:
             clock=self._clock,
             admin_handler=self._admin,
             metrics_port=self.metrics_port_value,
+            policy=self._policy,
+            policy_file=self._policy_file,
+            trust_declared=self._trust_declared,
             on_start=list(self._on_start),
             on_stop=list(self._on_stop),
         )
@@ -230,6 +257,9 @@ class Server:
         metrics_port: int | None,
         on_start: list[Hook],
         on_stop: list[Hook],
+        policy: Policy | None = None,
+        policy_file: Path | None = None,
+        trust_declared: bool = False,
     ) -> None:
         self.name = name
         self.config = config
@@ -249,6 +279,10 @@ class Server:
         self._rr = request_reply
         self._subs = subscription
         self._counters = RequestCounters()
+        self._authorizer = None if policy is None else Authorizer(policy)
+        self._policy_file = policy_file
+        self._trust_declared = trust_declared
+        self._reload_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = "built"
         self._transport: ServerTransport | None = None
@@ -303,6 +337,8 @@ class Server:
             clock=self._clock,
             default_timeout=config.request_timeout,
             immediate_updates=self._immediate,
+            policy=self._authorizer,
+            trust_declared=self._trust_declared,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -421,6 +457,45 @@ class Server:
     def devices(self) -> list[str]:
         return list(self._devices)
 
+    # -- authorization -----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy | None:
+        """The authorization policy in force (None: everything is allowed)."""
+        authorizer = self._authorizer
+        return None if authorizer is None else authorizer.policy
+
+    @property
+    def policy_file(self) -> Path | None:
+        return self._policy_file
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Put ``policy`` in force at once (None: stop authorizing)."""
+        authorizer = None if policy is None else Authorizer(policy)
+        self._authorizer = authorizer
+        if self._dispatch is not None:
+            self._dispatch.set_policy(authorizer)
+
+    def reload_policy(self) -> Policy:
+        """Re-read the policy file given to the builder and put it in force.
+
+        Atomic: the file is parsed and validated completely first; a broken one raises
+        ``PolicyError`` (naming the file and the line at fault) and the old policy stays.
+        """
+        with self._reload_lock:
+            path = self._policy_file
+            if path is None:
+                raise PolicyError(
+                    f"server {self.name!r} has no policy file to reload "
+                    "(ServerBuilder.policy(path) / rda serve --policy FILE)"
+                )
+            policy = Policy.from_toml(path)
+            self.set_policy(policy)
+        log.info(
+            "server %r: policy reloaded from %s (%d rules)", self.name, path, len(policy.rules)
+        )
+        return policy
+
     def clients(self) -> list[ClientSnapshot]:
         if self._dispatch is None or self._registry is None:
             return []
@@ -480,6 +555,7 @@ class Server:
             handler_errors=handler_errors,
             late_completions=late,
             clients=clients,
+            denied=self._counters.denials(),
         )
 
     def disconnect_client(self, peer_hex: str) -> bool:

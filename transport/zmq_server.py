@@ -402,6 +402,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             self._enqueue(p, ack, None)
         if rid in self._peers:
             p.announced = True
+            # Only the transport may say who authenticated (CURVE's ZAP User-Id): a client
+            # writing this key into its CONNECT info must not be believed.
+            info.pop("authenticated_principal", None)
             try:
                 self._handler.on_peer_connected(rid, info)
             except Exception:
