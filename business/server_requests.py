@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rda.business.common import AcquiredData
+from rda.business.common import AcquiredData, stamped
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import Message
@@ -213,7 +213,10 @@ class ServerError(Exception):
 
 
 class GetRequest(_Completable):
-    """A get: answer with ``complete(AcquiredData(...))`` (a bare ``Data`` is accepted too)."""
+    """A get: answer with ``complete(AcquiredData(...))`` (a bare ``Data`` is accepted too).
+
+    A value without an acquisition stamp (no ``DataContext``, or ``acq_stamp == 0``) is
+    stamped with the wall-clock time of the ``complete`` call (docs/server.md)."""
 
     __slots__ = ()
 
@@ -226,7 +229,7 @@ class GetRequest(_Completable):
             return
         if isinstance(acquired, Data):
             acquired = AcquiredData(acquired)
-        if not self._answer(acquired, None):
+        if not self._answer(stamped(acquired), None):
             self._late("complete()")
 
 

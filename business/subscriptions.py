@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from threading import Lock
 
-from rda.business.common import AcquiredData
+from rda.business.common import AcquiredData, stamped
 from rda.business.server_requests import ClientInfo, describe_error
 from rda.business.server_stats import SourceSnapshot
 from rda.serialization import _binary
@@ -123,14 +123,16 @@ class SubscriptionSource:
     def notify(
         self, acquired: AcquiredData | Data, update_type: UpdateType = UpdateType.NORMAL
     ) -> None:
-        """Send a value to every subscriber (encoded once). NORMAL updates are conflatable."""
+        """Send a value to every subscriber (encoded once). NORMAL updates are conflatable.
+
+        A value without an acquisition stamp is stamped with the time of this call."""
         if isinstance(acquired, Data):
             acquired = AcquiredData(acquired)
         if self._closed or not self._subscribers:
             return
         body = _encode_data(acquired.data)
         self._fan_out(
-            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, acquired.context
+            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, stamped(acquired).context
         )
 
     def notify_error(

@@ -81,7 +81,14 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
 def _store_table(
     recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
 ) -> pa.Table:
-    acq = meta.column("acq_stamp").combine_chunks()
+    # A row the server sent without an acquisition stamp (0: an older or foreign server) is
+    # stored at the recorder's receive time, so that a time window finds it instead of it
+    # sitting at 1970-01-01; it stays recognisable (acq_stamp == recv_stamp exactly, which a
+    # stamp made before the network hop never is) and the journal keeps the stamp as sent
+    # (docs/history.md). The recorder counts and logs such rows (missing_acq_stamps).
+    sent = meta.column("acq_stamp").combine_chunks()
+    recv = meta.column("recv_stamp").combine_chunks()
+    acq = pa.compute.if_else(pa.compute.equal(sent, 0), recv, sent)
     ts = pa.compute.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     metadata = {
         "rda.device": key[0],
@@ -94,7 +101,7 @@ def _store_table(
         "cycle_stamp": meta.column("cycle_stamp"),
         "cycle_name": meta.column("cycle_name"),
         "selector": meta.column("selector"),
-        "recv_stamp": meta.column("recv_stamp"),
+        "recv_stamp": recv,
         "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
         "seq": meta.column("seq"),
         "error": meta.column("error"),

@@ -77,6 +77,9 @@ class RecorderStatistics:
     parquet_files: int
     conversion_errors: int
     subscriptions: int
+    # Value rows the server sent without an acquisition stamp (acq_stamp 0): stored at their
+    # receive time (acq_stamp == recv_stamp, docs/history.md), logged once per signal.
+    missing_acq_stamps: int = 0
 
 
 class _Subscription(Protocol):
@@ -148,6 +151,8 @@ class Recorder:
         self._received = 0
         self._overflow = 0
         self._gaps = 0
+        self._missing_stamps = 0
+        self._unstamped_signals: set[tuple[str, str]] = set()
         self._segments = 0
         self._bytes = 0
         self._write_errors = 0
@@ -317,6 +322,7 @@ class Recorder:
             parquet_files=conv.files_written,
             conversion_errors=conv.errors,
             subscriptions=len(self._subscriptions),
+            missing_acq_stamps=self._missing_stamps,
         )
 
     # --- subscription layer -------------------------------------------------------------------
@@ -475,6 +481,8 @@ class Recorder:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._received += 1
+        if not context.acq_stamp and error_text is None:
+            self._missing_stamp(device, prop)
         builder.add(
             route,
             value,
@@ -487,6 +495,22 @@ class Recorder:
             error_text,
         )
         return True
+
+    def _missing_stamp(self, device: str, prop: str) -> None:
+        # Writer thread only. Counted always, logged once per signal: a server that never
+        # stamps would otherwise flood the log with one line per row. Error rows made by the
+        # client itself (a lost connection) carry no server stamp by nature and are not counted.
+        self._missing_stamps += 1
+        if (device, prop) not in self._unstamped_signals:
+            self._unstamped_signals.add((device, prop))
+            log.warning(
+                "recorder %s: %s/%s sent a value without acq_stamp (0); stored at its receive "
+                "time (acq_stamp == recv_stamp), further ones are only counted "
+                "(missing_acq_stamps)",
+                self.recorder_id,
+                device,
+                prop,
+            )
 
     def _route(
         self, builder: SegmentBuilder, device: str, prop: str, sig: tuple[Any, ...], data: Any
