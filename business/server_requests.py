@@ -274,7 +274,8 @@ class SubscriptionRejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UnsubscribeRequest:
-    """Given to ``SubscriptionCallback.unsubscribe`` when a client ends a subscription."""
+    """Given to ``SubscriptionCallback.unsubscribe`` when a subscription ends (an UNSUBSCRIBE,
+    or its client departed: ``id`` is the subscription's id either way)."""
 
     device: str
     property: str
@@ -302,7 +303,8 @@ class SubscriptionCallback:
         request.accept()
 
     def unsubscribe(self, request: UnsubscribeRequest) -> None:
-        """Called after a client ended a subscription (not for disconnections)."""
+        """Called once for each ended subscription: the client unsubscribed, closed, was
+        disconnected or timed out (heartbeat); before ``source_removed`` of its source."""
 
     def source_added(self, source: SubscriptionSource) -> None:
         """The first subscriber of (device, property, selector, filters) arrived."""

@@ -353,14 +353,16 @@ class SubscriptionRegistry:
                 return None
             return source, self._detach(source, peer, sub_id)
 
-    def remove_peer(self, peer: bytes) -> list[SubscriptionSource]:
-        """Forget a disconnected peer; returns the sources it left empty."""
+    def remove_peer(self, peer: bytes) -> list[tuple[int, SubscriptionSource, bool]]:
+        """Forget a departed peer: ``(subscription id, source, source now empty)`` for each of
+        its subscriptions, in the order they were made. Under the lock, so a subscription is
+        ended here or by ``remove``, never by both."""
         with self._lock:
             subs = self._by_peer.pop(peer, None)
             self._cancelled.pop(peer, None)
             if not subs:
                 return []
-            return [s for sub_id, s in subs.items() if self._detach(s, peer, sub_id)]
+            return [(sub_id, s, self._detach(s, peer, sub_id)) for sub_id, s in subs.items()]
 
     def _detach(self, source: SubscriptionSource, peer: bytes, sub_id: int) -> bool:
         # Caller holds self._lock.
