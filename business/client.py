@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
+from rda.business.client_endpoints import Endpoint, resolve_again
 from rda.business.client_replies import (
     Completion,
     Pending,
@@ -42,13 +43,9 @@ from rda.business.client_replies import (
     complete,
     op_name,
 )
-from rda.business.client_stats import (
-    ClientCounters,
-    ClientStatistics,
-    ServerConnectionStatistics,
-)
+from rda.business.client_stats import ClientCounters, ClientStatistics
 from rda.business.client_subscription import Notification, Subscription
-from rda.business.client_timer import Timer, TimerHandle
+from rda.business.client_timer import Timer
 from rda.business.config import Config
 from rda.business.directory import ChainDirectory, Directory, default_directory
 from rda.business.reconnect import Backoff, BackoffPolicy
@@ -89,63 +86,6 @@ def _zmq_transport(
     from rda.transport.zmq_client import ZmqClientTransport
 
     return ZmqClientTransport(handler, settings, info)
-
-
-class _Endpoint:
-    """One server endpoint: its current connection, back-off, subscriptions and the devices
-    the service reaches there. The service's ``_lock`` guards every field."""
-
-    __slots__ = (
-        "acked",
-        "address",
-        "backoff",
-        "connection",
-        "connections",
-        "devices",
-        "last_reason",
-        "reconnects",
-        "retry",
-        "subs",
-        "was_connected",
-    )
-
-    def __init__(self, address: str, backoff: Backoff) -> None:
-        self.address = address
-        self.backoff = backoff
-        self.connection: int | None = None
-        self.connections = 0  # connection ids opened so far
-        self.acked = False  # the current connection completed its handshake
-        self.was_connected = False
-        self.reconnects = 0
-        self.last_reason = ""
-        self.retry: TimerHandle | None = None
-        self.subs: dict[int, Subscription] = {}
-        # Devices resolved to this endpoint: resolved again when the connection is lost, so a
-        # device that moved (restart on another port, failover) is followed (issue 12).
-        self.devices: set[str] = set()
-
-    def wanted(self) -> bool:
-        """Whether the connection comes back by itself after a loss: yes if a subscription or
-        an access point uses it; an endpoint only admin requests used reconnects on demand."""
-        return bool(self.subs or self.devices)
-
-    def snapshot(self) -> ServerConnectionStatistics:
-        if self.connection is not None:
-            if self.acked:
-                state = "connected"
-            else:
-                state = "reconnecting" if self.was_connected else "connecting"
-        else:
-            state = "reconnecting" if self.wanted() else "disconnected"
-        return ServerConnectionStatistics(
-            endpoint=self.address,
-            state=state,
-            reconnects=self.reconnects,
-            connects=self.connections,
-            devices=tuple(sorted(self.devices)),
-            subscriptions=len(self.subs),
-            last_reason=self.last_reason,
-        )
 
 
 class _Handler:
@@ -189,10 +129,10 @@ class ClientService:
         self._ids = itertools.count(1)
         self._request_count = itertools.count()
         self._pending: dict[int, Pending] = {}
-        self._endpoints: dict[str, _Endpoint] = {}
+        self._endpoints: dict[str, Endpoint] = {}
         # device -> the endpoint serving it, as last resolved (see ``endpoint_of``).
         self._device_endpoints: dict[str, str] = {}
-        self._by_connection: dict[int, _Endpoint] = {}
+        self._by_connection: dict[int, Endpoint] = {}
         # Transport events for a connection id not yet registered (a transport may report
         # before ``connect`` returns to us); replayed on registration.
         self._early: dict[int, list[Callable[[], None]]] = {}
@@ -450,23 +390,23 @@ class ClientService:
 
     # -- connections ----------------------------------------------------------------------
 
-    def _endpoint(self, address: str) -> _Endpoint:
+    def _endpoint(self, address: str) -> Endpoint:
         ep = self._endpoints.get(address)
         if ep is None:
             with self._lock:
                 ep = self._endpoint_locked(address)
         return ep
 
-    def _endpoint_locked(self, address: str) -> _Endpoint:
+    def _endpoint_locked(self, address: str) -> Endpoint:
         # Caller holds self._lock.
         ep = self._endpoints.get(address)
         if ep is None:
             seed = None if self._rng_seed is None else self._rng_seed + len(self._endpoints)
-            ep = _Endpoint(address, Backoff(self._policy, random.Random(seed)))
+            ep = Endpoint(address, Backoff(self._policy, random.Random(seed)))
             self._endpoints[address] = ep
         return ep
 
-    def _connection(self, ep: _Endpoint) -> int | None:
+    def _connection(self, ep: Endpoint) -> int | None:
         """The endpoint's current connection, opening one now if there is none."""
         conn = ep.connection
         if conn is not None:
@@ -483,7 +423,7 @@ class ClientService:
         conn = self._transport.connect(ep.address)
         return self._register(ep, conn)
 
-    def _register(self, ep: _Endpoint, conn: int) -> int:
+    def _register(self, ep: Endpoint, conn: int) -> int:
         with self._lock:
             if ep.connection is not None and ep.connection != conn:
                 # Another thread connected first: keep its connection, drop ours.
@@ -502,7 +442,7 @@ class ClientService:
             event()
         return keep
 
-    def _reconnect(self, ep: _Endpoint) -> None:
+    def _reconnect(self, ep: Endpoint) -> None:
         """Back-off elapsed (timer thread): resolve the endpoint's devices again (following
         those that moved), then connect again if still needed."""
         with self._lock:
@@ -532,41 +472,22 @@ class ClientService:
             if not self._closing:
                 raise
 
-    def _follow_moves(self, ep: _Endpoint) -> bool:
+    def _follow_moves(self, ep: Endpoint) -> bool:
         """Resolve ``ep``'s devices again and move those now served elsewhere, with their
         subscriptions, to their new endpoint. True when ``ep``'s own address is still worth
         dialling: a device still resolves there, the directory failed, or it has no devices
         (an endpoint given directly)."""
         with self._lock:
             devices = sorted(ep.devices)
-        if not devices:
-            return True
-        dial = False
-        moves: dict[str, str] = {}
-        for device in devices:
-            try:
-                address = self.directory.resolve(device)
-            except NoSuchDeviceError:
-                continue  # served nowhere right now
-            except Exception:
-                # An unreadable directory is no news: keep dialling the address we know.
-                log.warning(
-                    "could not resolve %s again; keeping %s", device, ep.address, exc_info=True
-                )
-                dial = True
-                continue
-            if address == ep.address:
-                dial = True
-            else:
-                moves[device] = address
+        dial, moves = resolve_again(self.directory, ep.address, devices)
         if moves:
             self._move(ep, moves)
         return dial
 
-    def _move(self, ep: _Endpoint, moves: dict[str, str]) -> None:
+    def _move(self, ep: Endpoint, moves: dict[str, str]) -> None:
         """Re-home devices (and their subscriptions) from ``ep`` to their new endpoints and
         subscribe there; each subscription then starts again with a FIRST update."""
-        targets: dict[str, _Endpoint] = {}
+        targets: dict[str, Endpoint] = {}
         with self._lock:
             if self._closing:
                 return
