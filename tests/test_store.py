@@ -68,6 +68,7 @@ def _ps1_rows(table: pa.Table) -> list[tuple[int, float]]:
 EXPECTED_PS1 = [(T0 + i * STEP, i * 0.5) for i in range(ROWS)]
 
 
+@pytest.mark.timeout(240)  # the first Spark test of a run also starts the JVM
 def test_file_uri_store_end_to_end(tmp_path: Path, spark: Any) -> None:
     root = tmp_path / "store"
     uri = root.absolute().as_uri()
@@ -188,3 +189,11 @@ def test_history_cli_rejects_a_missing_local_root(tmp_path: Path) -> None:
     result = CliRunner().invoke(build(), ["history", "search", str(tmp_path / "absent")])
     assert result.exit_code != 0
     assert "is not a directory" in result.output
+
+
+def test_record_cli_needs_a_journal_for_a_uri_store() -> None:
+    # No request reaches S3: the recorder refuses before anything is written.
+    uri = "s3://bucket/history?region=eu-west-1"
+    result = CliRunner().invoke(build(), ["record", uri, "PS1/Acq", "--duration", "1s"])
+    assert result.exit_code == 2, result.output
+    assert "--journal" in result.output
