@@ -31,9 +31,10 @@ from typing import Any, BinaryIO, Protocol
 
 import pyarrow as pa
 
-from rda.pipeline.converter import Converter
+from rda.pipeline.converter import Converter, journal_root
 from rda.pipeline.journal import Journal, SegmentBuilder
 from rda.pipeline.schema import SchemaCatalog, arrow_type_of, signature
+from rda.pipeline.store import Store
 from rda.serialization._header import DataContext
 
 __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
@@ -106,7 +107,7 @@ class Recorder:
 
     def __init__(
         self,
-        root: Path | str,
+        root: Store | Path | str,
         patterns: Sequence[str] = (),
         client: Any = None,
         *,
@@ -118,10 +119,12 @@ class Recorder:
         convert_interval: float = 5.0,
         retention: float = 86_400.0,
         convert: bool = True,
+        journal: Path | str | None = None,
         on_ack: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.root = Path(root)
+        self.store = Store.open(root)
+        self.root = self.store.uri
         self.recorder_id = recorder_id or _default_id()
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.recorder_id):
             raise ValueError(f"recorder id {self.recorder_id!r} must match [A-Za-z0-9_.-]+")
@@ -136,9 +139,11 @@ class Recorder:
         self._on_ack = on_ack
         self._clock = clock
         self._convert = convert
-        self.catalog = SchemaCatalog(self.root, self.recorder_id)
-        self.journal = Journal(self.root, self.recorder_id)
-        self.converter = Converter(self.root, self.recorder_id, self.catalog, retention=retention)
+        self.catalog = SchemaCatalog(self.store, self.recorder_id)
+        self.journal = Journal(journal_root(self.store, journal), self.recorder_id)
+        self.converter = Converter(
+            self.store, self.recorder_id, self.catalog, journal=journal, retention=retention
+        )
         self._queue: collections.deque[tuple[str, str, str | None, Any, int]] = collections.deque()
         self._cond = threading.Condition()
         self._idle = False
