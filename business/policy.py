@@ -62,10 +62,10 @@ def display_principal(principal: str) -> str:
 
 
 def _check_glob(value: str) -> str:
-    try:
-        re.compile(fnmatch.translate(value))
-    except re.error as exc:  # e.g. an unterminated character class
-        raise ValueError(f"invalid glob {value!r}: {exc}") from None
+    # fnmatch turns any text into a valid pattern, but an empty character class (``[z-a]``)
+    # becomes "never matches": certainly a typo, and a silent one in an allow rule.
+    if "(?!)" in fnmatch.translate(value):
+        raise ValueError(f"invalid glob {value!r}: a character class that matches nothing")
     return value
 
 
@@ -190,15 +190,32 @@ def _readable(exc: pydantic.ValidationError, text: str | None) -> str:
         index: int | None = None
         if not where:
             # A model-level check: its message already says where (e.g. "rules[2].role: ...").
-            found = re.match(r"rules\[(\d+)\]", message)
-            index = int(found.group(1)) if found else None
-        else:
-            if len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int):
-                index = loc[1]
+            found = re.match(r"rules\[(\d+)\]\.(\w+)", message)
+            if found:
+                index = int(found.group(1))
+                loc = ("rules", index, found.group(2))
+        elif len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int):
+            index = loc[1]
         if index is not None and index < len(rule_lines):
-            where = f"{where} (line {rule_lines[index]})" if where else f"line {rule_lines[index]}"
+            key = loc[2] if len(loc) > 2 and isinstance(loc[2], str) else None
+            line = _field_line(text or "", rule_lines, index, key)
+            where = f"{where} (line {line})" if where else f"line {line}"
         problems.append(f"{where}: {message}" if where else message)
     return "; ".join(problems)
+
+
+def _field_line(text: str, rule_lines: list[int], index: int, key: str | None) -> int:
+    """The line of ``key = ...`` inside the ``index``-th ``[[rules]]`` table, else the line of
+    its header (a missing field, or a rule-level problem)."""
+    start = rule_lines[index]
+    if key is not None:
+        pattern = re.compile(rf"\s*\"?{re.escape(key)}\"?\s*=")
+        for number, line in enumerate(text.splitlines()[start:], start + 1):
+            if line.lstrip().startswith("["):
+                break
+            if pattern.match(line):
+                return number
+    return start
 
 
 def _rule_lines(text: str) -> list[int]:
