@@ -512,6 +512,8 @@ class Server:
                 queue_depth=lost.get(peer, none).queue_depth,
                 conflated=lost.get(peer, none).conflated,
                 dropped=lost.get(peer, none).dropped,
+                principal=state.client.principal,
+                roles=state.client.roles,
             )
             for peer, state in self._dispatch.peers()
         ]

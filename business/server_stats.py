@@ -75,6 +75,9 @@ class ClientSnapshot:
     queue_depth: int = 0
     conflated: int = 0
     dropped: int = 0
+    # Who the server believes it is ("" = anonymous) and its roles under the policy in force.
+    principal: str = ""
+    roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
