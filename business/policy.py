@@ -6,10 +6,11 @@ matches decides, and nothing matching means deny. Operations are ``get``, ``set`
 ``subscribe`` and ``admin:<command>``; for an admin operation the rule's device glob is matched
 against the server name and its property glob against the command name.
 
-:class:`Authorizer` is what the server's dispatcher holds: the rules compiled once (each glob
-becomes one regular expression), the applicable rules of each principal resolved once, and a
+:class:`Authorizer` is what the server's dispatcher holds: the rules compiled once, the rules
+each principal meets for each operation joined into one regular expression on first use, and a
 bounded cache of decisions per (principal, device, property, operation), so a steady stream of
-requests costs one dict lookup each. Swapping policies is a single reference assignment of a new
+requests costs one dict lookup each. A cache miss costs one regular-expression match: the rules
+a principal meets for an operation are joined into one pattern (see ``_Plan``). Swapping policies is a single reference assignment of a new
 Authorizer (its caches start empty), which is what makes a reload atomic for the dispatcher.
 
 The principal ``""`` is the anonymous client (shown as ``anonymous``): it has the policy's
@@ -46,6 +47,8 @@ ANONYMOUS = "anonymous"
 # device names cannot grow the server's memory, and the common case (a few access points
 # polled again and again) refills it at once.
 _CACHE_MAX = 65536
+# Compiled rule sets per (principal, operation); each is one regex, so fewer are kept.
+_PLANS_MAX = 4096
 
 _REQUEST_OPERATIONS = ("get", "set", "subscribe")
 # What an operation glob must be able to match, so that a typo ("sett") is refused at load.
@@ -231,12 +234,23 @@ Matcher = Callable[[str], object]
 
 
 class _Compiled:
-    __slots__ = ("allow", "device", "index", "operation", "property", "role")
+    __slots__ = (
+        "allow",
+        "device",
+        "device_glob",
+        "index",
+        "operation",
+        "property",
+        "property_glob",
+        "role",
+    )
 
     def __init__(self, index: int, rule: Rule) -> None:
         self.index = index
         self.role = rule.role
         self.allow = rule.effect == "allow"
+        self.device_glob = rule.device
+        self.property_glob = rule.property
         self.device = _matcher(rule.device)
         self.property = _matcher(rule.property)
         self.operation = _matcher(rule.operation)
@@ -254,13 +268,47 @@ def _always(_: str) -> bool:
     return True
 
 
+def _body(glob: str) -> str:
+    """The regex of an fnmatch glob without its end anchor, to embed in a larger pattern."""
+    return fnmatch.translate(glob).removesuffix(r"\Z")
+
+
+class _Plan:
+    """The rules one principal meets for one operation, joined into one regular expression.
+
+    Each rule becomes the alternative ``(?P<rN>DEVICE NUL PROPERTY end)``, matched against
+    ``device + NUL + property``: Python's ``re`` tries alternatives in order and stops at the
+    first that matches, which is exactly "first matching rule wins", in one C-level scan instead
+    of a Python loop over up to three matchers per rule.
+    """
+
+    __slots__ = ("match", "rules")
+
+    def __init__(self, rules: list[_Compiled]) -> None:
+        self.rules = rules
+        alternatives = [
+            f"(?P<r{k}>{_body(r.device_glob)}\x00{_body(r.property_glob)}\\Z)"
+            for k, r in enumerate(rules)
+        ]
+        self.match = re.compile("|".join(alternatives)).match if rules else None
+
+    def first(self, device: str, prop: str) -> _Compiled | None:
+        if self.match is None:
+            return None
+        if "\x00" in device or "\x00" in prop:
+            # The joined key would be ambiguous: check rule by rule (never on a sane request).
+            return next((r for r in self.rules if r.device(device) and r.property(prop)), None)
+        found = self.match(f"{device}\x00{prop}")
+        return None if found is None else self.rules[int(str(found.lastgroup)[1:])]
+
+
 class Authorizer:
     """A policy compiled for checking; immutable apart from its caches (safe to share)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._rules = [_Compiled(i, r) for i, r in enumerate(policy.rules)]
-        self._by_principal: dict[str, list[_Compiled]] = {}
+        self._plans: dict[tuple[str, str], _Plan] = {}
         self._decisions: dict[tuple[str, str, str, str], bool] = {}
 
     def roles_of(self, principal: str) -> tuple[str, ...]:
@@ -281,14 +329,19 @@ class Authorizer:
         self, principal: str, device: str, prop: str, operation: str
     ) -> tuple[bool, int | None]:
         """(allowed, index of the deciding rule or None for the default deny); uncached."""
-        rules = self._by_principal.get(principal)
-        if rules is None:
+        plan = self._plans.get((principal, operation))
+        if plan is None:
             roles = set(self.policy.roles_of(principal))
-            rules = [r for r in self._rules if r.role == "*" or r.role in roles]
-            if len(self._by_principal) >= _CACHE_MAX:
-                self._by_principal.clear()
-            self._by_principal[principal] = rules
-        for rule in rules:
-            if rule.operation(operation) and rule.device(device) and rule.property(prop):
-                return rule.allow, rule.index
-        return False, None
+            plan = _Plan(
+                [
+                    r
+                    for r in self._rules
+                    if (r.role == "*" or r.role in roles) and r.operation(operation)
+                ]
+            )
+            # Bounded like the decisions: principals and admin command names come from clients.
+            if len(self._plans) >= _PLANS_MAX:
+                self._plans.clear()
+            self._plans[(principal, operation)] = plan
+        rule = plan.first(device, prop)
+        return (False, None) if rule is None else (rule.allow, rule.index)

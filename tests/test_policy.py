@@ -4,6 +4,8 @@ and the bounded decision cache. The server-side check is in test_authz.py."""
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,36 @@ def test_operation_globs() -> None:
     assert not a.allowed("x", "D", "P", "admin:set")
 
 
+def _reference(policy: Policy, principal: str, device: str, prop: str, op: str) -> bool:
+    """The specification, naively: the first rule of the principal's roles that matches."""
+    roles = set(policy.roles_of(principal))
+    for rule in policy.rules:
+        if (rule.role == "*" or rule.role in roles) and all(
+            fnmatch.fnmatchcase(value, glob)
+            for value, glob in ((device, rule.device), (prop, rule.property), (op, rule.operation))
+        ):
+            return rule.effect == "allow"
+    return False
+
+
+def test_joined_pattern_agrees_with_the_naive_reading() -> None:
+    rules = [
+        {"role": "*", "device": "a*b*c", "property": "x?", "effect": "deny"},
+        {"role": "*", "device": "a*", "property": "*x*", "effect": "allow"},
+        {"role": "*", "device": "[!a]*", "property": "[xy]", "operation": "get", "effect": "allow"},
+        {"role": "*", "device": "*", "property": "z", "operation": "s*", "effect": "allow"},
+    ]
+    policy = Policy.from_dict({"rules": rules})
+    a = Authorizer(policy)
+    names = ["", "a", "abc", "aXbYc", "abcx", "b", "ax", "x", "xx", "y", "z", "a\x00x", "c"]
+    for device, prop, op in itertools.product(names, names, ("get", "set", "subscribe")):
+        expected = _reference(policy, "p", device, prop, op)
+        assert a.decide("p", device, prop, op)[0] is expected, (device, prop, op)
+    # a NUL inside a name cannot smuggle a property past the joined pattern
+    assert not a.allowed("p", "a\x00x", "q", "get")
+    assert not a.allowed("p", "b", "\x00x", "set")
+
+
 def test_globs_are_case_sensitive() -> None:
     a = Authorizer(Policy.from_dict({"rules": [{"role": "*", "device": "ps*", "effect": "allow"}]}))
     assert a.allowed("x", "ps1", "P", "get")
@@ -138,6 +170,7 @@ def test_the_facade_exports_the_engine() -> None:
 
 def test_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy_module, "_CACHE_MAX", 8)
+    monkeypatch.setattr(policy_module, "_PLANS_MAX", 8)
     a = Authorizer(Policy.from_dict({"rules": [{"role": "*", "device": "A*", "effect": "allow"}]}))
     for i in range(100):
         assert a.allowed("x", f"A{i}", "P", "get")
@@ -145,7 +178,7 @@ def test_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(a._decisions) <= 8
     for i in range(100):
         assert a.allowed(f"user{i}", "A", "P", "get")
-        assert len(a._by_principal) <= 8
+        assert len(a._plans) <= 8
 
 
 # -- loading and its errors ------------------------------------------------------------------
