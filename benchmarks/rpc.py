@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _structure
 import numpy as np
 import zmq
 
@@ -470,12 +471,14 @@ def rda_resume(restarts: int) -> dict[str, Any]:
 
 
 def serve(kind: str) -> None:
-    """Child process: run a raw or rda server, print its endpoint, stop when stdin closes."""
+    """Child process: run a raw or rda server, print its endpoint, answer ``counts`` lines
+    (structural counts, see _structure), stop when stdin closes."""
+    _structure.install()
     if kind == "raw":
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         raw = RawServer(ctx)
         print(raw.endpoint, flush=True)
-        sys.stdin.read()
+        _structure.serve_counts_loop()
         raw.stop.set()
         raw.thread.join()
         ctx.term()
@@ -483,7 +486,7 @@ def serve(kind: str) -> None:
         server = rda_server()
         server.start()
         print(server.endpoint, flush=True)
-        sys.stdin.read()
+        _structure.serve_counts_loop()
         server.stop()
 
 
@@ -503,6 +506,13 @@ class Child:
             self.close()
             raise RuntimeError(f"the {kind} server process did not start")
 
+    def counts(self) -> dict[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        counts: dict[str, int] = json.loads(self.proc.stdout.readline())
+        return counts
+
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
@@ -518,6 +528,89 @@ def in_child(kind: str, run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     try:
         return run(child.endpoint)
     finally:
+        child.close()
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def measure(child: Child, run: Callable[[int], None], n: int) -> dict[str, Any]:
+    """Per-operation counts of ``run(n)`` on both sides: pyzmq calls and context switches in
+    one pass, system calls (strace) in a second pass of the same size."""
+    mine0, theirs0 = _structure.snapshot(), child.counts()
+    run(n)
+    mine1, theirs1 = _structure.snapshot(), child.counts()
+    with _structure.strace({"client": os.getpid(), "server": child.proc.pid}) as syscalls:
+        run(n)
+    return {
+        "client": {
+            **_structure.per_op(mine0, mine1, n),
+            "syscalls": None if syscalls["client"] is None else round(syscalls["client"] / n, 2),
+        },
+        "server": {
+            **_structure.per_op(theirs0, theirs1, n),
+            "syscalls": None if syscalls["server"] is None else round(syscalls["server"] / n, 2),
+        },
+    }
+
+
+def raw_structure(n: int) -> dict[str, Any]:
+    child = Child("raw")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.rcvhwm = 0
+        dealer.connect(child.endpoint)
+
+        def gets(count: int) -> None:
+            for i in range(count):
+                dealer.send_multipart([b"SCALAR", str(i).encode()])
+                dealer.recv_multipart(copy=False)
+
+        gets(200)  # warm up, and connected
+        out = {"get": measure(child, gets, n)}
+        dealer.send(b"HELLO")
+
+        def notifications(count: int) -> None:
+            dealer.send_multipart([b"PUB", str(count).encode()])
+            for _ in range(count):
+                dealer.recv_multipart(copy=False)
+
+        out["notification"] = measure(child, notifications, n)
+        dealer.close()
+        return out
+    finally:
+        ctx.term()
+        child.close()
+
+
+def rda_structure(n: int) -> dict[str, Any]:
+    child = Child("rda")
+    client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
+    try:
+        scalar = client.access_point("SCALAR", "Acquisition")
+
+        def gets(count: int) -> None:
+            for _ in range(count):
+                scalar.get()
+
+        gets(200)
+        out = {"get": measure(child, gets, n)}
+        sub = scalar.subscribe(queue_size=100_000)
+        assert sub.poll(10) is not None
+        publisher = client.access_point("SCALAR", "Publish")
+
+        def notifications(count: int) -> None:
+            publisher.set(Data(n=count))
+            for _ in range(count):
+                assert sub.poll(30) is not None
+
+        out["notification"] = measure(child, notifications, n)
+        sub.close()
+        return out
+    finally:
+        client.close()
         child.close()
 
 
@@ -554,6 +647,9 @@ def main() -> None:
     parser.add_argument(
         "--mode", choices=("in_process", "separate_process", "both"), default="both"
     )
+    parser.add_argument(
+        "--no-structure", action="store_true", help="skip the structural counts (and strace)"
+    )
     parser.add_argument("--serve", choices=("raw", "rda"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -564,6 +660,8 @@ def main() -> None:
     args.mib_gets = 10 if args.quick else 100
     args.updates = 2000 if args.quick else 40000
     args.restarts = 2 if args.quick else 5
+    args.structure_ops = 500 if args.quick else 2000
+    _structure.install()
 
     report: dict[str, Any] = {"load_average_before": os.getloadavg()}
     if args.mode in ("in_process", "both"):
@@ -572,6 +670,12 @@ def main() -> None:
         raw = in_child("raw", lambda endpoint: raw_benchmarks(args, endpoint))
         rda = in_child("rda", lambda endpoint: rda_benchmarks(args, endpoint))
         report["separate_process"] = compare(raw, rda)
+    if not args.no_structure:
+        # Separate processes (the deployment arrangement): each side's counts are its own.
+        report["structure_per_operation"] = {
+            "raw": raw_structure(args.structure_ops),
+            "rda": rda_structure(args.structure_ops),
+        }
     report["load_average_after"] = os.getloadavg()
     json.dump(report, sys.stdout, indent=2)
     print()
