@@ -1,4 +1,5 @@
-"""Structural counts for benchmarks/rpc.py: what one get or one notification costs in calls.
+"""Structural counts for benchmarks/rpc.py: what one get or one notification costs in calls
+(and the ``--serve`` child process that rpc.py and these counts run against).
 
 Wall-clock figures are noisy on a shared machine; these counts are not. Per process:
 
@@ -26,6 +27,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.serialization._data import Data
 
 COUNTS: dict[str, int] = {"send": 0, "recv": 0, "events": 0, "poll": 0}
 _installed = False
@@ -123,8 +130,6 @@ def per_op(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, f
 
 def serve_counts_loop(on_line: Callable[[str], None] | None = None) -> None:
     """Child side: answer ``counts`` on stdin with a snapshot until stdin closes."""
-    import sys
-
     for line in sys.stdin:
         if line.strip() == "counts":
             print(json.dumps(snapshot()), flush=True)
@@ -186,3 +191,116 @@ def strace(pids: dict[str, int]) -> Iterator[dict[str, int | None]]:
                 os.unlink(out)
         with contextlib.suppress(OSError):
             os.rmdir(folder)
+
+
+class Child:
+    """``script --serve kind`` in a child process; ``endpoint`` once it listens."""
+
+    def __init__(self, script: str, kind: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--serve", kind],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.endpoint = self.proc.stdout.readline().strip()
+        if not self.endpoint:
+            self.close()
+            raise RuntimeError(f"the {kind} server process did not start")
+
+    def counts(self) -> dict[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        counts: dict[str, int] = json.loads(self.proc.stdout.readline())
+        return counts
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def measure(child: Child, run: Callable[[int], None], n: int) -> dict[str, Any]:
+    """Per-operation counts of ``run(n)`` on both sides: pyzmq calls and context switches in
+    one pass, system calls (strace) in a second pass of the same size."""
+    mine0, theirs0 = snapshot(), child.counts()
+    run(n)
+    mine1, theirs1 = snapshot(), child.counts()
+    with strace({"client": os.getpid(), "server": child.proc.pid}) as syscalls:
+        run(n)
+    return {
+        "client": {
+            **per_op(mine0, mine1, n),
+            "syscalls": None if syscalls["client"] is None else round(syscalls["client"] / n, 2),
+        },
+        "server": {
+            **per_op(theirs0, theirs1, n),
+            "syscalls": None if syscalls["server"] is None else round(syscalls["server"] / n, 2),
+        },
+    }
+
+
+def raw_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
+    child = make_child("raw")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.rcvhwm = 0
+        dealer.connect(child.endpoint)
+
+        def gets(count: int) -> None:
+            for i in range(count):
+                dealer.send_multipart([b"SCALAR", str(i).encode()])
+                dealer.recv_multipart(copy=False)
+
+        gets(200)  # warm up, and connected
+        out = {"get": measure(child, gets, n)}
+        dealer.send(b"HELLO")
+
+        def notifications(count: int) -> None:
+            dealer.send_multipart([b"PUB", str(count).encode()])
+            for _ in range(count):
+                dealer.recv_multipart(copy=False)
+
+        out["notification"] = measure(child, notifications, n)
+        dealer.close()
+        return out
+    finally:
+        ctx.term()
+        child.close()
+
+
+def rda_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
+    child = make_child("rda")
+    client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
+    try:
+        scalar = client.access_point("SCALAR", "Acquisition")
+
+        def gets(count: int) -> None:
+            for _ in range(count):
+                scalar.get()
+
+        gets(200)
+        out = {"get": measure(child, gets, n)}
+        sub = scalar.subscribe(queue_size=100_000)
+        assert sub.poll(10) is not None
+        publisher = client.access_point("SCALAR", "Publish")
+
+        def notifications(count: int) -> None:
+            publisher.set(Data(n=count))
+            for _ in range(count):
+                assert sub.poll(30) is not None
+
+        out["notification"] = measure(child, notifications, n)
+        sub.close()
+        return out
+    finally:
+        client.close()
+        child.close()

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -244,6 +243,8 @@ def rda_server(port: int = 0) -> Server:
         .devices("*")
         .immediate_updates(False)
         .directory(None)
+        # --inline-handlers (passed to a --serve child through the environment)
+        .inline_handlers(os.environ.get("RDA_BENCH_INLINE") == "1")
         .build()
     )
     handler.server = server
@@ -490,37 +491,9 @@ def serve(kind: str) -> None:
         server.stop()
 
 
-class Child:
+def Child(kind: str) -> _structure.Child:
     """``rpc.py --serve kind`` in a child process; ``endpoint`` once it listens."""
-
-    def __init__(self, kind: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", kind],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.endpoint = self.proc.stdout.readline().strip()
-        if not self.endpoint:
-            self.close()
-            raise RuntimeError(f"the {kind} server process did not start")
-
-    def counts(self) -> dict[str, int]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("counts\n")
-        self.proc.stdin.flush()
-        counts: dict[str, int] = json.loads(self.proc.stdout.readline())
-        return counts
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return _structure.Child(os.path.abspath(__file__), kind)
 
 
 def in_child(kind: str, run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
@@ -528,89 +501,6 @@ def in_child(kind: str, run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     try:
         return run(child.endpoint)
     finally:
-        child.close()
-
-
-# ----------------------------------------------------------------------------- structure
-
-
-def measure(child: Child, run: Callable[[int], None], n: int) -> dict[str, Any]:
-    """Per-operation counts of ``run(n)`` on both sides: pyzmq calls and context switches in
-    one pass, system calls (strace) in a second pass of the same size."""
-    mine0, theirs0 = _structure.snapshot(), child.counts()
-    run(n)
-    mine1, theirs1 = _structure.snapshot(), child.counts()
-    with _structure.strace({"client": os.getpid(), "server": child.proc.pid}) as syscalls:
-        run(n)
-    return {
-        "client": {
-            **_structure.per_op(mine0, mine1, n),
-            "syscalls": None if syscalls["client"] is None else round(syscalls["client"] / n, 2),
-        },
-        "server": {
-            **_structure.per_op(theirs0, theirs1, n),
-            "syscalls": None if syscalls["server"] is None else round(syscalls["server"] / n, 2),
-        },
-    }
-
-
-def raw_structure(n: int) -> dict[str, Any]:
-    child = Child("raw")
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    try:
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.linger = 0
-        dealer.rcvhwm = 0
-        dealer.connect(child.endpoint)
-
-        def gets(count: int) -> None:
-            for i in range(count):
-                dealer.send_multipart([b"SCALAR", str(i).encode()])
-                dealer.recv_multipart(copy=False)
-
-        gets(200)  # warm up, and connected
-        out = {"get": measure(child, gets, n)}
-        dealer.send(b"HELLO")
-
-        def notifications(count: int) -> None:
-            dealer.send_multipart([b"PUB", str(count).encode()])
-            for _ in range(count):
-                dealer.recv_multipart(copy=False)
-
-        out["notification"] = measure(child, notifications, n)
-        dealer.close()
-        return out
-    finally:
-        ctx.term()
-        child.close()
-
-
-def rda_structure(n: int) -> dict[str, Any]:
-    child = Child("rda")
-    client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
-    try:
-        scalar = client.access_point("SCALAR", "Acquisition")
-
-        def gets(count: int) -> None:
-            for _ in range(count):
-                scalar.get()
-
-        gets(200)
-        out = {"get": measure(child, gets, n)}
-        sub = scalar.subscribe(queue_size=100_000)
-        assert sub.poll(10) is not None
-        publisher = client.access_point("SCALAR", "Publish")
-
-        def notifications(count: int) -> None:
-            publisher.set(Data(n=count))
-            for _ in range(count):
-                assert sub.poll(30) is not None
-
-        out["notification"] = measure(child, notifications, n)
-        sub.close()
-        return out
-    finally:
-        client.close()
         child.close()
 
 
@@ -650,6 +540,11 @@ def main() -> None:
     parser.add_argument(
         "--no-structure", action="store_true", help="skip the structural counts (and strace)"
     )
+    parser.add_argument(
+        "--inline-handlers",
+        action="store_true",
+        help="rda servers run gets/sets on their dispatcher (ServerBuilder.inline_handlers)",
+    )
     parser.add_argument("--serve", choices=("raw", "rda"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -661,9 +556,14 @@ def main() -> None:
     args.updates = 2000 if args.quick else 40000
     args.restarts = 2 if args.quick else 5
     args.structure_ops = 500 if args.quick else 2000
+    if args.inline_handlers:
+        os.environ["RDA_BENCH_INLINE"] = "1"
     _structure.install()
 
-    report: dict[str, Any] = {"load_average_before": os.getloadavg()}
+    report: dict[str, Any] = {
+        "load_average_before": os.getloadavg(),
+        "inline_handlers": args.inline_handlers,
+    }
     if args.mode in ("in_process", "both"):
         report["in_process"] = compare(raw_benchmarks(args), rda_benchmarks(args))
     if args.mode in ("separate_process", "both"):
@@ -673,8 +573,8 @@ def main() -> None:
     if not args.no_structure:
         # Separate processes (the deployment arrangement): each side's counts are its own.
         report["structure_per_operation"] = {
-            "raw": raw_structure(args.structure_ops),
-            "rda": rda_structure(args.structure_ops),
+            "raw": _structure.raw_structure(Child, args.structure_ops),
+            "rda": _structure.rda_structure(Child, args.structure_ops),
         }
     report["load_average_after"] = os.getloadavg()
     json.dump(report, sys.stdout, indent=2)
