@@ -10,8 +10,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall only when the package metadata changes.
-$(STAMP): pyproject.toml | $(BIN)/python
+# Reinstall only when the package metadata or the compiled codec's sources change (the
+# editable install builds serialization/_cbinary.*.so in place).
+$(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)
 
@@ -55,3 +56,4 @@ cluster-check: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -f serialization/_cbinary.c serialization/_cbinary.*.so

@@ -21,6 +21,7 @@ role is ``"*"`` applies to everybody, the anonymous client included.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -29,16 +30,22 @@ from typing import Any, Literal
 
 import pydantic
 
-from rda.serialization.errors import RdaError
+from rda.serialization.errors import NotAuthorizedError, RdaError
 
 __all__ = [
     "ANONYMOUS",
+    "DENIAL_LOG_INTERVAL",
     "Authorizer",
+    "DenialLog",
     "Policy",
     "PolicyError",
     "Rule",
     "display_principal",
+    "reload_file",
 ]
+
+# Denials are logged where the server logs its requests.
+_denial_log = logging.getLogger("rda.server")
 
 #: How the anonymous principal ("") is shown in messages, statistics and metrics.
 ANONYMOUS = "anonymous"
@@ -345,3 +352,43 @@ class Authorizer:
             self._plans[(principal, operation)] = plan
         rule = plan.first(device, prop)
         return (False, None) if rule is None else (rule.allow, rule.index)
+
+
+# At most one denial line per this many seconds; the next line says how many were not logged.
+DENIAL_LOG_INTERVAL = 1.0
+
+
+class DenialLog:
+    """Logs denials at WARNING, at most one line per :data:`DENIAL_LOG_INTERVAL` seconds.
+
+    A misconfigured client retrying a forbidden set in a loop must not flood the log (nor
+    slow the dispatcher thread with I/O): the first denial is logged at once, later ones within
+    the interval only counted, and the next logged line says how many were suppressed. The
+    exact figures per (principal, operation) are in the statistics. Dispatcher thread only.
+    """
+
+    def __init__(self, clock: Callable[[], float], interval: float = DENIAL_LOG_INTERVAL) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._next = float("-inf")
+        self.suppressed = 0
+
+    def denied(self, error: NotAuthorizedError, peer: bytes) -> None:
+        now = self._clock()
+        if now < self._next:
+            self.suppressed += 1
+            return
+        self._next = now + self._interval
+        suppressed, self.suppressed = self.suppressed, 0
+        more = f" ({suppressed} more denials not logged)" if suppressed else ""
+        _denial_log.warning("denied: %s (peer %s)%s", error, peer.hex(), more)
+
+
+def reload_file(path: Path | None, server: str) -> Policy:
+    """``Policy.from_toml(path)`` for a server's reload; PolicyError if it was given no file."""
+    if path is None:
+        raise PolicyError(
+            f"server {server!r} has no policy file to reload "
+            "(ServerBuilder.policy(path) / rda serve --policy FILE)"
+        )
+    return Policy.from_toml(path)

@@ -22,7 +22,7 @@ from typing import Any
 from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
 from rda.business.directory import FileDirectory
-from rda.business.policy import Authorizer, Policy, PolicyError
+from rda.business.policy import Authorizer, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
 from rda.business.server_dispatch import AdminHandler, Dispatch
 from rda.business.server_requests import (
@@ -77,6 +77,7 @@ class ServerBuilder:
         self._config: Config | None = None
         self._overrides: dict[str, Any] = {}
         self._immediate = True
+        self._inline = False
         self._directory: FileDirectory | None = _UNSET
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -133,6 +134,13 @@ class ServerBuilder:
     def request_timeout(self, seconds: float) -> ServerBuilder:
         """Deadline for requests whose client sent none (and for FIRST/IMMEDIATE gets)."""
         self._overrides["request_timeout"] = seconds
+        return self
+
+    def inline_handlers(self, enabled: bool = True) -> ServerBuilder:
+        """Run gets and sets on the transport's dispatcher thread when their device has
+        nothing queued or running (no worker hop: lower latency). Only for handlers that never
+        block: while one runs, the server receives nothing, admin requests included."""
+        self._inline = enabled
         return self
 
     def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
@@ -223,6 +231,7 @@ class ServerBuilder:
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
             immediate_updates=self._immediate,
+            inline_handlers=self._inline,
             directory=directory,
             transport_factory=self._transport,
             clock=self._clock,
@@ -260,8 +269,10 @@ class Server:
         policy: Policy | None = None,
         policy_file: Path | None = None,
         trust_declared: bool = False,
+        inline_handlers: bool = False,
     ) -> None:
         self.name = name
+        self._inline = inline_handlers
         self.config = config
         self.metrics_port = metrics_port
         self.started_at = 0.0
@@ -339,6 +350,7 @@ class Server:
             immediate_updates=self._immediate,
             policy=self._authorizer,
             trust_declared=self._trust_declared,
+            inline_handlers=self._inline,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -450,6 +462,7 @@ class Server:
             "heartbeat_timeout": c.heartbeat_timeout,
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
+            "inline_handlers": self._inline,
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }
@@ -477,23 +490,12 @@ class Server:
             self._dispatch.set_policy(authorizer)
 
     def reload_policy(self) -> Policy:
-        """Re-read the policy file given to the builder and put it in force.
-
-        Atomic: the file is parsed and validated completely first; a broken one raises
-        ``PolicyError`` (naming the file and the line at fault) and the old policy stays.
-        """
+        """Re-read the builder's policy file and put it in force. Atomic: a broken file raises
+        ``PolicyError`` (naming the file and the line at fault) and the old policy stays."""
         with self._reload_lock:
-            path = self._policy_file
-            if path is None:
-                raise PolicyError(
-                    f"server {self.name!r} has no policy file to reload "
-                    "(ServerBuilder.policy(path) / rda serve --policy FILE)"
-                )
-            policy = Policy.from_toml(path)
+            policy = reload_file(self._policy_file, self.name)
             self.set_policy(policy)
-        log.info(
-            "server %r: policy reloaded from %s (%d rules)", self.name, path, len(policy.rules)
-        )
+        log.info("server %r: policy reloaded from %s", self.name, policy.source)
         return policy
 
     def clients(self) -> list[ClientSnapshot]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rda.business.common import AcquiredData
 from rda.business.device import PropertyValidationError
-from rda.business.policy import Authorizer
+from rda.business.policy import Authorizer, DenialLog
 from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server_requests import (
     SERVER_CLIENT,
@@ -72,14 +72,7 @@ from rda.transport.protocol import Kind, encode_message
 if TYPE_CHECKING:
     from rda.business.server import Server
 
-__all__ = [
-    "ADMIN_GROUP",
-    "DENIAL_LOG_INTERVAL",
-    "AdminHandler",
-    "DenialLog",
-    "Dispatch",
-    "PeerState",
-]
+__all__ = ["ADMIN_GROUP", "AdminHandler", "Dispatch", "PeerState"]
 
 log = logging.getLogger("rda.server")
 
@@ -89,34 +82,6 @@ AdminHandler = Callable[["Server", str, Data, ClientInfo], Data]
 _TYPE_NAMES = {t: t.name.lower() for t in RequestType}
 _REQUESTS = frozenset({RequestType.GET, RequestType.SET, RequestType.SUBSCRIBE})
 _CHECKED = _REQUESTS | {RequestType.ADMIN}
-# At most one denial line per this many seconds; the next line says how many were not logged.
-DENIAL_LOG_INTERVAL = 1.0
-
-
-class DenialLog:
-    """Logs denials at WARNING, at most one line per :data:`DENIAL_LOG_INTERVAL` seconds.
-
-    A misconfigured client retrying a forbidden set in a loop must not flood the log (nor
-    slow the dispatcher thread with I/O): the first denial is logged at once, later ones within
-    the interval only counted, and the next logged line says how many were suppressed. The
-    exact figures per (principal, operation) are in the statistics. Dispatcher thread only.
-    """
-
-    def __init__(self, clock: Callable[[], float], interval: float = DENIAL_LOG_INTERVAL) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next = float("-inf")
-        self.suppressed = 0
-
-    def denied(self, error: NotAuthorizedError, peer: bytes) -> None:
-        now = self._clock()
-        if now < self._next:
-            self.suppressed += 1
-            return
-        self._next = now + self._interval
-        suppressed, self.suppressed = self.suppressed, 0
-        more = f" ({suppressed} more denials not logged)" if suppressed else ""
-        log.warning("denied: %s (peer %s)%s", error, peer.hex(), more)
 
 
 def _with_roles(client: ClientInfo, policy: Authorizer | None) -> ClientInfo:
@@ -149,6 +114,7 @@ class Dispatch:
         immediate_updates: bool,
         policy: Authorizer | None = None,
         trust_declared: bool = False,
+        inline_handlers: bool = False,
     ) -> None:
         self._server = server
         self._scheduler = scheduler
@@ -160,6 +126,9 @@ class Dispatch:
         self._clock = clock
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
+        # Gets and sets run on the transport's dispatcher when their device group is idle
+        # (ServerBuilder.inline_handlers): the handlers promised never to block.
+        self._inline = inline_handlers
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
         # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
@@ -232,9 +201,14 @@ class Dispatch:
             request = new_request(
                 message, client, received_at, self._respond, self._counters.late_completion
             )
-            if not self._scheduler.submit(
-                header.device, partial(self._run, request), partial(self._overload, request)
+            run = partial(self._run, request)
+            if (
+                self._inline
+                and rtype is not RequestType.SUBSCRIBE
+                and self._scheduler.run_inline(header.device, run)
             ):
+                return
+            if not self._scheduler.submit(header.device, run, partial(self._overload, request)):
                 self._overload(request)
         elif rtype is RequestType.ADMIN:
             task = partial(self._run_admin, peer, message, client, received_at)

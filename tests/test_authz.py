@@ -20,9 +20,8 @@ from rda.business.client import ClientService
 from rda.business.config import Config
 from rda.business.device import Device
 from rda.business.directory import StaticDirectory
-from rda.business.policy import Policy, PolicyError
+from rda.business.policy import DenialLog, Policy, PolicyError
 from rda.business.server import Server
-from rda.business.server_dispatch import DenialLog
 from rda.business.server_requests import ClientInfo, GetRequest, SetRequest
 from rda.serialization import _binary
 from rda.serialization._data import Data
