@@ -61,6 +61,7 @@ from rda.serialization.errors import (
     TimeoutError,
     TransportError,
 )
+from rda.transport._mailbox import Wakeup
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_message
 
@@ -156,6 +157,11 @@ class ClientService:
         if declared:
             info["principal"] = declared
         self._transport = factory(_Handler(self), self.config.transport_settings(), info)
+        # A transport that defers waking a blocking caller until its dispatcher is about to
+        # poll again (ZmqClientTransport.wake_later); other transports wake at once.
+        self._wake_later: Callable[[Wakeup], None] | None = getattr(
+            self._transport, "wake_later", None
+        )
         try:
             self._transport.start()
         except BaseException:
@@ -299,7 +305,7 @@ class ClientService:
         convert: Callable[[Message], Any],
     ) -> Any:
         """``request(...).result()`` for a caller that blocks anyway, without a Future."""
-        waiter = ReplyWaiter(convert)
+        waiter = ReplyWaiter(convert, self._wake_later)
         self._send_request(waiter, op, endpoint, device, prop, selector, body, timeout)
         return waiter.result()
 

@@ -5,15 +5,16 @@ The dispatcher completes a request's future with the *undecoded* reply message; 
 the result, in their thread (STYLE.md 6).
 
 Two kinds of completion: :class:`ReplyFuture` (a ``concurrent.futures.Future``, what
-``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: a
-pre-acquired lock that the completing thread releases. A Future costs a Condition (an RLock),
-a Python-level ``notify_all`` and callback bookkeeping on the dispatcher, and a fresh waiter
-lock in the caller; the waiter is one allocation and one C-level release/acquire pair.
+``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: the
+caller waits on its thread's ``Wakeup`` (an eventfd) and the completing thread sets it. A
+Future costs a Condition (an RLock), a Python-level ``notify_all`` and callback bookkeeping on
+the dispatcher, and a fresh waiter lock in the caller. The client dispatcher sets the wake-up
+through the transport's ``wake_later``: right before it polls again, with the GIL released
+for the system call, so the woken caller does not have to wait for the GIL.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -25,6 +26,7 @@ from rda.serialization._data import Data
 from rda.serialization._header import RequestType
 from rda.serialization._message import Message
 from rda.serialization.errors import ProtocolError
+from rda.transport._mailbox import Wakeup
 
 __all__ = [
     "Pending",
@@ -93,13 +95,20 @@ class ReplyWaiter:
     timeout of its own: every request has a deadline on the client's timer.
     """
 
-    __slots__ = ("_convert", "_lock", "_outcome")
+    __slots__ = ("_convert", "_outcome", "_wake", "_wakeup")
 
-    def __init__(self, convert: Callable[[Message], Any]) -> None:
+    def __init__(
+        self,
+        convert: Callable[[Message], Any],
+        wake: Callable[[Wakeup], None] | None = None,
+    ) -> None:
         self._convert = convert
-        self._lock = threading.Lock()
-        self._lock.acquire()
+        # The creating thread's wake-up: only that thread calls result().
+        self._wakeup = Wakeup.of_thread()
         self._outcome: Message | BaseException | None = None
+        # How the completing thread wakes the caller: the transport's ``wake_later`` (on its
+        # dispatcher, deferred to right before it polls again), else at once.
+        self._wake = wake
 
     def set_result(self, message: Message) -> None:
         self._complete(message)
@@ -110,11 +119,17 @@ class ReplyWaiter:
     def _complete(self, outcome: Message | BaseException) -> None:
         if self._outcome is None:
             self._outcome = outcome
-            self._lock.release()
+            if self._wake is None:
+                self._wakeup.set()
+            else:
+                self._wake(self._wakeup)
 
     def result(self) -> Any:
-        self._lock.acquire()
-        self._lock.release()  # a second result() returns too
+        wakeup = self._wakeup
+        # A pending set left by an earlier request of this thread (one that was interrupted)
+        # ends a wait early: wait again until our own outcome is there.
+        while self._outcome is None:
+            wakeup.wait()
         outcome = self._outcome
         if isinstance(outcome, BaseException):
             raise outcome

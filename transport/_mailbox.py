@@ -25,7 +25,7 @@ import threading
 from collections import deque
 from typing import Any
 
-__all__ = ["PUT_TIMEOUT", "Mailbox"]
+__all__ = ["PUT_TIMEOUT", "Mailbox", "Wakeup"]
 
 # A producer blocked on a full mailbox wakes this often to notice that the transport was closed.
 PUT_TIMEOUT = 0.05
@@ -33,15 +33,16 @@ PUT_TIMEOUT = 0.05
 _ONE = (1).to_bytes(8, "little")
 
 
-def _signal_fds() -> tuple[int, int]:
+def _signal_fds(blocking: bool = False) -> tuple[int, int]:
     """(read end, write end): one eventfd for both where the platform has it."""
     eventfd = getattr(os, "eventfd", None)
     if eventfd is not None:
-        fd: int = eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        fd: int = eventfd(0, os.EFD_CLOEXEC if blocking else os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         return fd, fd
     r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
+    if not blocking:
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
     return r, w
 
 
@@ -146,3 +147,65 @@ class Mailbox:
         # Full (a pipe) or counter at its maximum (an eventfd): a wake-up is pending anyway.
         with contextlib.suppress(BlockingIOError, InterruptedError):
             os.write(self._wfd, _ONE)
+
+
+class Wakeup:
+    """A thread's reusable wake-up: :meth:`wait` blocks until some thread calls :meth:`set`.
+
+    A blocking ``get`` waits on its own thread's wake-up (:meth:`of_thread`: one eventfd, or a
+    pipe, per thread that ever waited, closed when that thread ends). The point is *how* it
+    is set: ``os.write`` releases the GIL before it makes the system call that wakes the
+    waiter, so the woken thread finds the GIL free. A ``Lock.release`` wakes it while the
+    setter still holds the GIL, and a waiter woken on the setter's CPU, or faster than the
+    setter gets to its next blocking call, has to sleep again until the GIL is free (about
+    one context switch more per get in each thread, measured by benchmarks/rpc.py).
+
+    A set that finds no waiter stays pending and ends the next wait early, so a waiter loops
+    until what it waits for is there (``ReplyWaiter.result``).
+    """
+
+    __slots__ = ("__weakref__", "_r", "_w")
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self._r, self._w = _signal_fds(blocking=True)
+
+    @classmethod
+    def of_thread(cls) -> Wakeup:
+        """The calling thread's wake-up (made on first use)."""
+        wakeup: Wakeup | None = getattr(cls._local, "wakeup", None)
+        if wakeup is None:
+            wakeup = cls._local.wakeup = cls()
+        return wakeup
+
+    def set(self) -> None:
+        """Wake the waiter (or end its next wait at once). Any thread."""
+        with contextlib.suppress(OSError):  # closed by a fork, or counter full: nothing to do
+            os.write(self._w, _ONE)
+
+    def wait(self) -> None:
+        """Block until :meth:`set` (the owning thread only)."""
+        os.read(self._r, 4096)
+
+    def close(self) -> None:
+        r, w = self._r, self._w
+        self._r = self._w = -1
+        if r >= 0:
+            with contextlib.suppress(OSError):
+                os.close(r)
+        if w >= 0 and w != r:
+            with contextlib.suppress(OSError):
+                os.close(w)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _forget_wakeups() -> None:
+    # A forked child must not share its parent's descriptors: a set in one process could be
+    # consumed by a wait in the other. The child's copies close with the old objects.
+    Wakeup._local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_wakeups)

@@ -29,7 +29,7 @@ import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._mailbox import Mailbox
+from rda.transport._mailbox import Mailbox, Wakeup
 from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_TIMEOUT,
@@ -111,6 +111,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         ClientCounters.__init__(self)
         self._next_timer = float("inf")
         self._connected = 0
+        # Wake-ups handed to ``wake_later`` on the dispatcher, set before it polls again.
+        self._wakes: list[Wakeup] = []
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -146,6 +148,20 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     def statistics(self) -> ClientTransportStatistics:
         return self._statistics(self._connected)
 
+    def wake_later(self, wakeup: Wakeup) -> None:
+        """Set ``wakeup`` (a caller waits on it for a reply) once the dispatcher is done with
+        what is ready, right before it polls again; from any other thread, at once.
+
+        For a handler completing a blocking request: a caller woken in the middle of the
+        dispatcher's work (the next receive releases the GIL, and so does freeing a frame)
+        competes with it for the GIL; set right before the poll, the caller runs while the
+        dispatcher waits, usually finding its next request already in the mailbox.
+        """
+        if self._on_dispatcher() and not self._closing:
+            self._wakes.append(wakeup)
+        else:
+            wakeup.set()
+
     # ------------------------------------------------------------------ helpers
 
     def _mailbox_or_raise(self) -> Mailbox:
@@ -162,14 +178,18 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         poll = self._poller.poll
         try:
             while not self._closing:
+                if self._wakes:
+                    # Before the poll decides to sleep: a woken caller's next request, put
+                    # while we wait for the GIL, is then found without a wake-up signal.
+                    self._set_wakes()
                 for sock, event in poll(self._timeout_ms(self._next_timer)):
                     try:
                         if sock is mailbox:
                             self._drain_mailbox(mailbox)
                         elif (c := self._by_socket.get(sock)) is not None:
-                            if event & zmq.POLLIN:
+                            if event & common.POLLIN:
                                 self._drain_dealer(c)
-                            if event & zmq.POLLOUT and c.id in self._conns:
+                            if event & common.POLLOUT and c.id in self._conns:
                                 self._flush(c)
                         elif (c := self._by_monitor.get(sock)) is not None:
                             self._on_monitor(c, sock)
@@ -188,14 +208,22 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         finally:
             self._shutdown()
 
+    def _set_wakes(self) -> None:
+        wakes = self._wakes
+        self._wakes = []
+        for wakeup in wakes:
+            wakeup.set()
+
     def _drain_mailbox(self, mailbox: Mailbox) -> None:
-        take = mailbox.items.popleft
+        items = mailbox.items
+        take = items.popleft
         try:
             for _ in range(common.BATCH):
-                try:
-                    op, conn, payload = take()
-                except IndexError:
+                # Test, then take (we are the only consumer): an emptied deque's IndexError
+                # cost an exception per wake-up.
+                if not items:
                     return
+                op, conn, payload = take()
                 if op == _SEND:
                     c = self._conns.get(conn)
                     if c is not None:
@@ -307,39 +335,70 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._poller.watch_mailbox(True)
 
     def _drain_dealer(self, c: _Connection) -> None:
+        """Receive what the DEALER holds; each message is handed on only once the *next*
+        one was looked for.
+
+        Handing a reply on releases the caller waiting for it; the receive or ``EVENTS``
+        check that ends the batch releases the GIL, and a caller woken just before that has
+        to wait for the GIL and be woken a second time (per get, about one context switch
+        more in each of the two threads). Looking ahead first makes the hand-off the last
+        thing before the dispatcher polls (and sleeps). A lone reply is followed by an
+        ``EVENTS`` check rather than a receive that fails: the same system call, without
+        pyzmq raising ``zmq.Again``.
+        """
         sock = c.sock
-        max_size = self._settings.max_message_size
         now = self._clock()
-        for _ in range(common.BATCH):
-            raw = common.recv_frames(sock)
-            if raw is None:
+        raw = common.recv_frames(sock)
+        if raw is None:
+            self._poller.settle(sock)
+            return
+        if not common.readable(sock):
+            self._poller.settle(sock)
+            self._deliver(c, raw, now)
+            return
+        for _ in range(common.BATCH - 1):
+            ahead = common.recv_frames(sock)
+            self._deliver(c, raw, now)
+            if ahead is None:
                 self._poller.settle(sock)
                 return
-            frames = [f.buffer for f in raw]
-            self._messages_in += 1
-            self._bytes_in += sum(map(len, frames))
-            c.heartbeat.last_received = now
-            try:
-                event = decode_frames(frames, from_server=True, max_size=max_size)
-            except (DecodeError, ProtocolError) as exc:
-                self._decode_errors += 1
-                log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
-                continue
-            if type(event) is Incoming:
-                if c.state is ConnState.CONNECTED:
-                    try:
-                        self._handler.on_message(c.id, event.message)
-                    except Exception:
-                        self._handler_failed("on_message")
-                else:
-                    self._decode_errors += 1
-                    log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
-            elif type(event) is ConnectAck:
-                self._on_ack(c, event.info)
-            elif type(event) is not Heartbeat:
-                self._decode_errors += 1
+            raw = ahead
             if self._closing or c.id not in self._conns:
                 return
+        self._deliver(c, raw, now)
+
+    def _deliver(self, c: _Connection, raw: list[zmq.Frame], now: float) -> None:
+        frames = [f.buffer for f in raw]
+        # Only the frames the decoded message keeps (its body) may outlive the decoding:
+        # pyzmq releases the GIL to free a frame, and a frame freed after the handler woke a
+        # caller makes that caller wait for the GIL and be woken once more.
+        raw.clear()
+        self._messages_in += 1
+        self._bytes_in += sum(map(len, frames))
+        c.heartbeat.last_received = now
+        try:
+            event = decode_frames(
+                frames, from_server=True, max_size=self._settings.max_message_size
+            )
+        except (DecodeError, ProtocolError) as exc:
+            self._decode_errors += 1
+            log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
+            return
+        finally:
+            del frames
+        if type(event) is Incoming:
+            if c.state is ConnState.CONNECTED:
+                try:
+                    self._handler.on_message(c.id, event.message)
+                except Exception:
+                    self._handler_failed("on_message")
+            else:
+                self._decode_errors += 1
+                log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
+        elif type(event) is ConnectAck:
+            self._on_ack(c, event.info)
+        elif type(event) is not Heartbeat:
+            self._decode_errors += 1
 
     def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
         if c.state is not ConnState.CONNECTING:
@@ -435,6 +494,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     def _shutdown(self) -> None:
         """Runs last on the dispatcher: report, close every socket, terminate our context."""
         self._closing = True
+        self._set_wakes()
         for c in list(self._conns.values()):
             self._drop(c, CLOSED_LOCALLY)
         self._close_mailbox()
