@@ -22,6 +22,7 @@ from rda.transport.protocol import (
     encode_connect,
     encode_heartbeat,
     encode_message,
+    encode_tail,
 )
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
@@ -220,7 +221,7 @@ def test_publish_fans_one_tail_out_and_disconnect_reports(ctx: Ctx) -> None:
     a = raw_dealer(ctx, srv.endpoint, b"peer-a")
     b = raw_dealer(ctx, srv.endpoint, b"peer-b")
     try:
-        tail = [b"DATA", bytes([BodyKind.DATA])]
+        tail = encode_tail([(BodyKind.DATA, b"DATA")])
         targets = []
         for peer, sub in ((b"peer-a", 11), (b"peer-b", 22)):
             header = Header(RequestType.NOTIFICATION_DATA, sub, flags=HeaderFlags.CONFLATABLE)
@@ -275,7 +276,7 @@ def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
         header = encode_header(Header(RequestType.NOTIFICATION_DATA, 9))
         # Flood the slow peer with conflatable notifications of one subscription ...
         for _ in range(200):
-            srv.publish([(b"slow", 9, header)], [big, bytes([BodyKind.DATA])])
+            srv.publish([(b"slow", 9, header)], encode_tail([(BodyKind.DATA, big)]))
         assert wait_for(lambda: srv.statistics().notifications_conflated > 0)
         # ... then with plain messages until its queue overflows.
         for i in range(limit * 3):

@@ -53,10 +53,10 @@ from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
-    Kind,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
+    join_tail,
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
@@ -73,7 +73,6 @@ _SEND, _PUBLISH, _DISCONNECT, _WAKE = 0, 1, 2, 3
 # PUBLISH head after _OP: per target a subscription id and the routing id's length, then the id.
 _TARGET = struct.Struct("<QB")
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
-_REPLY_KIND = bytes([Kind.REPLY])
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
 _PROBE_FIRST, _PROBES = 0.001, 8
 # Replies already handed to libzmq get this long to leave at close.
@@ -167,7 +166,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             return
         if self._on_dispatcher():
             for peer, sub, header in targets:
-                self._deliver(peer, [_REPLY_KIND, header, *tail], sub if conflatable else None)
+                self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
             return
         pipe = self._pipe
         if pipe is not None:
@@ -266,7 +265,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             offset += _TARGET.size
             peer = head[offset : offset + size]
             offset += size
-            self._deliver(peer, [_REPLY_KIND, frames[i], *tail], sub if conflatable else None)
+            self._deliver(peer, join_tail(frames[i], tail), sub if conflatable else None)
 
     def _deliver(self, rid: bytes, frames: Sequence[Any], key: int | None) -> None:
         """Send now, or queue behind the peer's full pipe; never blocks."""
