@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import Header, HeaderFlags, RequestType, encode_header
+from rda.serialization._header import (
+    PROTOCOL_VERSION,
+    Header,
+    HeaderFlags,
+    RequestType,
+    encode_header,
+)
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
+    LARGE_BODY,
+    Incoming,
     Kind,
     decode_frames,
     encode_connect,
@@ -238,6 +246,29 @@ def test_publish_fans_one_tail_out_and_disconnect_reports(ctx: Ctx) -> None:
     finally:
         a.close(0)
         b.close(0)
+        srv.close()
+
+
+def test_small_messages_cross_as_one_frame_and_large_bodies_as_their_own(ctx: Ctx) -> None:
+    """Protocol v2 on a real socket: what a raw DEALER receives, frame by frame."""
+    srv, rec = start_server()
+    d = raw_dealer(ctx, srv.endpoint, b"peer")
+    try:
+        d.send_multipart(request(1, b"small"))
+        assert d.poll(WAIT_MS)
+        (frame,) = d.recv_multipart()  # one frame: kind, header, body table, body
+        assert frame[:2] == bytes([Kind.REPLY, PROTOCOL_VERSION]) and frame.endswith(b"small")
+        big = bytes(range(256)) * (LARGE_BODY // 256 + 1)
+        d.send_multipart(request(2, big))
+        assert d.poll(WAIT_MS)
+        packed, body = d.recv_multipart()
+        assert body == big  # its own frame, untouched
+        event = decode_frames([packed, body], from_server=True)
+        assert isinstance(event, Incoming) and event.message.header.id == 2
+        assert [k for k, _ in event.message.body] == [BodyKind.DATA]
+        assert [m.header.id for _, m in rec.requests] == [1, 2]
+    finally:
+        d.close(0)
         srv.close()
 
 
