@@ -218,6 +218,8 @@ def subscribe(
         except KeyboardInterrupt:
             pass
         finally:
+            # Connections re-established while watching (server restarts, moves: issue 12).
+            tally.reconnects = client.statistics().reconnects
             sub.close()
     summary = tally.summary()
     if as_json:
@@ -236,6 +238,7 @@ class _Tally:
         self.updates = 0
         self.gaps = 0
         self.errors = 0
+        self.reconnects = 0
         self.last_error: RdaError | None = None
 
     def add(self, notification: Notification) -> dict[str, Any]:
@@ -266,6 +269,7 @@ class _Tally:
             "rate": self.updates / elapsed if elapsed > 0 else 0.0,
             "gaps": self.gaps,
             "errors": self.errors,
+            "reconnects": self.reconnects,
         }
 
 
@@ -284,6 +288,7 @@ def _summary_line(summary: dict[str, Any]) -> str:
     return (
         f"{summary['updates']} updates in {format_duration(summary['seconds'])} "
         f"({summary['rate']:.3g}/s), {summary['gaps']} missed (gaps), {summary['errors']} errors"
+        + (f", {summary['reconnects']} reconnects" if summary["reconnects"] else "")
     )
 
 

@@ -10,7 +10,7 @@ import rda.admin as admin
 from rda._server import ServerBuilder
 from rda.business.client import ClientService
 from rda.business.client_access import AccessPoint
-from rda.business.client_stats import ClientStatistics
+from rda.business.client_stats import ClientStatistics, ServerConnectionStatistics
 from rda.business.client_subscription import Notification, Subscription
 from rda.business.common import AcquiredData
 from rda.business.config import Config, ConfigError
@@ -80,6 +80,7 @@ __all__ = [
     "RequestReplyCallback",
     "Server",
     "ServerBuilder",
+    "ServerConnectionStatistics",
     "ServerStatistics",
     "SetRequest",
     "StaticDirectory",
