@@ -105,6 +105,8 @@ class ClientService:
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
     ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
+    ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``) is the name this client
+    declares to servers; only a server that trusts declared names uses it for authorization.
     Use it as a context manager or call ``close()``.
     """
 
@@ -117,6 +119,7 @@ class ClientService:
         clock: Callable[[], float] | None = None,
         client_info: Mapping[str, Any] | None = None,
         rng_seed: int | None = None,
+        principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
         self.directory = directory if directory is not None else default_directory(self.config)
@@ -146,9 +149,13 @@ class ClientService:
         # A fake clock cannot be slept on: re-read it every 10 ms of real time.
         self._timer = Timer(self._clock, max_wait=None if clock is None else 0.01)
         factory = transport_factory if transport_factory is not None else _zmq_transport
-        self._transport = factory(
-            _Handler(self), self.config.transport_settings(), dict(client_info or {})
-        )
+        info = dict(client_info or {})
+        # A declared name (config: RDA_PRINCIPAL); a server believes it only when it trusts
+        # declared names, otherwise the transport's authenticated identity counts.
+        declared = principal if principal is not None else self.config.principal
+        if declared:
+            info["principal"] = declared
+        self._transport = factory(_Handler(self), self.config.transport_settings(), info)
         try:
             self._transport.start()
         except BaseException:

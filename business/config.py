@@ -100,6 +100,11 @@ class Config(BaseSettings):
     max_message_size: int = Field(
         DEFAULT_MAX_MESSAGE_SIZE, ge=1024, description="Largest accepted message, bytes."
     )
+    principal: str | None = Field(
+        None,
+        description="Principal a client declares in CONNECT (believed only by servers that "
+        "trust declared names: test stands without CURVE).",
+    )
 
     def __init__(self, **values: Any) -> None:
         try:

@@ -15,12 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
 from rda.business.directory import FileDirectory
+from rda.business.policy import Authorizer, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
 from rda.business.server_dispatch import AdminHandler, Dispatch
 from rda.business.server_requests import (
@@ -75,11 +77,15 @@ class ServerBuilder:
         self._config: Config | None = None
         self._overrides: dict[str, Any] = {}
         self._immediate = True
+        self._inline = False
         self._directory: FileDirectory | None = _UNSET
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._admin: AdminHandler | None = None
         self.metrics_port_value: int | None = None
+        self._policy: Policy | None = None
+        self._policy_file: Path | None = None
+        self._trust_declared = False
         self._on_start: list[Hook] = []
         self._on_stop: list[Hook] = []
 
@@ -130,6 +136,13 @@ class ServerBuilder:
         self._overrides["request_timeout"] = seconds
         return self
 
+    def inline_handlers(self, enabled: bool = True) -> ServerBuilder:
+        """Run gets and sets on the transport's dispatcher thread when their device has
+        nothing queued or running (no worker hop: lower latency). Only for handlers that never
+        block: while one runs, the server receives nothing, admin requests included."""
+        self._inline = enabled
+        return self
+
     def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
         """After a successful set, send subscribers of the property an IMMEDIATE update."""
         self._immediate = enabled
@@ -161,6 +174,25 @@ class ServerBuilder:
 
     def metrics_port(self, port: int | None) -> ServerBuilder:
         self.metrics_port_value = port
+        return self
+
+    def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
+        """Authorize every get, set, subscribe and admin request by ``policy`` (a
+        :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
+        not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
+        :meth:`Server.reload_policy` re-reads. None: no authorization (everything allowed)."""
+        if policy is None or isinstance(policy, Policy):
+            self._policy, self._policy_file = policy, None
+        else:
+            self._policy_file = Path(policy)
+            self._policy = Policy.from_toml(self._policy_file)
+        return self
+
+    def trust_declared_principals(self, trust: bool = True) -> ServerBuilder:
+        """Take the principal a client declares (``ClientService(principal=...)``) at its word
+        when the transport authenticated none. For test stands only: without CURVE anyone can
+        claim any name."""
+        self._trust_declared = trust
         return self
 
     def on_start(self, hook: Hook) -> ServerBuilder:
@@ -199,11 +231,15 @@ class ServerBuilder:
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
             immediate_updates=self._immediate,
+            inline_handlers=self._inline,
             directory=directory,
             transport_factory=self._transport,
             clock=self._clock,
             admin_handler=self._admin,
             metrics_port=self.metrics_port_value,
+            policy=self._policy,
+            policy_file=self._policy_file,
+            trust_declared=self._trust_declared,
             on_start=list(self._on_start),
             on_stop=list(self._on_stop),
         )
@@ -230,8 +266,13 @@ class Server:
         metrics_port: int | None,
         on_start: list[Hook],
         on_stop: list[Hook],
+        policy: Policy | None = None,
+        policy_file: Path | None = None,
+        trust_declared: bool = False,
+        inline_handlers: bool = False,
     ) -> None:
         self.name = name
+        self._inline = inline_handlers
         self.config = config
         self.metrics_port = metrics_port
         self.started_at = 0.0
@@ -249,6 +290,10 @@ class Server:
         self._rr = request_reply
         self._subs = subscription
         self._counters = RequestCounters()
+        self._authorizer = None if policy is None else Authorizer(policy)
+        self._policy_file = policy_file
+        self._trust_declared = trust_declared
+        self._reload_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = "built"
         self._transport: ServerTransport | None = None
@@ -303,6 +348,9 @@ class Server:
             clock=self._clock,
             default_timeout=config.request_timeout,
             immediate_updates=self._immediate,
+            policy=self._authorizer,
+            trust_declared=self._trust_declared,
+            inline_handlers=self._inline,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -414,12 +462,41 @@ class Server:
             "heartbeat_timeout": c.heartbeat_timeout,
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
+            "inline_handlers": self._inline,
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }
 
     def devices(self) -> list[str]:
         return list(self._devices)
+
+    # -- authorization -----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy | None:
+        """The authorization policy in force (None: everything is allowed)."""
+        authorizer = self._authorizer
+        return None if authorizer is None else authorizer.policy
+
+    @property
+    def policy_file(self) -> Path | None:
+        return self._policy_file
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Put ``policy`` in force at once (None: stop authorizing)."""
+        authorizer = None if policy is None else Authorizer(policy)
+        self._authorizer = authorizer
+        if self._dispatch is not None:
+            self._dispatch.set_policy(authorizer)
+
+    def reload_policy(self) -> Policy:
+        """Re-read the builder's policy file and put it in force. Atomic: a broken file raises
+        ``PolicyError`` (naming the file and the line at fault) and the old policy stays."""
+        with self._reload_lock:
+            policy = reload_file(self._policy_file, self.name)
+            self.set_policy(policy)
+        log.info("server %r: policy reloaded from %s", self.name, policy.source)
+        return policy
 
     def clients(self) -> list[ClientSnapshot]:
         if self._dispatch is None or self._registry is None:
@@ -437,6 +514,8 @@ class Server:
                 queue_depth=lost.get(peer, none).queue_depth,
                 conflated=lost.get(peer, none).conflated,
                 dropped=lost.get(peer, none).dropped,
+                principal=state.client.principal,
+                roles=state.client.roles,
             )
             for peer, state in self._dispatch.peers()
         ]
@@ -480,6 +559,7 @@ class Server:
             handler_errors=handler_errors,
             late_completions=late,
             clients=clients,
+            denied=self._counters.denials(),
         )
 
     def disconnect_client(self, peer_hex: str) -> bool:
