@@ -7,6 +7,7 @@ and ``rda.pipeline`` (history; extra ``[pipeline]``) are sub-packages.
 """
 
 import rda.admin as admin
+import rda.security as security
 from rda._server import ServerBuilder
 from rda.business.client import ClientService
 from rda.business.client_access import AccessPoint
@@ -94,4 +95,5 @@ __all__ = [
     "admin",
     "default_directory",
     "prop",
+    "security",
 ]
