@@ -188,9 +188,12 @@ def load_clients(directory: Path | str) -> dict[str, str]:
 
 def parse_server_key(value: str) -> str:
     """``--server-key``: a Z85 key as such, else a file holding one."""
-    if _key_fault(value) is None and not Path(value).exists():
-        return value
-    return load_public_key(value)
+    if Path(value).exists():
+        return load_public_key(value)
+    fault = _key_fault(value)
+    if fault is not None:
+        raise KeyFileError(f"server key {value!r}: no such key file, and the text {fault}")
+    return value
 
 
 # ------------------------------------------------------------------------- settings

@@ -424,6 +424,11 @@ class Server:
         return self._endpoint
 
     @property
+    def server_key(self) -> str | None:
+        """The CURVE public key clients need (``ServerBuilder.security``); None: plain."""
+        return None if self._curve is None else self._curve.public
+
+    @property
     def running(self) -> bool:
         return self._state == "running"
 
