@@ -135,7 +135,7 @@ def _kind(exc: BaseException) -> str:
         DecodeError: "bad data",
         BadValueError: "bad value",
         ConfigError: "configuration",
-    }.get(type(exc), "error")
+    }.get(type(exc), "configuration" if isinstance(exc, ConfigError) else "error")
 
 
 @dataclass(frozen=True, slots=True)
