@@ -4,14 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java bench clean demo
+.PHONY: test lint typecheck unit install java bench clean demo cluster-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall only when the package metadata changes.
-$(STAMP): pyproject.toml | $(BIN)/python
+# Reinstall only when the package metadata or the compiled codec's sources change (the
+# editable install builds serialization/_cbinary.*.so in place).
+$(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)
 
@@ -47,5 +48,12 @@ demo: install
 bench: install
 	$(BIN)/rda bench
 
+# A Spark standalone master and worker on 127.0.0.1 run examples/history_job.py on a recorded
+# store; results must equal History.local's (examples/cluster_check.py). About 2-3 minutes, so
+# not part of `make test`.
+cluster-check: install
+	$(BIN)/python examples/cluster_check.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -f serialization/_cbinary.c serialization/_cbinary.*.so

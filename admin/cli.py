@@ -230,6 +230,8 @@ def subscribe(
         except KeyboardInterrupt:
             pass
         finally:
+            # Connections re-established while watching (server restarts, moves: issue 12).
+            tally.reconnects = client.statistics().reconnects
             sub.close()
     summary = tally.summary()
     if as_json:
@@ -248,6 +250,7 @@ class _Tally:
         self.updates = 0
         self.gaps = 0
         self.errors = 0
+        self.reconnects = 0
         self.last_error: RdaError | None = None
 
     def add(self, notification: Notification) -> dict[str, Any]:
@@ -278,6 +281,7 @@ class _Tally:
             "rate": self.updates / elapsed if elapsed > 0 else 0.0,
             "gaps": self.gaps,
             "errors": self.errors,
+            "reconnects": self.reconnects,
         }
 
 
@@ -296,6 +300,7 @@ def _summary_line(summary: dict[str, Any]) -> str:
     return (
         f"{summary['updates']} updates in {format_duration(summary['seconds'])} "
         f"({summary['rate']:.3g}/s), {summary['gaps']} missed (gaps), {summary['errors']} errors"
+        + (f", {summary['reconnects']} reconnects" if summary["reconnects"] else "")
     )
 
 

@@ -165,6 +165,22 @@ class ClientCollector(Collector):
             counter.add_metric([name], getattr(stats, field))
             yield counter
         yield from _transport_families(stats.transport, name, lbl, prefix="rda_client_")
+        # Per server endpoint: is it up, and how often it came back (issue 12).
+        connected = GaugeMetricFamily(
+            "rda_client_server_connected",
+            "1 if the connection to this server is up (handshake done), else 0.",
+            labels=["client", "endpoint"],
+        )
+        reconnects = CounterMetricFamily(
+            "rda_client_server_reconnects",
+            "Connections to this server re-established after a loss.",
+            labels=["client", "endpoint"],
+        )
+        for server in stats.servers:
+            connected.add_metric([name, server.endpoint], 1 if server.state == "connected" else 0)
+            reconnects.add_metric([name, server.endpoint], server.reconnects)
+        yield connected
+        yield reconnects
 
 
 class _HasClientStatistics(Protocol):

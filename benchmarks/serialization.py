@@ -5,7 +5,8 @@ array, a double array and a string array of 40 elements each, 100,000 cycles: 4.
 cycle for CMW's C++ serializer, 13.4 us for msgpack. Here the same object is a
 ``Data(a=int32[40], b=float64[40], c=string[40])`` and goes through:
 
-* ``rda``: ``decode(encode(data))``, the wire codec;
+* ``rda_compiled`` / ``rda_python``: ``decode(encode(data))`` through each implementation of
+  the wire codec (the Cython extension and the pure-Python fallback; docs/serialization.md);
 * ``msgpack_lists``: ``unpackb(packb(obj))`` with ``obj`` the same values as Python lists
   (msgpack cannot hold numpy arrays; the lists are made once, outside the timing);
 * ``msgpack_numpy``: the fair comparison for equal input and output: numpy arrays are turned
@@ -33,7 +34,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rda.serialization import Data, decode, encode
+from rda.serialization import Data, _binary
+from rda.serialization._binary import Codec
 
 PAPER_CPP_US = 4.22
 PAPER_MSGPACK_US = 13.42
@@ -55,6 +57,11 @@ def best_ns(fn: Callable[[], Any], cycles: int) -> int:
     return time.perf_counter_ns() - start
 
 
+def codecs() -> list[Codec]:
+    """Both implementations of the binary codec, compiled first; only pure when not built."""
+    return [c for c in (_binary.COMPILED, _binary.PYTHON) if c is not None]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=100_000)
@@ -67,17 +74,7 @@ def main() -> None:
     packb, unpackb = msgpack.packb, msgpack.unpackb
     dumps, loads = pickle.dumps, pickle.loads
     proto = pickle.HIGHEST_PROTOCOL
-    raw = encode(data)
-    assert decode(raw) == data
-
-    def rda_cycle() -> Any:
-        return decode(encode(data))
-
-    def rda_encode() -> Any:
-        return encode(data)
-
-    def rda_decode() -> Any:
-        return decode(raw)
+    raw = _binary.PYTHON.encode(data)
 
     def msgpack_lists() -> Any:
         return unpackb(packb(lists))
@@ -89,14 +86,14 @@ def main() -> None:
     def pickle_cycle() -> Any:
         return loads(dumps(data, proto))
 
-    cases: dict[str, Callable[[], Any]] = {
-        "rda": rda_cycle,
-        "rda_encode_only": rda_encode,
-        "rda_decode_only": rda_decode,
-        "msgpack_lists": msgpack_lists,
-        "msgpack_numpy": msgpack_numpy,
-        "pickle": pickle_cycle,
-    }
+    cases: dict[str, Callable[[], Any]] = {}
+    for codec in codecs():
+        enc, dec = codec.encode, codec.decode
+        assert enc(data) == raw and dec(raw) == data  # same bytes, same Data, both ways
+        cases[f"rda_{codec.name}"] = lambda enc=enc, dec=dec: dec(enc(data))
+        cases[f"rda_{codec.name}_encode_only"] = lambda enc=enc: enc(data)
+        cases[f"rda_{codec.name}_decode_only"] = lambda dec=dec: dec(raw)
+    cases.update(msgpack_lists=msgpack_lists, msgpack_numpy=msgpack_numpy, pickle=pickle_cycle)
     best: dict[str, int] = {}
     for _ in range(repeats):
         for name, fn in cases.items():  # interleaved, so load drift hits every case alike
@@ -105,19 +102,23 @@ def main() -> None:
             best[name] = min(best.get(name, ns), ns)
     us = {name: ns / cycles / 1000 for name, ns in best.items()}
 
-    big = np.random.default_rng(0).random(131072)  # 1 MiB of float64
-    big_data = Data(x=big)
-    big_raw = encode(big_data)
-    big_out = decode(big_raw)["x"]
-    zero_copy = bool(np.shares_memory(big_out, np.frombuffer(big_raw, np.uint8)))
-    assert np.array_equal(big_out, big)
-    big_cycles = max(50, cycles // 200)
-    enc_ns = dec_ns = 10**18
-    for _ in range(repeats):
-        enc_ns = min(enc_ns, best_ns(lambda: encode(big_data), big_cycles))
-        dec_ns = min(dec_ns, best_ns(lambda: decode(big_raw), big_cycles))
-    enc_us, dec_us = enc_ns / big_cycles / 1000, dec_ns / big_cycles / 1000
-    mib = big.nbytes
+    per_impl: dict[str, Any] = {}
+    for codec in codecs():
+        cycle = us[f"rda_{codec.name}"]
+        per_impl[codec.name] = {
+            "cycle_us": round(cycle, 3),
+            "encode_us": round(us[f"rda_{codec.name}_encode_only"], 3),
+            "decode_us": round(us[f"rda_{codec.name}_decode_only"], 3),
+            "ratio_to_msgpack_lists": round(cycle / us["msgpack_lists"], 3),
+            "ratio_to_msgpack_numpy": round(cycle / us["msgpack_numpy"], 3),
+            "ratio_to_pickle": round(cycle / us["pickle"], 3),
+            "meets_4_22_us": cycle < PAPER_CPP_US,
+            "meets_half_msgpack_lists": cycle <= 0.5 * us["msgpack_lists"],
+            "meets_half_msgpack_numpy": cycle <= 0.5 * us["msgpack_numpy"],
+            "float64_1mib": big_array(codec, cycles, repeats),
+        }
+    if "compiled" in per_impl and "python" in per_impl:
+        per_impl["speedup_compiled_over_python"] = round(us["rda_python"] / us["rda_compiled"], 2)
 
     report = {
         "python": sys.version.split()[0],
@@ -125,6 +126,7 @@ def main() -> None:
         "machine": platform.machine(),
         "cycles": cycles,
         "repeats": repeats,
+        "implementation_in_use": _binary.implementation,
         "paper_object": {
             "us_per_cycle": {k: round(v, 3) for k, v in us.items()},
             "bytes": {
@@ -132,28 +134,38 @@ def main() -> None:
                 "msgpack": len(packb(lists)),
                 "pickle": len(dumps(data, proto)),
             },
-            "ratio_rda_to_msgpack_lists": round(us["rda"] / us["msgpack_lists"], 3),
-            "ratio_rda_to_msgpack_numpy": round(us["rda"] / us["msgpack_numpy"], 3),
-            "ratio_rda_to_pickle": round(us["rda"] / us["pickle"], 3),
             "target_us": PAPER_CPP_US,
-            "meets_4_22_us": us["rda"] < PAPER_CPP_US,
-            "meets_half_msgpack_lists": us["rda"] <= 0.5 * us["msgpack_lists"],
-            "meets_half_msgpack_numpy": us["rda"] <= 0.5 * us["msgpack_numpy"],
             "paper_us": {"cmw_cpp": PAPER_CPP_US, "msgpack_cpp": PAPER_MSGPACK_US},
         },
-        "float64_1mib": {
-            "bytes": len(big_raw),
-            "encode_us": round(enc_us, 2),
-            "decode_us": round(dec_us, 2),
-            "cycle_us": round(enc_us + dec_us, 2),
-            "encode_gb_per_s": round(mib / enc_us / 1000, 2),
-            "decode_gb_per_s": round(mib / dec_us / 1000, 2),
-            "cycle_gb_per_s": round(mib / (enc_us + dec_us) / 1000, 2),
-            "decode_zero_copy": zero_copy,
-        },
+        "implementations": per_impl,
     }
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def big_array(codec: Codec, cycles: int, repeats: int) -> dict[str, Any]:
+    """Encode + decode of a 1 MiB float64 array: decode is a zero-copy view, not a memcpy."""
+    big = np.random.default_rng(0).random(131072)  # 1 MiB of float64
+    big_data = Data(x=big)
+    big_raw = codec.encode(big_data)
+    big_out = codec.decode(big_raw)["x"]
+    zero_copy = bool(np.shares_memory(big_out, np.frombuffer(big_raw, np.uint8)))
+    assert np.array_equal(big_out, big)
+    big_cycles = max(50, cycles // 200)
+    enc_ns = dec_ns = 10**18
+    for _ in range(repeats):
+        enc_ns = min(enc_ns, best_ns(lambda: codec.encode(big_data), big_cycles))
+        dec_ns = min(dec_ns, best_ns(lambda: codec.decode(big_raw), big_cycles))
+    enc_us, dec_us = enc_ns / big_cycles / 1000, dec_ns / big_cycles / 1000
+    mib = big.nbytes
+    return {
+        "bytes": len(big_raw),
+        "encode_us": round(enc_us, 2),
+        "decode_us": round(dec_us, 2),
+        "encode_gb_per_s": round(mib / enc_us / 1000, 2),
+        "decode_gb_per_s": round(mib / dec_us / 1000, 2),
+        "decode_zero_copy": zero_copy,
+    }
 
 
 if __name__ == "__main__":

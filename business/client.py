@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
+from rda.business.client_endpoints import Endpoint, resolve_again
 from rda.business.client_replies import (
     Completion,
     Pending,
@@ -44,7 +45,7 @@ from rda.business.client_replies import (
 )
 from rda.business.client_stats import ClientCounters, ClientStatistics
 from rda.business.client_subscription import Notification, Subscription
-from rda.business.client_timer import Timer, TimerHandle
+from rda.business.client_timer import Timer
 from rda.business.config import Config
 from rda.business.directory import ChainDirectory, Directory, default_directory, server_key_of
 from rda.business.reconnect import Backoff, BackoffPolicy
@@ -96,31 +97,6 @@ def _zmq_transport(
     return ZmqClientTransport(handler, settings, info, curve=curve)
 
 
-class _Endpoint:
-    """One server endpoint: its current connection, back-off and subscriptions."""
-
-    __slots__ = (
-        "address",
-        "backoff",
-        "connection",
-        "connections",
-        "last_reason",
-        "retry",
-        "subs",
-        "was_connected",
-    )
-
-    def __init__(self, address: str, backoff: Backoff) -> None:
-        self.address = address
-        self.backoff = backoff
-        self.connection: int | None = None
-        self.connections = 0  # connection ids opened so far
-        self.was_connected = False
-        self.last_reason = "connection lost"
-        self.retry: TimerHandle | None = None
-        self.subs: dict[int, Subscription] = {}
-
-
 class _Handler:
     """The transport's view of the service: bound methods, no extra call per message."""
 
@@ -165,8 +141,10 @@ class ClientService:
         self._ids = itertools.count(1)
         self._request_count = itertools.count()
         self._pending: dict[int, Pending] = {}
-        self._endpoints: dict[str, _Endpoint] = {}
-        self._by_connection: dict[int, _Endpoint] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        # device -> the endpoint serving it, as last resolved (see ``endpoint_of``).
+        self._device_endpoints: dict[str, str] = {}
+        self._by_connection: dict[int, Endpoint] = {}
         # Transport events for a connection id not yet registered (a transport may report
         # before ``connect`` returns to us); replayed on registration.
         self._early: dict[int, list[Callable[[], None]]] = {}
@@ -235,8 +213,23 @@ class ClientService:
             RequestType.ADMIN, endpoint, command, "", "", body, timeout, admin_result
         )
 
+    def endpoint_of(self, device: str) -> str:
+        """The endpoint serving ``device``: resolved through the directory on first use, then
+        kept, and resolved again whenever its connection is lost (the device may have moved)."""
+        address = self._device_endpoints.get(device)
+        if address is not None:
+            return address
+        address = self.directory.resolve(device)
+        with self._lock:
+            # A concurrent first use may have resolved it already: one answer for everybody.
+            address = self._device_endpoints.setdefault(device, address)
+            self._endpoint_locked(address).devices.add(device)
+        return address
+
     def statistics(self) -> ClientStatistics:
         c = self._counters
+        with self._lock:
+            servers = tuple(ep.snapshot() for ep in self._endpoints.values())
         return ClientStatistics(
             transport=self._transport.statistics(),
             requests=self._requests_made(),
@@ -255,6 +248,7 @@ class ClientService:
                 1 for ep in list(self._endpoints.values()) if ep.connection is not None
             ),
             reconnects=c.reconnects,
+            servers=servers,
         )
 
     def close(self, timeout: float = 2.0) -> None:
@@ -340,6 +334,11 @@ class ClientService:
         rid = next(self._ids)
         next(self._request_count)
         ep = self._endpoint(endpoint)
+        if ep.connection is None and ep.was_connected and op is not RequestType.ADMIN:
+            # The connection was lost and nothing is re-opening it yet: the device may have
+            # moved, so ask the directory before dialling the old address again.
+            self._follow_moves(ep)
+            ep = self._endpoint(self._device_endpoints.get(device, endpoint))
         try:
             conn = self._connection(ep)
         except TransportError:
@@ -359,7 +358,7 @@ class ClientService:
         if ep.connection != conn:
             # The connection died between choosing it and registering: its on_disconnected
             # may have scanned the table before our entry was there.
-            self._disconnected(rid, ep.address, ep.last_reason)
+            self._disconnected(rid, ep.address, ep.last_reason or "connection lost")
             return
         header = Header(op, rid, device, prop, selector)
         self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
@@ -412,18 +411,23 @@ class ClientService:
 
     # -- connections ----------------------------------------------------------------------
 
-    def _endpoint(self, address: str) -> _Endpoint:
+    def _endpoint(self, address: str) -> Endpoint:
         ep = self._endpoints.get(address)
         if ep is None:
             with self._lock:
-                ep = self._endpoints.get(address)
-                if ep is None:
-                    seed = None if self._rng_seed is None else self._rng_seed + len(self._endpoints)
-                    ep = _Endpoint(address, Backoff(self._policy, random.Random(seed)))
-                    self._endpoints[address] = ep
+                ep = self._endpoint_locked(address)
         return ep
 
-    def _connection(self, ep: _Endpoint) -> int | None:
+    def _endpoint_locked(self, address: str) -> Endpoint:
+        # Caller holds self._lock.
+        ep = self._endpoints.get(address)
+        if ep is None:
+            seed = None if self._rng_seed is None else self._rng_seed + len(self._endpoints)
+            ep = Endpoint(address, Backoff(self._policy, random.Random(seed)))
+            self._endpoints[address] = ep
+        return ep
+
+    def _connection(self, ep: Endpoint) -> int | None:
         """The endpoint's current connection, opening one now if there is none."""
         conn = ep.connection
         if conn is not None:
@@ -440,7 +444,7 @@ class ClientService:
         conn = self._transport.connect(ep.address)
         return self._register(ep, conn)
 
-    def _register(self, ep: _Endpoint, conn: int) -> int:
+    def _register(self, ep: Endpoint, conn: int) -> int:
         with self._lock:
             if ep.connection is not None and ep.connection != conn:
                 # Another thread connected first: keep its connection, drop ours.
@@ -459,13 +463,84 @@ class ClientService:
             event()
         return keep
 
-    def _reconnect(self, ep: _Endpoint) -> None:
-        """Back-off elapsed (timer thread): connect again if still needed."""
+    def _reconnect(self, ep: Endpoint) -> None:
+        """Back-off elapsed (timer thread): resolve the endpoint's devices again (following
+        those that moved), then connect again if still needed."""
         with self._lock:
             ep.retry = None
-            if self._closing or ep.connection is not None or not ep.subs:
+            if self._closing or ep.connection is not None:
                 return
-        self._connection(ep)
+        dial = self._follow_moves(ep)
+        with self._lock:
+            if self._closing or ep.connection is not None or ep.retry is not None:
+                return  # closed, or a request connected it meanwhile
+            if not ep.wanted():
+                # Everything it served moved away: forget it rather than dial it forever.
+                if self._endpoints.get(ep.address) is ep:
+                    del self._endpoints[ep.address]
+                return
+            if not dial:
+                # The directory lists none of its devices right now (their server stopped and
+                # unregistered): ask it again after the next back-off instead of dialling an
+                # address nobody listens on.
+                ep.retry = self._timer.call_later(
+                    ep.backoff.next_delay(), functools.partial(self._reconnect, ep)
+                )
+                return
+        try:
+            self._connection(ep)
+        except TransportError:
+            if not self._closing:
+                raise
+
+    def _follow_moves(self, ep: Endpoint) -> bool:
+        """Resolve ``ep``'s devices again and move those now served elsewhere, with their
+        subscriptions, to their new endpoint. True when ``ep``'s own address is still worth
+        dialling: a device still resolves there, the directory failed, or it has no devices
+        (an endpoint given directly)."""
+        with self._lock:
+            devices = sorted(ep.devices)
+        dial, moves = resolve_again(self.directory, ep.address, devices)
+        if moves:
+            self._move(ep, moves)
+        return dial
+
+    def _move(self, ep: Endpoint, moves: dict[str, str]) -> None:
+        """Re-home devices (and their subscriptions) from ``ep`` to their new endpoints and
+        subscribe there; each subscription then starts again with a FIRST update."""
+        targets: dict[str, Endpoint] = {}
+        with self._lock:
+            if self._closing:
+                return
+            for device, address in moves.items():
+                new = self._endpoint_locked(address)
+                ep.devices.discard(device)
+                new.devices.add(device)
+                self._device_endpoints[device] = address
+                for sub in [s for s in ep.subs.values() if s.device == device]:
+                    del ep.subs[sub.id]
+                    new.subs[sub.id] = sub
+                    sub.endpoint = address
+                    sub.connection = None
+                targets[address] = new
+        for address, new in targets.items():
+            moved = sorted(d for d, a in moves.items() if a == address)
+            log.info("%s moved from %s to %s", ", ".join(moved), ep.address, address)
+            try:
+                conn = self._connection(new)
+            except TransportError:
+                if not self._closing:
+                    raise
+                return
+            if conn is None:
+                return
+            with self._lock:
+                send = [s for s in new.subs.values() if new.connection == conn]
+                send = [s for s in send if s.connection != conn]
+                for sub in send:
+                    sub.connection = conn
+            for sub in send:
+                self._send_subscribe(sub, conn)
 
     def _on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
         to_send: list[Subscription] = []
@@ -480,8 +555,10 @@ class ClientService:
             if self._closing or ep.connection != connection:
                 return
             ep.backoff.reset()
+            ep.acked = True
             if ep.was_connected:
                 self._counters.reconnects += 1
+                ep.reconnects += 1
             ep.was_connected = True
             for sub in ep.subs.values():
                 if sub.connection != connection:
@@ -504,12 +581,14 @@ class ClientService:
             if ep.connection != connection:
                 return
             ep.connection = None
+            ep.acked = False
             ep.last_reason = reason
             lost = [rid for rid, p in self._pending.items() if p.connection == connection]
             subs = list(ep.subs.values())
-            # Only subscriptions need the connection back by themselves; a later request
-            # connects on its own, at once.
-            if subs and not self._closing:
+            # Subscriptions and access points get the connection back in the background (so
+            # the first get after a server restart finds it up); an endpoint only admin
+            # requests used reconnects when the next one comes.
+            if ep.wanted() and not self._closing:
                 delay = ep.backoff.next_delay()
                 ep.retry = self._timer.call_later(delay, functools.partial(self._reconnect, ep))
         for rid in lost:

@@ -1,7 +1,7 @@
 """``AccessPoint``: get, set and subscribe on one ``(device, property)`` of a client service.
 
-An access point is a light handle: it resolves its device through the service's directory on
-first use (and keeps the answer), builds the request's body frames in the caller's thread, and
+An access point is a light handle: the service resolves its device through the directory on
+first use (and keeps the answer until the connection is lost), builds the request's body frames in the caller's thread, and
 hands them to the service, which owns connections, ids, deadlines and the pending table.
 """
 
@@ -68,7 +68,7 @@ class AccessPoint:
     ``DisconnectedError``, ``OverloadError``, ...
     """
 
-    __slots__ = ("_endpoint", "_service", "device", "property")
+    __slots__ = ("_service", "device", "property")
 
     def __init__(self, service: ClientService, device: str, prop: str) -> None:
         if not device or not prop:
@@ -78,18 +78,16 @@ class AccessPoint:
         self._service = service
         self.device = device
         self.property = prop
-        self._endpoint: str | None = None
 
     def __repr__(self) -> str:
         return f"<AccessPoint {self.device}/{self.property}>"
 
     @property
     def endpoint(self) -> str:
-        """The server endpoint of the device (resolved through the directory, then kept)."""
-        endpoint = self._endpoint
-        if endpoint is None:
-            endpoint = self._endpoint = self._service.directory.resolve(self.device)
-        return endpoint
+        """The server endpoint of the device: resolved through the directory on first use and
+        kept by the service, which resolves it again after a lost connection (a device that
+        moved to another server or port is followed)."""
+        return self._service.endpoint_of(self.device)
 
     def get(
         self,

@@ -13,7 +13,34 @@ from dataclasses import dataclass, field
 
 from rda.transport.api import ClientTransportStatistics
 
-__all__ = ["ClientCounters", "ClientStatistics"]
+__all__ = ["ClientCounters", "ClientStatistics", "ServerConnectionStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConnectionStatistics:
+    """One server endpoint as a client service sees it.
+
+    ``state``:
+
+    - ``"connecting"``: the first connection is being opened (no handshake yet);
+    - ``"connected"``: the handshake is done;
+    - ``"reconnecting"``: the connection was lost and is re-established in the background
+      (exponential back-off), devices being resolved again through the directory first;
+    - ``"disconnected"``: lost, and nothing needs it back (only admin requests used it); the
+      next request connects.
+
+    ``reconnects`` counts connections re-established after a loss, ``connects`` every
+    connection opened (attempts included); ``devices`` are the devices the client reaches
+    there; ``last_reason`` says why the last connection was lost ("" if never).
+    """
+
+    endpoint: str
+    state: str
+    reconnects: int = 0
+    connects: int = 0
+    devices: tuple[str, ...] = ()
+    subscriptions: int = 0
+    last_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +52,7 @@ class ClientStatistics:
     ``gaps``: updates the server's sequence numbers say were missed (conflated or lost).
     ``dropped``: notifications this client discarded because a subscription's queue was full.
     ``connections``: server endpoints with a connection open or being opened.
+    ``servers``: the state of each server endpoint in use (see ``ServerConnectionStatistics``).
     """
 
     transport: ClientTransportStatistics = field(default_factory=ClientTransportStatistics)
@@ -42,6 +70,7 @@ class ClientStatistics:
     listener_errors: int = 0
     connections: int = 0
     reconnects: int = 0
+    servers: tuple[ServerConnectionStatistics, ...] = ()
 
 
 class ClientCounters:

@@ -135,11 +135,15 @@ class Dispatch:
 
     def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
         with self._peers_lock:
-            self._peers.pop(peer, None)
+            state = self._peers.pop(peer, None)
         if self._registry is None:
             return
-        for source in self._registry.remove_peer(peer):
-            self._submit_callback(source.device, self._subs.source_removed, source)
+        # A departed client (disconnect, heartbeat timeout, close) ends each of its
+        # subscriptions as an UNSUBSCRIBE would: a server keeping per-subscriber state hears of
+        # every one (issue 12).
+        client = state.client if state is not None else ClientInfo(peer)
+        for sub_id, source, emptied in self._registry.remove_peer(peer):
+            self._ended(source, sub_id, client, emptied)
 
     def on_message(self, peer: bytes, message: Message) -> None:
         received_at = self._clock()
@@ -395,14 +399,15 @@ class Dispatch:
         if removed is None:
             return
         source, emptied = removed
+        self._ended(source, header.id, client, emptied)
+
+    def _ended(
+        self, source: SubscriptionSource, sub_id: int, client: ClientInfo, emptied: bool
+    ) -> None:
+        """``unsubscribe`` for one ended subscription, then ``source_removed`` if it was the
+        source's last (both in the device's group: in this order)."""
         request = UnsubscribeRequest(
-            source.device,
-            source.property,
-            source.selector,
-            source.filters,
-            client,
-            header.id,
-            source,
+            source.device, source.property, source.selector, source.filters, client, sub_id, source
         )
         self._submit_callback(source.device, self._subs.unsubscribe, request)
         if emptied:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rda.business.common import AcquiredData
+from rda.business.common import AcquiredData, stamped
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import Message
@@ -213,7 +213,10 @@ class ServerError(Exception):
 
 
 class GetRequest(_Completable):
-    """A get: answer with ``complete(AcquiredData(...))`` (a bare ``Data`` is accepted too)."""
+    """A get: answer with ``complete(AcquiredData(...))`` (a bare ``Data`` is accepted too).
+
+    A value without an acquisition stamp (no ``DataContext``, or ``acq_stamp == 0``) is
+    stamped with the wall-clock time of the ``complete`` call (docs/server.md)."""
 
     __slots__ = ()
 
@@ -226,7 +229,7 @@ class GetRequest(_Completable):
             return
         if isinstance(acquired, Data):
             acquired = AcquiredData(acquired)
-        if not self._answer(acquired, None):
+        if not self._answer(stamped(acquired), None):
             self._late("complete()")
 
 
@@ -271,7 +274,8 @@ class SubscriptionRejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UnsubscribeRequest:
-    """Given to ``SubscriptionCallback.unsubscribe`` when a client ends a subscription."""
+    """Given to ``SubscriptionCallback.unsubscribe`` when a subscription ends (an UNSUBSCRIBE,
+    or its client departed: ``id`` is the subscription's id either way)."""
 
     device: str
     property: str
@@ -299,7 +303,8 @@ class SubscriptionCallback:
         request.accept()
 
     def unsubscribe(self, request: UnsubscribeRequest) -> None:
-        """Called after a client ended a subscription (not for disconnections)."""
+        """Called once for each ended subscription: the client unsubscribed, closed, was
+        disconnected or timed out (heartbeat); before ``source_removed`` of its source."""
 
     def source_added(self, source: SubscriptionSource) -> None:
         """The first subscriber of (device, property, selector, filters) arrived."""

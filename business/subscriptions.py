@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from threading import Lock
 
-from rda.business.common import AcquiredData
+from rda.business.common import AcquiredData, stamped
 from rda.business.server_requests import ClientInfo, describe_error
 from rda.business.server_stats import SourceSnapshot
 from rda.serialization import _binary
@@ -123,14 +123,16 @@ class SubscriptionSource:
     def notify(
         self, acquired: AcquiredData | Data, update_type: UpdateType = UpdateType.NORMAL
     ) -> None:
-        """Send a value to every subscriber (encoded once). NORMAL updates are conflatable."""
+        """Send a value to every subscriber (encoded once). NORMAL updates are conflatable.
+
+        A value without an acquisition stamp is stamped with the time of this call."""
         if isinstance(acquired, Data):
             acquired = AcquiredData(acquired)
         if self._closed or not self._subscribers:
             return
         body = _encode_data(acquired.data)
         self._fan_out(
-            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, acquired.context
+            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, stamped(acquired).context
         )
 
     def notify_error(
@@ -351,14 +353,16 @@ class SubscriptionRegistry:
                 return None
             return source, self._detach(source, peer, sub_id)
 
-    def remove_peer(self, peer: bytes) -> list[SubscriptionSource]:
-        """Forget a disconnected peer; returns the sources it left empty."""
+    def remove_peer(self, peer: bytes) -> list[tuple[int, SubscriptionSource, bool]]:
+        """Forget a departed peer: ``(subscription id, source, source now empty)`` for each of
+        its subscriptions, in the order they were made. Under the lock, so a subscription is
+        ended here or by ``remove``, never by both."""
         with self._lock:
             subs = self._by_peer.pop(peer, None)
             self._cancelled.pop(peer, None)
             if not subs:
                 return []
-            return [s for sub_id, s in subs.items() if self._detach(s, peer, sub_id)]
+            return [(sub_id, s, self._detach(s, peer, sub_id)) for sub_id, s in subs.items()]
 
     def _detach(self, source: SubscriptionSource, peer: bytes, sub_id: int) -> bool:
         # Caller holds self._lock.

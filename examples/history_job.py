@@ -2,10 +2,12 @@
 
     spark-submit --master local[2] examples/history_job.py ROOT OUT DAY [PATTERN]
 
-``ROOT`` is the recorder's store, ``OUT`` the output directory (replaced), ``DAY`` a UTC day
+``ROOT`` is the recorder's store (a path, or a URI such as ``s3://bucket/history``), ``OUT``
+the output directory (replaced; for Spark, so ``s3a://`` on S3), ``DAY`` a UTC day
 ``YYYY-MM-DD``, ``PATTERN`` the signals (default ``*/*``). The same file runs unchanged on a
-cluster (``--master spark://host:7077``) when ROOT and OUT are at the same path on every node
-and rda is importable on the executors (docs/history.md, "Running on a cluster").
+cluster (``--master spark://host:7077``) when every node reaches ROOT and OUT under the same
+name and rda is importable on the executors (docs/history.md, "Running on a cluster");
+``examples/cluster_check.py`` runs it on a standalone cluster on this machine.
 """
 
 from __future__ import annotations

@@ -62,8 +62,14 @@ def _client(ctx: click.Context) -> Any:
 
 
 @click.command()
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("root", metavar="ROOT")
 @click.argument("patterns", nargs=-1, required=True, metavar="DEVICE/PROPERTY[@SELECTOR]...")
+@click.option(
+    "--journal",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local journal directory (required when ROOT is a URI such as s3://bucket/history).",
+)
 @click.option("--id", "recorder_id", default=None, help="Recorder id (default: host name).")
 @click.option("--retention", default="24h", help="Keep converted segments this long (24h).")
 @click.option("--queue-limit", type=int, default=100_000, show_default=True)
@@ -74,8 +80,9 @@ def _client(ctx: click.Context) -> Any:
 @click.pass_context
 def record(
     ctx: click.Context,
-    root: Path,
+    root: str,
     patterns: tuple[str, ...],
+    journal: Path | None,
     recorder_id: str | None,
     retention: str,
     queue_limit: int,
@@ -85,6 +92,9 @@ def record(
     as_json: bool,
 ) -> None:
     """Record subscriptions into ROOT (journal, then Parquet) until Ctrl-C or --duration.
+
+    ROOT is a directory or a pyarrow.fs URI (file://, s3://, gs://, hdfs://); a URI store keeps
+    its journal in --journal on this machine.
 
     Device names may be globs (resolved through the directory): rda record /data 'PS*/Acq'.
     """
@@ -96,6 +106,7 @@ def record(
             patterns,
             client,
             recorder_id=recorder_id,
+            journal=journal,
             queue_limit=queue_limit,
             retention=parse_duration(retention),
             convert_interval=parse_duration(convert_every),

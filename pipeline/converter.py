@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -32,8 +32,17 @@ import pyarrow.parquet as pq
 
 from rda.pipeline.journal import Journal, Segment, fsync_directory, read_segment, write_durably
 from rda.pipeline.schema import SchemaCatalog, merge_types, partition_escape
+from rda.pipeline.store import Store
 
-__all__ = ["STORE_COLUMNS", "Converter", "ConverterStatistics", "compact", "partition_path"]
+__all__ = [
+    "STORE_COLUMNS",
+    "Converter",
+    "ConverterStatistics",
+    "compact",
+    "journal_root",
+    "partition_dir",
+    "partition_path",
+]
 
 log = logging.getLogger("rda.pipeline.converter")
 
@@ -71,17 +80,38 @@ def partition_path(root: Path | str, device: str, prop: str, date: str) -> Path:
     )
 
 
-def _write_parquet(path: Path, table: pa.Table) -> None:
+def partition_dir(store: Store, device: str, prop: str, date: str) -> str:
+    """The store path of one (device, property, day) partition."""
+    return store.path(
+        f"device={partition_escape(device)}", f"property={partition_escape(prop)}", f"date={date}"
+    )
+
+
+class _Target(NamedTuple):
+    """Where a Parquet file goes: one argument, so ``_write_parquet(target, table)`` stays the
+    single seam a crash test wraps."""
+
+    store: Store
+    path: str
+
+
+def _write_parquet(target: _Target, table: pa.Table) -> None:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(path, sink.getvalue())
+    target.store.write(target.path, sink.getvalue())
 
 
 def _store_table(
     recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
 ) -> pa.Table:
-    acq = meta.column("acq_stamp").combine_chunks()
+    # A row the server sent without an acquisition stamp (0: an older or foreign server) is
+    # stored at the recorder's receive time, so that a time window finds it instead of it
+    # sitting at 1970-01-01; it stays recognisable (acq_stamp == recv_stamp exactly, which a
+    # stamp made before the network hop never is) and the journal keeps the stamp as sent
+    # (docs/history.md). The recorder counts and logs such rows (missing_acq_stamps).
+    sent = meta.column("acq_stamp").combine_chunks()
+    recv = meta.column("recv_stamp").combine_chunks()
+    acq = pa.compute.if_else(pa.compute.equal(sent, 0), recv, sent)
     ts = pa.compute.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     metadata = {
         "rda.device": key[0],
@@ -94,7 +124,7 @@ def _store_table(
         "cycle_stamp": meta.column("cycle_stamp"),
         "cycle_name": meta.column("cycle_name"),
         "selector": meta.column("selector"),
-        "recv_stamp": meta.column("recv_stamp"),
+        "recv_stamp": recv,
         "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
         "seq": meta.column("seq"),
         "error": meta.column("error"),
@@ -103,24 +133,46 @@ def _store_table(
     return pa.table(columns).replace_schema_metadata(metadata)
 
 
+def journal_root(store: Store, journal: Path | str | None) -> Path:
+    """Where ``_journal/`` lives: ``journal``, else the store's root when it is local.
+
+    The journal is fsynced, renamed, locked and tailed file by file: it needs a local disk,
+    so a store on another filesystem needs an explicit local ``journal`` directory.
+    """
+    if journal is not None:
+        return Path(journal)
+    if not store.local:
+        raise ValueError(
+            f"store {store.uri!r} is not on the local disk: give a local journal directory "
+            "(journal=... / --journal)"
+        )
+    return Path(store.base)
+
+
 class Converter:
-    """Converts one recorder's closed segments into the Parquet store (see module docstring)."""
+    """Converts one recorder's closed segments into the Parquet store (see module docstring).
+
+    ``root`` is the store (a local path, a URI ``pyarrow.fs`` resolves, or a ``Store``);
+    ``journal`` the local directory holding ``_journal/<recorder_id>`` (default: the root, which
+    must then be local).
+    """
 
     def __init__(
         self,
-        root: Path | str,
+        root: Store | Path | str,
         recorder_id: str,
         catalog: SchemaCatalog | None = None,
         *,
+        journal: Path | str | None = None,
         retention: float = 86_400.0,
         max_group_rows: int = 1_000_000,
         max_group_bytes: int = 256 << 20,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.root = Path(root)
+        self.store = Store.open(root)
         self.recorder_id = recorder_id
-        self.journal = Journal(self.root, recorder_id)
-        self.catalog = catalog or SchemaCatalog(self.root, recorder_id)
+        self.journal = Journal(journal_root(self.store, journal), recorder_id)
+        self.catalog = catalog or SchemaCatalog(self.store, recorder_id)
         self.retention = retention
         self.max_group_rows = max_group_rows
         self.max_group_bytes = max_group_bytes  # a group is converted in memory
@@ -146,8 +198,7 @@ class Converter:
                 self._progress = json.loads(self._path.read_text())
             planned = self._progress.get("planned")
             for name in planned["files"] if planned else []:
-                stray = (self.root / name).with_name(f".{Path(name).name}.tmp")
-                stray.unlink(missing_ok=True)
+                self.store.delete(self.store.tmp_name(self.store.path(name)))
 
     def statistics(self) -> ConverterStatistics:
         return ConverterStatistics(self._converted, self._files, self._errors, self._last_error)
@@ -206,7 +257,7 @@ class Converter:
                     parts[(key, day_date.isoformat())].append(
                         (meta.filter(mask), data.filter(mask))
                     )
-        outputs: list[tuple[Path, pa.Table]] = []
+        outputs: list[tuple[str, pa.Table]] = []
         for (key, date), pieces in sorted(parts.items()):
             meta = pa.concat_tables([m for m, _ in pieces])
             data = self._unify([d for _, d in pieces], key)
@@ -214,17 +265,17 @@ class Converter:
             name = f"part-{self.recorder_id}-{seqs[0].as_py()}-{seqs[-1].as_py()}.parquet"
             outputs.append(
                 (
-                    partition_path(self.root, key[0], key[1], date) / name,
+                    f"{partition_dir(self.store, key[0], key[1], date)}/{name}",
                     _store_table(self.recorder_id, meta, data, key),
                 )
             )
         self._progress["planned"] = {
             "segments": [s.name for s in group],
-            "files": [str(path.relative_to(self.root)) for path, _ in outputs],
+            "files": [self.store.relative(path) for path, _ in outputs],
         }
         self._save()
         for path, table in outputs:
-            _write_parquet(path, table)
+            _write_parquet(_Target(self.store, path), table)
             self._files += 1
         now = self._clock()
         for segment in group:
@@ -293,7 +344,10 @@ def compact(
     rerun finishes an interrupted compaction. A day is closed once it ended ``grace`` seconds
     ago and no recorder has a planned conversion into it.
     """
-    root = Path(root)
+    store = Store.open(root)
+    if not store.local:  # the plan, fsyncs and the check of planned conversions need a local disk
+        raise ValueError(f"{store.uri}: compaction runs on a local store only")
+    root = Path(store.base)
     partition = partition_path(root, device, prop, date)
     day_end = datetime.datetime.fromisoformat(date).replace(
         tzinfo=datetime.UTC

@@ -1,7 +1,8 @@
 """The History API: the recorder's Parquet store read through PySpark.
 
-``History(spark, root)`` works on any SparkSession, local or on a cluster (the store must be at
-the same path on every node). Each call resolves the exact files of the partitions its window
+``History(spark, root)`` works on any SparkSession, local or on a cluster (``root`` a path
+mounted at the same place on every node, or a store URI such as ``s3://bucket/history``, which
+Spark reads as ``s3a://``: see ``rda.pipeline.store``). Each call resolves the exact files of the partitions its window
 touches (``rda.pipeline.history_paths``), reads them with ``basePath`` = the store root and an
 explicit schema merged from the files' footers (no directory scan, no inference job), and
 filters ``acq_stamp`` to ``[start, end)``; Parquet row-group statistics make that filter cheap.
@@ -41,6 +42,7 @@ from rda.pipeline.history_paths import (
     parse_time,
 )
 from rda.pipeline.schema import merge_types
+from rda.pipeline.store import Store
 
 __all__ = ["BASE_COLUMNS", "History", "col", "to_pandas"]
 
@@ -86,13 +88,16 @@ def _field_column(path: str) -> Column:
 class History:
     """Query the recorder's store (see the module docstring and docs/history.md)."""
 
-    def __init__(self, spark: SparkSession, root: Path | str) -> None:
+    def __init__(self, spark: SparkSession, root: Store | Path | str) -> None:
         self.spark = spark
-        self.root = Path(root).absolute()
-        self.index = StoreIndex(self.root)
+        self.index = StoreIndex(root)
+        self.store = self.index.store
+        # The driver lists and reads footers through pyarrow.fs; Spark reads the same files
+        # through its Hadoop connectors, which name them differently (s3:// -> s3a://).
+        self.root = self.store.spark_path(self.store.base)
 
     @classmethod
-    def local(cls, root: Path | str, master: str = "local[*]") -> History:
+    def local(cls, root: Store | Path | str, master: str = "local[*]") -> History:
         """A History on a local SparkSession with the settings of ``local_session``."""
         from rda.pipeline.spark_session import local_session
 
@@ -379,8 +384,8 @@ class History:
         if group.files:
             frame = (
                 self.spark.read.schema(schema)
-                .option("basePath", str(self.root))
-                .parquet(*group.files)
+                .option("basePath", self.root)
+                .parquet(*[self.store.spark_path(f) for f in group.files])
             )
         else:
             frame = self.spark.createDataFrame([], schema)

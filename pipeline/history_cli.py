@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from rda.pipeline.history_local import local_get, local_search, local_stats
 from rda.pipeline.history_paths import parse_duration, parse_time
+from rda.pipeline.store import Store
 
 __all__ = ["history", "parse_cli_time"]
 
@@ -126,7 +127,7 @@ def _format_table(table: pa.Table) -> str:
     return "\n".join(lines)
 
 
-def _spark_history(root: Path) -> Any:
+def _spark_history(root: Store) -> Any:
     from rda.pipeline.history import History
 
     return History.local(root)
@@ -169,7 +170,18 @@ def _output_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-_ROOT = click.argument("root", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def _store(ctx: click.Context, param: click.Parameter, value: str) -> Store:
+    """ROOT: an existing local directory or a URI pyarrow.fs resolves (s3://, file://, ...)."""
+    try:
+        store = Store.open(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if store.local and not store.is_dir(store.base):
+        raise click.BadParameter(f"{value!r} is not a directory")
+    return store
+
+
+_ROOT = click.argument("root", metavar="ROOT", callback=_store)
 _SIGNALS = click.argument("signals", nargs=-1, required=True, metavar="DEV/PROP[#FIELD]...")
 _START = click.option("--start", "-s", default="-1h", show_default=True, help="Window start.")
 _END = click.option("--end", "-e", default="now", show_default=True, help="Window end (excluded).")
@@ -185,7 +197,10 @@ def _window(start: str, end: str) -> tuple[int, int]:
 
 @click.group()
 def history() -> None:
-    """Search and pull recorded values from a history store (ROOT of `rda record`)."""
+    """Search and pull recorded values from a history store (ROOT of `rda record`).
+
+    ROOT is a directory or a pyarrow.fs URI (file://, s3://, gs://, hdfs://).
+    """
 
 
 @history.command()
@@ -193,7 +208,7 @@ def history() -> None:
 @click.argument("pattern", default="*/*")
 @_output_options
 def search(
-    root: Path,
+    root: Store,
     pattern: str,
     spark: bool,
     as_json: bool,
@@ -218,7 +233,7 @@ def search(
 @click.option("--errors", is_flag=True, help="Include error rows (and the error column).")
 @_output_options
 def get(
-    root: Path,
+    root: Store,
     signals: tuple[str, ...],
     start: str,
     end: str,
@@ -253,7 +268,7 @@ def get(
 @click.option("--every", default=None, help="Bin width, e.g. 10s, 5min, 1h (default: one bin).")
 @_output_options
 def stats(
-    root: Path,
+    root: Store,
     signals: tuple[str, ...],
     start: str,
     end: str,

@@ -1,5 +1,8 @@
 """Small History pulls with pyarrow alone (no JVM): ``search``, ``get`` and ``stats``.
 
+``root`` is a local path, a store URI (``s3://``, ``file://``, ...) or a ``Store``; every read
+goes through its ``pyarrow.fs`` filesystem.
+
 What ``rda history`` uses unless ``--spark`` is given. Like ``rda.pipeline.history.History``,
 each call resolves the exact Parquet files of the partitions its window touches
 (``StoreIndex``), never scanning the store, and filters by ``acq_stamp`` in ``[start, end)``.
@@ -18,9 +21,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rda.pipeline.history_paths import Signal, StoreIndex, days_between, parse_signals
+from rda.pipeline.store import Store
 
 __all__ = ["GET_COLUMNS", "STATS_COLUMNS", "local_get", "local_search", "local_stats"]
 
@@ -44,7 +49,7 @@ STATS_COLUMNS = (
 _READ = ["acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector", "error", "recorder_id", "seq"]
 
 
-def local_search(root: Path | str, pattern: str = "*/*") -> pa.Table:
+def local_search(root: Store | Path | str, pattern: str = "*/*") -> pa.Table:
     """device, property, first_day, last_day, schema_versions of the recorded pairs matching."""
     text = pattern if "/" in pattern else f"{pattern}/*"
     signals = parse_signals(text, "pattern")
@@ -98,11 +103,13 @@ def _names(
     return [data_type.field(i).name for i in range(data_type.num_fields)]
 
 
-def _read_file(path: str, start: int, end: int, errors: bool) -> pa.Table:
+def _read_file(
+    filesystem: pafs.FileSystem, path: str, start: int, end: int, errors: bool
+) -> pa.Table:
     window = (pc.field("acq_stamp") >= start) & (pc.field("acq_stamp") < end)
     if not errors:
         window = window & pc.field("error").is_null()
-    table = pq.read_table(path, filters=window)
+    table = pq.read_table(path, filters=window, filesystem=filesystem)
     return table.drop_columns(
         [c for c in ("device", "property", "date") if c in table.schema.names]
     )
@@ -119,7 +126,7 @@ def _key_table(
 ) -> pa.Table | None:
     pieces = []
     for path in index.files(key[0], key[1], days):
-        table = _read_file(path, window[0], window[1], errors)
+        table = _read_file(index.store.fs, path, window[0], window[1], errors)
         if not table.num_rows:
             continue
         data = (
@@ -144,7 +151,7 @@ def _key_table(
 
 
 def _collect(
-    root: Path | str,
+    root: Store | Path | str,
     signals: str | Sequence[str],
     start: int,
     end: int,
@@ -194,7 +201,7 @@ def _select(table: pa.Table, selector: str) -> pa.Table:
 
 
 def local_get(
-    root: Path | str,
+    root: Store | Path | str,
     signals: str | Sequence[str],
     start: int,
     end: int,
@@ -239,7 +246,7 @@ def _pairs(table: pa.Table) -> list[tuple[str, str]]:
 
 
 def local_stats(
-    root: Path | str,
+    root: Store | Path | str,
     signals: str | Sequence[str],
     start: int,
     end: int,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +20,11 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rda.pipeline.schema import SchemaCatalog, merge_types, partition_escape
+from rda.pipeline.store import Store
 
 __all__ = [
     "DAY_NS",
@@ -166,23 +167,27 @@ class FileGroup:
     keys: set[tuple[str, str]] = field(default_factory=set)
 
 
+def _mtime(info: pafs.FileInfo) -> int:
+    """A file's mtime in ns (0 where the filesystem keeps none: the size still tells a change)."""
+    return int(info.mtime_ns or 0)
+
+
 def _unescape(entry: str, prefix: str) -> str | None:
     return unquote(entry[len(prefix) :]) if entry.startswith(prefix) else None
 
 
-def _listdir(path: Path) -> list[str]:
-    try:
-        return sorted(entry.name for entry in os.scandir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
 class StoreIndex:
-    """Reads the store's directory tree and Parquet footers (cached by path, mtime and size)."""
+    """Reads the store's directory tree and Parquet footers (cached by path, mtime and size).
 
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
+    ``root`` is a local path, a store URI or a ``Store``: every listing and read goes through
+    its ``pyarrow.fs`` filesystem, and the file paths handed out are that filesystem's.
+    """
+
+    def __init__(self, root: Store | Path | str) -> None:
+        self.store = Store.open(root)
+        self.root = self.store.base
         self._footers: dict[str, tuple[int, int, pa.DataType | None]] = {}
+        self._seen: dict[str, tuple[int, int]] = {}  # (mtime, size) from the last listing
 
     # --- keys -----------------------------------------------------------------------------------
 
@@ -191,26 +196,26 @@ class StoreIndex:
         found: set[tuple[str, str]] = set()
         for signal in signals:
             for device in self._names(self.root, "device=", signal.device):
-                directory = self.root / f"device={partition_escape(device)}"
+                directory = self.store.path(f"device={partition_escape(device)}")
                 for prop in self._names(directory, "property=", signal.prop):
                     found.add((device, prop))
         return sorted(found)
 
-    def _names(self, directory: Path, prefix: str, pattern: str) -> list[str]:
+    def _names(self, directory: str, prefix: str, pattern: str) -> list[str]:
         if not _GLOB.search(pattern):  # a literal name: one stat, no listing
-            path = directory / f"{prefix}{partition_escape(pattern)}"
-            return [pattern] if path.is_dir() else []
-        names = (_unescape(entry, prefix) for entry in _listdir(directory))
+            path = f"{directory.rstrip('/')}/{prefix}{partition_escape(pattern)}"
+            return [pattern] if self.store.is_dir(path) else []
+        names = (_unescape(entry, prefix) for entry in self.store.listdir(directory))
         return [n for n in names if n is not None and fnmatch.fnmatchcase(n, pattern)]
 
-    def key_dir(self, device: str, prop: str) -> Path:
-        return (
-            self.root / f"device={partition_escape(device)}" / f"property={partition_escape(prop)}"
+    def key_dir(self, device: str, prop: str) -> str:
+        return self.store.path(
+            f"device={partition_escape(device)}", f"property={partition_escape(prop)}"
         )
 
     def days(self, device: str, prop: str) -> list[str]:
         """Every day a property has a partition for, sorted."""
-        names = (_unescape(e, "date=") for e in _listdir(self.key_dir(device, prop)))
+        names = (_unescape(e, "date=") for e in self.store.listdir(self.key_dir(device, prop)))
         return [n for n in names if n is not None]
 
     # --- files ----------------------------------------------------------------------------------
@@ -219,22 +224,24 @@ class StoreIndex:
         """The Parquet files of the given days of one property (those that exist)."""
         out: list[str] = []
         for day in days:
-            directory = self.key_dir(device, prop) / f"date={day}"
+            directory = f"{self.key_dir(device, prop)}/date={day}"
+            entries = self.store.files(directory)
             names = [
-                n
-                for n in _listdir(directory)
-                if n.endswith(".parquet") and not n.startswith(("_", "."))
+                str(e.base_name)
+                for e in entries
+                if e.base_name.endswith(".parquet") and not e.base_name.startswith(("_", "."))
             ]
-            if "_compaction.json" in _listdir(directory):
+            if any(e.base_name == "_compaction.json" for e in entries):
                 names = self._skip_compacted(directory, names)
-            out.extend(str(directory / n) for n in names)
+            for entry in entries:  # the listing gave size and mtime: no stat per footer
+                self._seen[entry.path] = (_mtime(entry), int(entry.size))
+            out.extend(f"{directory}/{n}" for n in names)
         return out
 
-    @staticmethod
-    def _skip_compacted(directory: Path, names: list[str]) -> list[str]:
+    def _skip_compacted(self, directory: str, names: list[str]) -> list[str]:
         """During a compaction, an output already written replaces its inputs (no duplicates)."""
         try:
-            plan = json.loads((directory / "_compaction.json").read_text())
+            plan = json.loads(self.store.read_bytes(f"{directory}/_compaction.json"))
         except (OSError, ValueError):
             return names
         replaced = {
@@ -248,16 +255,19 @@ class StoreIndex:
 
     def data_type(self, path: str) -> pa.DataType | None:
         """The ``data`` column's Arrow type of one file (None: null-typed or absent)."""
-        stat = os.stat(path)
+        seen = self._seen.pop(path, None)
+        if seen is None:
+            info = self.store.info(path)
+            seen = (_mtime(info), int(info.size or 0))
         cached = self._footers.get(path)
-        if cached is not None and cached[0] == stat.st_mtime_ns and cached[1] == stat.st_size:
+        if cached is not None and cached[:2] == seen:
             return cached[2]
-        schema = pq.read_schema(path)
+        schema = pq.read_schema(path, filesystem=self.store.fs)
         index = schema.get_field_index("data")
         kind = schema.field(index).type if index >= 0 else None
         if kind is not None and (pa.types.is_null(kind) or kind == pa.struct([])):
             kind = None
-        self._footers[path] = (stat.st_mtime_ns, stat.st_size, kind)
+        self._footers[path] = (*seen, kind)
         return kind
 
     def group(self, files: Sequence[tuple[tuple[str, str], str]]) -> list[FileGroup]:
@@ -289,7 +299,7 @@ class StoreIndex:
         """A property's newest known data type (for empty results): catalog, else any footer."""
         versions = self.versions(device, prop)
         if versions:
-            kind = SchemaCatalog(self.root).arrow_type(device, prop, versions[-1])
+            kind = SchemaCatalog(self.store).arrow_type(device, prop, versions[-1])
             if kind is not None:
                 return kind
         for day in reversed(self.days(device, prop)):
@@ -302,6 +312,6 @@ class StoreIndex:
     def versions(self, device: str, prop: str) -> list[int]:
         """Schema version numbers recorded in the catalog for a property."""
         try:
-            return [int(v["number"]) for v in SchemaCatalog(self.root).versions(device, prop)]
+            return [int(v["number"]) for v in SchemaCatalog(self.store).versions(device, prop)]
         except (OSError, ValueError, KeyError):
             return []

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from rda.pipeline.schema import build_array
+from rda.pipeline.store import fsync_directory, write_durably
 
 __all__ = [
     "MAX_KEYS",
@@ -50,34 +51,6 @@ _META_FIELDS = [
 ]
 
 Key = tuple[str, str, int]  # (device, property, schema version)
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a rename inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durably(path: Path, payload: bytes | memoryview | pa.Buffer) -> None:
-    """Write ``payload`` to ``path`` via a hidden tmp file: write, fsync, rename, fsync dir.
-
-    A reader (or a crash) sees either the old content of ``path`` or the new, never a part.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(payload)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
 
 
 class SegmentBuilder:

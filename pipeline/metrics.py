@@ -32,6 +32,10 @@ _COUNTERS = {
     "converted_segments": ("rda_recorder_segments_converted", "Segments converted to Parquet."),
     "parquet_files": ("rda_recorder_parquet_files_written", "Parquet files written."),
     "conversion_errors": ("rda_recorder_conversion_errors", "Failed conversions."),
+    "missing_acq_stamps": (
+        "rda_recorder_missing_acq_stamps",
+        "Value rows sent without an acquisition stamp (stored at their receive time).",
+    ),
 }
 _GAUGES = {
     "queue_depth": ("rda_recorder_queue_depth", "Notifications waiting in the queue."),

@@ -31,9 +31,10 @@ from typing import Any, BinaryIO, Protocol
 
 import pyarrow as pa
 
-from rda.pipeline.converter import Converter
+from rda.pipeline.converter import Converter, journal_root
 from rda.pipeline.journal import Journal, SegmentBuilder
 from rda.pipeline.schema import SchemaCatalog, arrow_type_of, signature
+from rda.pipeline.store import Store
 from rda.serialization._header import DataContext
 
 __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
@@ -77,6 +78,9 @@ class RecorderStatistics:
     parquet_files: int
     conversion_errors: int
     subscriptions: int
+    # Value rows the server sent without an acquisition stamp (acq_stamp 0): stored at their
+    # receive time (acq_stamp == recv_stamp, docs/history.md), logged once per signal.
+    missing_acq_stamps: int = 0
 
 
 class _Subscription(Protocol):
@@ -103,7 +107,7 @@ class Recorder:
 
     def __init__(
         self,
-        root: Path | str,
+        root: Store | Path | str,
         patterns: Sequence[str] = (),
         client: Any = None,
         *,
@@ -115,10 +119,12 @@ class Recorder:
         convert_interval: float = 5.0,
         retention: float = 86_400.0,
         convert: bool = True,
+        journal: Path | str | None = None,
         on_ack: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.root = Path(root)
+        self.store = Store.open(root)
+        self.root = self.store.uri
         self.recorder_id = recorder_id or _default_id()
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.recorder_id):
             raise ValueError(f"recorder id {self.recorder_id!r} must match [A-Za-z0-9_.-]+")
@@ -133,9 +139,11 @@ class Recorder:
         self._on_ack = on_ack
         self._clock = clock
         self._convert = convert
-        self.catalog = SchemaCatalog(self.root, self.recorder_id)
-        self.journal = Journal(self.root, self.recorder_id)
-        self.converter = Converter(self.root, self.recorder_id, self.catalog, retention=retention)
+        self.catalog = SchemaCatalog(self.store, self.recorder_id)
+        self.journal = Journal(journal_root(self.store, journal), self.recorder_id)
+        self.converter = Converter(
+            self.store, self.recorder_id, self.catalog, journal=journal, retention=retention
+        )
         self._queue: collections.deque[tuple[str, str, str | None, Any, int]] = collections.deque()
         self._cond = threading.Condition()
         self._idle = False
@@ -148,6 +156,8 @@ class Recorder:
         self._received = 0
         self._overflow = 0
         self._gaps = 0
+        self._missing_stamps = 0
+        self._unstamped_signals: set[tuple[str, str]] = set()
         self._segments = 0
         self._bytes = 0
         self._write_errors = 0
@@ -317,6 +327,7 @@ class Recorder:
             parquet_files=conv.files_written,
             conversion_errors=conv.errors,
             subscriptions=len(self._subscriptions),
+            missing_acq_stamps=self._missing_stamps,
         )
 
     # --- subscription layer -------------------------------------------------------------------
@@ -475,6 +486,8 @@ class Recorder:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._received += 1
+        if not context.acq_stamp and error_text is None:
+            self._missing_stamp(device, prop)
         builder.add(
             route,
             value,
@@ -487,6 +500,22 @@ class Recorder:
             error_text,
         )
         return True
+
+    def _missing_stamp(self, device: str, prop: str) -> None:
+        # Writer thread only. Counted always, logged once per signal: a server that never
+        # stamps would otherwise flood the log with one line per row. Error rows made by the
+        # client itself (a lost connection) carry no server stamp by nature and are not counted.
+        self._missing_stamps += 1
+        if (device, prop) not in self._unstamped_signals:
+            self._unstamped_signals.add((device, prop))
+            log.warning(
+                "recorder %s: %s/%s sent a value without acq_stamp (0); stored at its receive "
+                "time (acq_stamp == recv_stamp), further ones are only counted "
+                "(missing_acq_stamps)",
+                self.recorder_id,
+                device,
+                prop,
+            )
 
     def _route(
         self, builder: SegmentBuilder, device: str, prop: str, sig: tuple[Any, ...], data: Any

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from rda.pipeline.store import Store
+
 __all__ = [
     "DataLike",
     "SchemaCatalog",
@@ -269,55 +271,67 @@ def _decode_type(text: str) -> pa.DataType:
 class SchemaCatalog:
     """Schema versions per (device, property), persisted under ``root/_schemas``.
 
-    Files are replaced atomically under an ``flock`` so recorders sharing a root agree on version
-    numbers. ``resolve`` is called by the single writer thread; readers may call ``versions``.
+    ``root`` is a local path, a store URI or a ``Store`` (``rda.pipeline.store``). On the local
+    disk, files are replaced atomically under an ``flock`` so recorders sharing a root agree on
+    version numbers. Other filesystems have no lock: there, a property's versions must be owned
+    by one recorder (recorders sharing a remote store record disjoint properties).
+    ``resolve`` is called by the single writer thread; readers may call ``versions``.
     """
 
-    def __init__(self, root: Path | str, recorder_id: str = "") -> None:
-        self.directory = Path(root) / "_schemas"
+    def __init__(self, root: Store | Path | str, recorder_id: str = "") -> None:
+        self.store = Store.open(root)
+        self.directory = self.store.path("_schemas")
         self.recorder_id = recorder_id
         self._current: dict[tuple[str, str], SchemaVersion] = {}
         self._lock = threading.Lock()
         self.changes = 0  # type changes that opened a new version (reported in statistics)
 
-    def _path(self, device: str, prop: str) -> Path:
+    def _path(self, device: str, prop: str) -> str:
         return (
-            self.directory
-            / f"device={partition_escape(device)}"
-            / f"property={partition_escape(prop)}.json"
+            f"{self.directory}/device={partition_escape(device)}"
+            f"/property={partition_escape(prop)}.json"
         )
 
+    def _entries(self, path: str) -> list[dict[str, Any]] | None:
+        """The versions recorded in one catalog file, or None when it does not exist."""
+        try:
+            payload = self.store.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        entries: list[dict[str, Any]] = json.loads(payload)["versions"]
+        return entries
+
     @contextlib.contextmanager
-    def _locked(self, path: Path) -> Iterator[list[dict[str, Any]]]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            versions: list[dict[str, Any]] = (
-                json.loads(path.read_text())["versions"] if path.exists() else []
-            )
+    def _locked(self, path: str) -> Iterator[list[dict[str, Any]]]:
+        if not self.store.local:
+            versions = self._entries(path) or []
             before = json.dumps(versions)
             yield versions
             if json.dumps(versions) != before:
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                self.store.write(path, json.dumps({"versions": versions}, indent=1).encode())
+            return
+        local = Path(path)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with open(local.with_suffix(".lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            versions = json.loads(local.read_text())["versions"] if local.exists() else []
+            before = json.dumps(versions)
+            yield versions
+            if json.dumps(versions) != before:
+                tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({"versions": versions}, indent=1))
                 with open(tmp, "rb") as handle:
                     os.fsync(handle.fileno())
-                os.replace(tmp, path)
+                os.replace(tmp, local)
 
     def versions(self, device: str, prop: str) -> list[dict[str, Any]]:
         """Every version of a property: ``number``, ``type`` (readable), ``since`` and ``recorder``."""
-        path = self._path(device, prop)
-        if not path.exists():
-            return []
-        entries: list[dict[str, Any]] = json.loads(path.read_text())["versions"]
+        entries = self._entries(self._path(device, prop)) or []
         return [{k: v for k, v in entry.items() if k != "arrow"} for entry in entries]
 
     def arrow_type(self, device: str, prop: str, number: int) -> pa.DataType | None:
         """The latest (widest) Arrow type of one version, or None if unknown."""
-        path = self._path(device, prop)
-        if not path.exists():
-            return None
-        for entry in json.loads(path.read_text())["versions"]:
+        for entry in self._entries(self._path(device, prop)) or []:
             if entry["number"] == number:
                 return _decode_type(entry["arrow"])
         return None
@@ -327,10 +341,7 @@ class SchemaCatalog:
         key = (device, prop)
         with self._lock:
             if key not in self._current:
-                path = self._path(device, prop)
-                if not path.exists():
-                    return None
-                entries = json.loads(path.read_text())["versions"]
+                entries = self._entries(self._path(device, prop))
                 if not entries:
                     return None
                 last = entries[-1]

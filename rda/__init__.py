@@ -11,7 +11,7 @@ import rda.security as security
 from rda._server import ServerBuilder
 from rda.business.client import ClientService
 from rda.business.client_access import AccessPoint
-from rda.business.client_stats import ClientStatistics
+from rda.business.client_stats import ClientStatistics, ServerConnectionStatistics
 from rda.business.client_subscription import Notification, Subscription
 from rda.business.common import AcquiredData
 from rda.business.config import Config, ConfigError
@@ -81,6 +81,7 @@ __all__ = [
     "RequestReplyCallback",
     "Server",
     "ServerBuilder",
+    "ServerConnectionStatistics",
     "ServerStatistics",
     "SetRequest",
     "StaticDirectory",

@@ -1,6 +1,10 @@
-"""rda.serialization: the Data container, its codecs, and the message header and body."""
+"""rda.serialization: the Data container, its codecs, and the message header and body.
 
-from rda.serialization._binary import DecodeLimits, decode, encode
+``implementation`` names the binary codec in use: "compiled" (the Cython extension, built by
+``pip install``) or "python" (the fallback, or forced with ``RDA_PURE_PYTHON=1``).
+"""
+
+from rda.serialization._binary import DecodeLimits, decode, encode, implementation
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import (
     DataContext,
@@ -40,6 +44,7 @@ __all__ = [
     "encode_header",
     "from_csv",
     "from_json",
+    "implementation",
     "to_csv",
     "to_json",
 ]

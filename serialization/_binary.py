@@ -20,16 +20,18 @@ is sliced or allocated, so hostile input costs at most what it weighs.
 from __future__ import annotations
 
 import math
+import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from rda.serialization._data import NUMERIC_DTYPES, Data, DataType
 from rda.serialization.errors import DecodeError
 
-__all__ = ["DecodeLimits", "decode", "encode"]
+__all__ = ["Codec", "DecodeLimits", "decode", "encode", "implementation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,7 @@ _BIG = 1 << 16  # above this, hand numpy's buffer to join instead of a tobytes()
 # ---------------------------------------------------------------------------------- encode
 
 
-def encode(data: Data) -> bytes:
+def encode_python(data: Data) -> bytes:
     """Encode ``data`` into its binary form (the DATA body frame)."""
     if not isinstance(data, Data):
         raise TypeError(f"encode needs a Data, not {type(data).__name__}")
@@ -188,7 +190,9 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
 # ---------------------------------------------------------------------------------- decode
 
 
-def decode(buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None) -> Data:
+def decode_python(
+    buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None
+) -> Data:
     """Decode a binary body into a Data.
 
     Numeric arrays are read-only views over ``buffer`` (zero-copy): they keep it alive, and
@@ -475,3 +479,49 @@ def _read_data_array(
     if pos != end:
         raise DecodeError(f"field {name!r}: {end - pos} stray bytes after the Data array", pos)
     return items, budget
+
+
+# ------------------------------------------------------------------ the implementation in use
+
+
+class _Decode(Protocol):
+    def __call__(
+        self, buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None
+    ) -> Data: ...
+
+
+class Codec(NamedTuple):
+    """One implementation of the binary codec: ``name`` is "python" or "compiled"."""
+
+    name: str
+    encode: Callable[[Data], bytes]
+    decode: _Decode
+
+
+PYTHON = Codec("python", encode_python, decode_python)
+
+
+def _load_compiled() -> Codec | None:
+    """The Cython build of this codec (``_cbinary``), or None when it was not built."""
+    try:
+        from rda.serialization import _cbinary
+    except ImportError:
+        return None
+    _cbinary.set_default_limits(DEFAULT_LIMITS)  # one source of the defaults: this module
+    return Codec("compiled", _cbinary.encode, _cbinary.decode)
+
+
+COMPILED = _load_compiled()
+# RDA_PURE_PYTHON=1 forces the pure-Python codec (to compare, or to rule the extension out).
+_PURE_WANTED = os.environ.get("RDA_PURE_PYTHON", "") not in ("", "0")
+_IN_USE = PYTHON if COMPILED is None or _PURE_WANTED else COMPILED
+
+implementation: str = _IN_USE.name
+"""Which codec ``encode``/``decode`` are: "compiled" (the Cython extension) or "python"."""
+
+encode: Callable[[Data], bytes] = _IN_USE.encode
+"""``encode(data: Data) -> bytes``: the binary form of ``data`` (the DATA body frame)."""
+
+decode: _Decode = _IN_USE.decode
+"""``decode(buffer, limits=None) -> Data``; any malformed input raises ``DecodeError`` naming
+the problem and its offset. Numeric arrays are read-only zero-copy views over ``buffer``."""

@@ -1,8 +1,13 @@
-"""The binary wire codec: round trips, golden bytes, fuzzing, zero-copy and decode limits."""
+"""The binary wire codec: round trips, golden bytes, fuzzing, zero-copy and decode limits.
+
+Every test runs against both implementations, the pure-Python one and the compiled one
+(``rda.serialization._binary.PYTHON`` / ``COMPILED``): see the ``implementation`` fixture.
+"""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,9 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rda.serialization import Data, DataType, DecodeError, DecodeLimits, decode, encode
+from rda.serialization import Data, DataType, DecodeError, DecodeLimits, _binary, decode, encode
 
 T = DataType
+
+
+@pytest.fixture(autouse=True, scope="module", params=["python", "compiled"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the module once per codec: the tests call the module-level ``encode``/``decode``,
+    rebound here, so each test body stays the one contract both implementations must meet.
+    Module scope: hypothesis refuses function-scoped fixtures around ``@given``."""
+    codec = _binary.PYTHON if request.param == "python" else _binary.COMPILED
+    if codec is None:
+        pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
+    names = globals()
+    saved = names["encode"], names["decode"]
+    names["encode"], names["decode"] = codec.encode, codec.decode
+    yield codec.name
+    names["encode"], names["decode"] = saved
+
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=6)
 texts = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8)

@@ -177,6 +177,7 @@ def test_subscribe_count_prints_lines_and_summary(server: tuple[Server, Correcto
     assert updates[0]["data"]["mode"] == 3
     assert all(u["update"] in ("FIRST", "NORMAL") for u in updates)
     assert summary["updates"] == 3 and summary["errors"] == 0
+    assert summary["reconnects"] == 0  # the connection held
 
 
 def test_subscribe_human_lines_and_duration(server: tuple[Server, Corrector]) -> None:

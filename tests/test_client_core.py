@@ -572,12 +572,35 @@ def test_events_reported_before_connect_returns_are_replayed(no_thread_leak: Non
             fut.result(timeout=5)
 
 
-def test_without_subscriptions_nothing_reconnects_until_needed(client: Fixture) -> None:
+def test_endpoint_used_only_by_admin_reconnects_only_when_needed(client: Fixture) -> None:
+    # Issue 12 changed this for access points (they reconnect in the background, below); an
+    # endpoint reached only by admin requests (a one-off CLI call) still waits for the next one.
     service, transport, clock = client
-    ap = service.access_point("PS1", "Acquisition")
-    ap.get_async()
+    service.admin_async(ENDPOINT, "ping")
     transport.handler.on_disconnected(transport.connects[0][0], "peer gone")
     clock.advance(5.0)
     assert len(transport.connects) == 1
-    ap.get_async()
+    (state,) = service.statistics().servers
+    assert (state.state, state.last_reason) == ("disconnected", "peer gone")
+    service.admin_async(ENDPOINT, "ping")
     assert len(transport.connects) == 2
+
+
+def test_idle_access_point_reconnects_after_the_back_off(client: Fixture) -> None:
+    service, transport, clock = client
+    ap = service.access_point("PS1", "Acquisition")
+    ap.get_async()
+    first = transport.connects[0][0]
+    transport.handler.on_connected(first, {})
+    assert [s.state for s in service.statistics().servers] == ["connected"]
+    transport.handler.on_disconnected(first, "peer gone")
+    (state,) = service.statistics().servers
+    assert (state.state, state.reconnects, state.devices) == ("reconnecting", 0, ("PS1",))
+    assert len(transport.connects) == 1
+    clock.advance(0.05)  # past the first back-off (at most reconnect_initial = 20 ms)
+    wait_for(lambda: len(transport.connects) == 2)
+    transport.handler.on_connected(transport.connects[1][0], {})
+    (state,) = service.statistics().servers
+    assert (state.state, state.reconnects, state.connects) == ("connected", 1, 2)
+    ap.get_async()
+    assert len(transport.connects) == 2  # the request found the connection up
