@@ -35,13 +35,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _structure
 import numpy as np
 import zmq
 
@@ -245,6 +245,8 @@ def rda_server(port: int = 0) -> Server:
         .devices("*")
         .immediate_updates(False)
         .directory(None)
+        # --inline-handlers (passed to a --serve child through the environment)
+        .inline_handlers(os.environ.get("RDA_BENCH_INLINE") == "1")
         .build()
     )
     handler.server = server
@@ -472,12 +474,14 @@ def rda_resume(restarts: int) -> dict[str, Any]:
 
 
 def serve(kind: str) -> None:
-    """Child process: run a raw or rda server, print its endpoint, stop when stdin closes."""
+    """Child process: run a raw or rda server, print its endpoint, answer ``counts`` lines
+    (structural counts, see _structure), stop when stdin closes."""
+    _structure.install()
     if kind == "raw":
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         raw = RawServer(ctx)
         print(raw.endpoint, flush=True)
-        sys.stdin.read()
+        _structure.serve_counts_loop()
         raw.stop.set()
         raw.thread.join()
         ctx.term()
@@ -485,34 +489,13 @@ def serve(kind: str) -> None:
         server = rda_server()
         server.start()
         print(server.endpoint, flush=True)
-        sys.stdin.read()
+        _structure.serve_counts_loop()
         server.stop()
 
 
-class Child:
+def Child(kind: str) -> _structure.Child:
     """``rpc.py --serve kind`` in a child process; ``endpoint`` once it listens."""
-
-    def __init__(self, kind: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", kind],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.endpoint = self.proc.stdout.readline().strip()
-        if not self.endpoint:
-            self.close()
-            raise RuntimeError(f"the {kind} server process did not start")
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return _structure.Child(os.path.abspath(__file__), kind)
 
 
 def in_child(kind: str, run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
@@ -556,6 +539,14 @@ def main() -> None:
     parser.add_argument(
         "--mode", choices=("in_process", "separate_process", "both"), default="both"
     )
+    parser.add_argument(
+        "--no-structure", action="store_true", help="skip the structural counts (and strace)"
+    )
+    parser.add_argument(
+        "--inline-handlers",
+        action="store_true",
+        help="rda servers run gets/sets on their dispatcher (ServerBuilder.inline_handlers)",
+    )
     parser.add_argument("--serve", choices=("raw", "rda"), help=argparse.SUPPRESS)
     parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     args = parser.parse_args()
@@ -573,14 +564,27 @@ def main() -> None:
     args.mib_gets = 10 if args.quick else 100
     args.updates = 2000 if args.quick else 40000
     args.restarts = 2 if args.quick else 5
+    args.structure_ops = 500 if args.quick else 2000
+    if args.inline_handlers:
+        os.environ["RDA_BENCH_INLINE"] = "1"
+    _structure.install()
 
-    report: dict[str, Any] = {"load_average_before": os.getloadavg()}
+    report: dict[str, Any] = {
+        "load_average_before": os.getloadavg(),
+        "inline_handlers": args.inline_handlers,
+    }
     if args.mode in ("in_process", "both"):
         report["in_process"] = compare(raw_benchmarks(args), rda_benchmarks(args))
     if args.mode in ("separate_process", "both"):
         raw = in_child("raw", lambda endpoint: raw_benchmarks(args, endpoint))
         rda = in_child("rda", lambda endpoint: rda_benchmarks(args, endpoint))
         report["separate_process"] = compare(raw, rda)
+    if not args.no_structure:
+        # Separate processes (the deployment arrangement): each side's counts are its own.
+        report["structure_per_operation"] = {
+            "raw": _structure.raw_structure(Child, args.structure_ops),
+            "rda": _structure.rda_structure(Child, args.structure_ops),
+        }
     report["load_average_after"] = os.getloadavg()
     json.dump(report, sys.stdout, indent=2)
     print()

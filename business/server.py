@@ -79,6 +79,7 @@ class ServerBuilder:
         self._config: Config | None = None
         self._overrides: dict[str, Any] = {}
         self._immediate = True
+        self._inline = False
         self._directory: FileDirectory | None = _UNSET
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -133,6 +134,13 @@ class ServerBuilder:
     def request_timeout(self, seconds: float) -> ServerBuilder:
         """Deadline for requests whose client sent none (and for FIRST/IMMEDIATE gets)."""
         self._overrides["request_timeout"] = seconds
+        return self
+
+    def inline_handlers(self, enabled: bool = True) -> ServerBuilder:
+        """Run gets and sets on the transport's dispatcher thread when their device has
+        nothing queued or running (no worker hop: lower latency). Only for handlers that never
+        block: while one runs, the server receives nothing, admin requests included."""
+        self._inline = enabled
         return self
 
     def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
@@ -216,6 +224,7 @@ class ServerBuilder:
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
             immediate_updates=self._immediate,
+            inline_handlers=self._inline,
             directory=directory,
             transport_factory=self._transport,
             clock=self._clock,
@@ -248,9 +257,11 @@ class Server:
         metrics_port: int | None,
         on_start: list[Hook],
         on_stop: list[Hook],
+        inline_handlers: bool = False,
         curve: ServerCurve | None = None,
     ) -> None:
         self.name = name
+        self._inline = inline_handlers
         self.config = config
         self.metrics_port = metrics_port
         self.started_at = 0.0
@@ -323,6 +334,7 @@ class Server:
             clock=self._clock,
             default_timeout=config.request_timeout,
             immediate_updates=self._immediate,
+            inline_handlers=self._inline,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -448,6 +460,7 @@ class Server:
             "heartbeat_timeout": c.heartbeat_timeout,
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
+            "inline_handlers": self._inline,
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }

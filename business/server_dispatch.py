@@ -97,6 +97,7 @@ class Dispatch:
         clock: Callable[[], float],
         default_timeout: float,
         immediate_updates: bool,
+        inline_handlers: bool = False,
     ) -> None:
         self._server = server
         self._scheduler = scheduler
@@ -108,6 +109,9 @@ class Dispatch:
         self._clock = clock
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
+        # Gets and sets run on the transport's dispatcher when their device group is idle
+        # (ServerBuilder.inline_handlers): the handlers promised never to block.
+        self._inline = inline_handlers
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
         self._transport: ServerTransport | None = None
@@ -159,9 +163,14 @@ class Dispatch:
             request = new_request(
                 message, client, received_at, self._respond, self._counters.late_completion
             )
-            if not self._scheduler.submit(
-                header.device, partial(self._run, request), partial(self._overload, request)
+            run = partial(self._run, request)
+            if (
+                self._inline
+                and rtype is not RequestType.SUBSCRIBE
+                and self._scheduler.run_inline(header.device, run)
             ):
+                return
+            if not self._scheduler.submit(header.device, run, partial(self._overload, request)):
                 self._overload(request)
         elif rtype is RequestType.ADMIN:
             task = partial(self._run_admin, peer, message, client, received_at)

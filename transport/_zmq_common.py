@@ -1,14 +1,13 @@
 """Pieces shared by the ZeroMQ client and server transports.
 
-* :class:`SendPipe` / :func:`open_pipe_pull` / :func:`recv_pipe`: the inproc PUSH -> PULL
-  hand-off from user threads to the dispatcher (RDA3 paper, "Communication with the Business
-  Layer"): the PUSH has a send high-water mark, so a flooding producer blocks instead of growing
-  memory. A small message crosses it as one packed frame (see :func:`pack_pipe`).
+* :class:`Selector`: the dispatcher's poll over its ZeroMQ sockets and its mailbox
+  (``_mailbox``: the hand-off from user and worker threads, RDA3 paper "Communication with the
+  Business Layer", bounded so that a flooding producer blocks instead of growing memory).
 * :func:`decode_monitor_event`: socket-monitor messages, so a closed TCP connection is noticed
   in milliseconds instead of after the heartbeat timeout.
 * :func:`close_socket`: linger-bounded close that never raises.
 * :class:`DispatcherShell`: what both transports wrap around their dispatcher loop (the
-  context, the pipe, the named thread, the idempotent bounded ``close``).
+  context, the mailbox, the named thread, the idempotent bounded ``close``).
 """
 
 from __future__ import annotations
@@ -20,33 +19,26 @@ import select
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import zmq
 
 from rda.serialization.errors import TransportError
+from rda.transport._mailbox import Mailbox
 from rda.transport._peers import Counters
 from rda.transport.api import TransportSettings
 
 __all__ = [
     "BATCH",
     "GONE_EVENTS",
-    "PACK_LIMIT",
-    "PIPE_SEND_TIMEOUT_MS",
     "DispatcherShell",
     "Selector",
-    "SendPipe",
     "close_monitored",
     "close_socket",
     "decode_monitor_event",
     "open_monitor",
-    "open_pipe_pull",
-    "pack_pipe",
-    "pipe_address",
     "recv_frames",
-    "recv_pipe",
     "send_frames",
     "send_routed",
 ]
@@ -57,9 +49,6 @@ log = logging.getLogger("rda.transport")
 # poll system call under load (ZeroMQ chapter, "Batching"), small enough that one busy socket
 # cannot starve the others or the heartbeat checks.
 BATCH = 256
-
-# A producer blocked on a full pipe wakes this often to notice that the transport was closed.
-PIPE_SEND_TIMEOUT_MS = 50
 
 _MONITOR_EVENT = struct.Struct("=hi")
 
@@ -145,6 +134,10 @@ class Selector:
     or receive may have consumed a signal). Everything else is left to one ``poll(2)``.
     The dispatcher must call :meth:`touch` after sending on a socket; sockets reported ready
     are re-checked automatically.
+
+    The dispatcher's :class:`Mailbox` (``attach``) is reported ready, as ``(mailbox,
+    POLLIN)``, whenever it holds items; its ``sleeping`` flag is set only around the one
+    ``poll(2)`` that may sleep, so producers signal only then.
     """
 
     def __init__(self) -> None:
@@ -153,6 +146,25 @@ class Selector:
         self._fd: dict[zmq.Socket[bytes], int] = {}
         self._dirty: set[zmq.Socket[bytes]] = set()
         self._poll = select.poll()
+        self._mailbox: Mailbox | None = None
+        self._mailbox_on = False
+
+    def attach(self, mailbox: Mailbox) -> None:
+        """Watch ``mailbox`` (one per selector)."""
+        self._mailbox = mailbox
+        self.watch_mailbox(True)
+
+    def watch_mailbox(self, on: bool) -> None:
+        """Stop (back-pressure: the producers block on the full mailbox) or resume taking
+        from the mailbox."""
+        mailbox = self._mailbox
+        if mailbox is None or on == self._mailbox_on:
+            return
+        self._mailbox_on = on
+        if on:
+            self._poll.register(mailbox.fd, select.POLLIN)
+        else:
+            self._poll.unregister(mailbox.fd)
 
     def register(self, sock: zmq.Socket[bytes], flags: int) -> None:
         fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # an int for FD
@@ -189,7 +201,7 @@ class Selector:
         if not self._flags.get(sock, 0) & zmq.POLLOUT:
             self._dirty.discard(sock)
 
-    def _ready(self, socks: Iterable[zmq.Socket[bytes]]) -> list[tuple[zmq.Socket[bytes], int]]:
+    def _ready(self, socks: Iterable[zmq.Socket[bytes]]) -> list[tuple[Any, int]]:
         ready = []
         flags = self._flags
         for sock in socks:
@@ -200,172 +212,36 @@ class Selector:
                     ready.append((sock, events))
         return ready
 
-    def poll(self, timeout_ms: int) -> list[tuple[zmq.Socket[bytes], int]]:
-        """Sockets with wanted events; waits up to ``timeout_ms`` (-1: forever) for one."""
+    def poll(self, timeout_ms: int) -> list[tuple[Any, int]]:
+        """Sockets (and the mailbox) with wanted events; waits up to ``timeout_ms`` (-1:
+        forever) for one."""
+        mailbox = self._mailbox if self._mailbox_on else None
+        ready: list[tuple[Any, int]] = []
         if self._dirty:
             dirty = list(self._dirty)
             self._dirty.clear()
             ready = self._ready(dirty)
-            if ready:
-                self._dirty.update(s for s, _ in ready)
-                return ready
+            self._dirty.update(s for s, _ in ready)
+        if mailbox is not None:
+            if not ready:
+                # Set the flag, THEN look at the queue (see _mailbox for why that order).
+                mailbox.sleeping = True
+            if mailbox.items:
+                mailbox.sleeping = False
+                ready.append((mailbox, zmq.POLLIN))
+        if ready:
+            return ready
         fired = self._poll.poll(None if timeout_ms < 0 else timeout_ms)
         by_fd = self._by_fd
         ready = self._ready(by_fd[fd] for fd, _ in fired if fd in by_fd)
         self._dirty.update(s for s, _ in ready)
+        if mailbox is not None:
+            mailbox.sleeping = False
+            if any(fd == mailbox.fd for fd, _ in fired):
+                mailbox.clear_signal()
+            if mailbox.items:
+                ready.append((mailbox, zmq.POLLIN))
         return ready
-
-
-# A pipe message is an operation head (the transport's own bytes: operation and target) plus
-# the message frames. pyzmq releases the GIL around every frame it sends or receives, and each
-# release is a chance for another thread to take the interpreter for a whole switch interval,
-# so a small message crosses the pipe as ONE frame:
-#   PACKED, n (u32), len(head) (u32), n x len(frame) (u32), head, frame 0, ..., frame n-1
-# and the dispatcher cuts it up with memoryview slices. From PACK_LIMIT bytes of frames on,
-# the copy costs more than the calls it saves: frame 0 is MULTI, n, 0 followed by the head
-# in the same frame, then the n frames as given (zero-copy above pyzmq's copy threshold).
-PACK_LIMIT = 65536
-_PACKED, _MULTI = 1, 0
-_PIPE_PREFIX = struct.Struct("<BII")
-_LAYOUTS: dict[int, struct.Struct] = {}
-
-
-def _layout(n: int) -> struct.Struct:
-    """``<BII`` plus ``n`` frame lengths; cached for the frame counts messages have (one
-    frame per target in a publish)."""
-    layout = _LAYOUTS.get(n)
-    if layout is None:
-        layout = struct.Struct(f"<BII{n}I")
-        if n < 1024:
-            _LAYOUTS[n] = layout
-    return layout
-
-
-def _nbytes(frame: Any) -> int:
-    # len() of a memoryview counts items, not bytes (a view of a float64 array).
-    return len(frame) if type(frame) is bytes else memoryview(frame).nbytes
-
-
-def pack_pipe(head: bytes, frames: Sequence[Any]) -> bytes | list[Any]:
-    """One pipe message: a single packed ``bytes`` or, for big ones, the multi-frame list."""
-    sizes = [_nbytes(f) for f in frames]
-    if sum(sizes) < PACK_LIMIT:
-        prefix = _layout(len(sizes)).pack(_PACKED, len(sizes), len(head), *sizes)
-        return b"".join((prefix, head, *frames))
-    return [_PIPE_PREFIX.pack(_MULTI, len(sizes), 0) + head, *frames]
-
-
-def recv_pipe(sock: zmq.Socket[bytes]) -> tuple[bytes, list[Any]] | None:
-    """One pipe message as ``(head, frames)``, or None when none is waiting.
-
-    Packed frames come back as memoryview slices of the one received ``bytes`` (no copy);
-    a multi-frame message's frames as ``zmq.Frame`` objects (no copy). The first frame is
-    received as ``bytes``: for a message this small that is cheaper than a ``zmq.Frame``.
-    """
-    try:
-        first: bytes = _backend_recv(sock, _NOBLOCK, True)
-    except zmq.Again:
-        return None
-    flag, n, head_size = _PIPE_PREFIX.unpack_from(first)
-    if flag == _MULTI:
-        return first[_PIPE_PREFIX.size :], [_backend_recv(sock, _NOBLOCK, False) for _ in range(n)]
-    offset = _PIPE_PREFIX.size + 4 * n
-    sizes = _layout(n).unpack_from(first)[3:]
-    head = first[offset : offset + head_size]
-    offset += head_size
-    view = memoryview(first)
-    frames: list[Any] = []
-    for size in sizes:
-        frames.append(view[offset : offset + size])
-        offset += size
-    return head, frames
-
-
-def pipe_address(kind: str) -> str:
-    """A unique inproc endpoint, so many transports can share one context."""
-    return f"inproc://rda-{kind}-{uuid.uuid4().hex}"
-
-
-def open_pipe_pull(
-    context: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int
-) -> zmq.Socket[bytes]:
-    pull = context.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.setsockopt(zmq.RCVHWM, hwm)
-    pull.bind(address)
-    return pull
-
-
-class SendPipe:
-    """The producer end of the hand-off: one PUSH shared by every thread behind a lock.
-
-    ZeroMQ sockets are not thread-safe; a lock around one socket is cheaper than one socket per
-    thread (no per-thread sockets to find and close at shutdown) and serialises nothing that
-    would not be serialised by the single dispatcher anyway. Each hand-off is one pipe message
-    (the HWM counts messages); a small one is packed into one frame before the lock is taken,
-    the frames of a big one travel without a copy and must not be modified after ``send``.
-    """
-
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int) -> None:
-        self._lock = threading.Lock()
-        self._closed = False
-        self._sock: zmq.Socket[bytes] = context.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        # The inproc pipe's capacity is the sum of both ends' HWMs; the PULL end is set to the
-        # same value, so the pipe holds at most about 2 * send_hwm messages.
-        self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.SNDTIMEO, PIPE_SEND_TIMEOUT_MS)
-        self._sock.connect(address)
-
-    def send(self, head: bytes, frames: Sequence[zmq.Frame | bytes | memoryview] = ()) -> bool:
-        """Hand one message (``head``: the operation, then ``frames``) to the dispatcher;
-        blocks while the pipe is full. Returns False (and sends nothing) once it is closed.
-        """
-        message = pack_pipe(head, frames)
-        with self._lock:
-            while not self._closed:
-                try:
-                    if type(message) is bytes:
-                        _backend_send(self._sock, message, 0, True)
-                    else:
-                        send_frames(self._sock, message, block=True)
-                    return True
-                except zmq.Again:
-                    continue  # still full: look at _closed again, then keep waiting
-                except zmq.ZMQError as exc:
-                    if exc.errno == zmq.ETERM:
-                        return False
-                    raise TransportError(
-                        f"hand-off to the dispatcher failed: {exc}", exc.errno
-                    ) from exc
-            return False
-
-    def wake(self, head: bytes, timeout: float) -> bool:
-        """Send a wake-up even after ``mark_closed``; waits at most ``timeout`` for the lock.
-
-        A full pipe needs no wake-up (the dispatcher has work and checks its closing flag on
-        every round), so EAGAIN is fine.
-        """
-        if not self._lock.acquire(timeout=max(timeout, 0.0)):
-            return False
-        try:
-            if self._sock.closed:
-                return False
-            _backend_send(self._sock, _layout(0).pack(_PACKED, 0, len(head)) + head, _NOBLOCK, True)
-            return True
-        except zmq.ZMQError:
-            return False
-        finally:
-            self._lock.release()
-
-    def mark_closed(self) -> None:
-        """Make blocked and future ``send`` calls return False (lock-free: a flag)."""
-        self._closed = True
-
-    def close(self) -> None:
-        self._closed = True
-        with self._lock:
-            close_socket(self._sock)
 
 
 def open_monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
@@ -408,10 +284,9 @@ class DispatcherShell(Counters, abc.ABC):
     """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
 
     A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
-    :meth:`_close_pipe` and :meth:`_term_context` on its way out) and its counters (it also
+    :meth:`_close_mailbox` and :meth:`_term_context` on its way out) and its counters (it also
     derives from ``ServerCounters`` or ``ClientCounters`` and initialises them). ``side`` is
-    "client" or "server": it names the thread ``rda-<side>-dispatcher``, the inproc pipe and
-    the log messages. ``wake`` is the pipe head that only wakes the dispatcher.
+    "client" or "server": it names the thread ``rda-<side>-dispatcher`` and the log messages.
     """
 
     def __init__(
@@ -420,7 +295,6 @@ class DispatcherShell(Counters, abc.ABC):
         settings: TransportSettings,
         context: zmq.Context[zmq.Socket[bytes]] | None,
         clock: Callable[[], float],
-        wake: bytes,
         logger: logging.Logger,
     ) -> None:
         self._side = side
@@ -428,11 +302,8 @@ class DispatcherShell(Counters, abc.ABC):
         self._own_context = context is None
         self._context = context
         self._clock = clock
-        self._wake = wake
         self._log = logger
-        self._address = pipe_address(side)
-        self._pipe: SendPipe | None = None
-        self._pull: zmq.Socket[bytes] | None = None
+        self._mailbox: Mailbox | None = None
         self._poller = Selector()
         self._thread: threading.Thread | None = None
         self._thread_id: int | None = None
@@ -446,18 +317,18 @@ class DispatcherShell(Counters, abc.ABC):
                 return
             self._closed = True
         self._closing = True
-        thread, pipe = self._thread, self._pipe
+        thread, mailbox = self._thread, self._mailbox
         if thread is None:  # never started
             self._term_context()
             return
         if self._on_dispatcher():
             # A handler asked: the dispatcher cannot join itself; it cleans up on its way out.
             return
-        assert pipe is not None
+        assert mailbox is not None
         limit = self._settings.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        pipe.mark_closed()  # producers blocked on a full pipe give up within 50 ms
-        pipe.wake(self._wake, min(limit, 0.1))
+        mailbox.mark_closed()  # producers blocked on a full mailbox give up within 50 ms
+        mailbox.wake(min(limit, 0.1))
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             self._log.warning(
@@ -472,14 +343,12 @@ class DispatcherShell(Counters, abc.ABC):
             self._context = zmq.Context()
         return self._context
 
-    def _open_pipe(self) -> zmq.Socket[bytes]:
-        """Bind the PULL end (watched for POLLIN) and connect the producers' PUSH end."""
-        assert self._context is not None
-        hwm = max(1, self._settings.send_hwm)
-        self._pull = pull = open_pipe_pull(self._context, self._address, hwm)
-        self._poller.register(pull, zmq.POLLIN)
-        self._pipe = SendPipe(self._context, self._address, hwm)
-        return pull
+    def _open_mailbox(self) -> Mailbox:
+        """The producers' hand-off, watched by the poller. It holds ``2 * send_hwm``
+        messages: what the inproc PUSH -> PULL pipe it replaced held (an HWM at each end)."""
+        self._mailbox = mailbox = Mailbox(2 * max(1, self._settings.send_hwm))
+        self._poller.attach(mailbox)
+        return mailbox
 
     def _start_thread(self) -> None:
         name = f"rda-{self._side}-dispatcher"
@@ -505,11 +374,9 @@ class DispatcherShell(Counters, abc.ABC):
         self._handler_errors += 1
         self._log.exception("%s handler %s raised; the dispatcher carries on", self._side, what)
 
-    def _close_pipe(self) -> None:
-        if self._pipe is not None:
-            self._pipe.close()
-        if self._pull is not None:
-            close_socket(self._pull)
+    def _close_mailbox(self) -> None:
+        if self._mailbox is not None:
+            self._mailbox.close()
 
     def _term_context(self) -> None:
         if self._own_context and self._context is not None:

@@ -2,9 +2,10 @@
 
 Threading (DESIGN.md §2, RDA3 paper "Dispatcher Thread"): the thread named
 ``rda-client-dispatcher`` owns every zmq socket of this transport. User threads reach it through
-an inproc PUSH -> PULL pipe with a high-water mark (``send_hwm``), so a flooding producer blocks.
-Calls made *on* the dispatcher thread (from a handler) skip the pipe and act directly: that is
-both the fastest path and the only one that cannot deadlock on a full pipe.
+a bounded mailbox (``_mailbox``: a deque of Python objects, 2 x ``send_hwm`` messages, and a
+wake-up descriptor written only while the dispatcher sleeps), so a flooding producer blocks.
+Calls made *on* the dispatcher thread (from a handler) skip the mailbox and act directly: that
+is both the fastest path and the only one that cannot deadlock on a full mailbox.
 
 Handlers run on the dispatcher after only the header was parsed; they must be fast and never
 block (hand the message to a scheduler). The transport never reconnects: a connection that is
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import threading
 import time
 import uuid
@@ -30,6 +30,7 @@ import zmq
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._curve import ClientCurve, apply_client
+from rda.transport._mailbox import Mailbox
 from rda.transport._peers import (
     CLOSED_LOCALLY,
     HANDSHAKE_REFUSED,
@@ -63,9 +64,8 @@ __all__ = ["ZmqClientTransport", "default_client_info"]
 
 log = logging.getLogger("rda.transport.client")
 
-# Pipe message head: operation and connection id.
-_OP = struct.Struct("<BQ")
-_SEND, _CONNECT, _DISCONNECT, _WAKE = 0, 1, 2, 3
+# Mailbox items: (operation, connection id, frames or endpoint or None).
+_SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
 _HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
@@ -109,7 +109,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         clock: Callable[[], float] = time.monotonic,
         curve: ClientCurve | None = None,
     ) -> None:
-        super().__init__("client", settings, context, clock, _OP.pack(_WAKE, 0), log)
+        super().__init__("client", settings, context, clock, log)
         self._handler = handler
         self._curve = curve
         self._info = default_client_info()
@@ -120,7 +120,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         self._by_socket: dict[zmq.Socket[bytes], _Connection] = {}
         self._by_monitor: dict[zmq.Socket[bytes], _Connection] = {}
         self._backlog_total = 0
-        self._pipe_paused = False
+        self._mailbox_paused = False
         ClientCounters.__init__(self)
         self._next_timer = float("inf")
         self._connected = 0
@@ -129,14 +129,14 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
 
     def start(self) -> None:
         self._begin_start()
-        self._open_pipe()
+        self._open_mailbox()
         self._start_thread()
 
     def connect(self, endpoint: str) -> int:
         conn = next(self._ids)
         if self._on_dispatcher():
             self._open(conn, endpoint)
-        elif not self._pipe_or_raise().send(_OP.pack(_CONNECT, conn), [endpoint.encode()]):
+        elif not self._mailbox_or_raise().put((_CONNECT, conn, endpoint)):
             raise TransportError("the transport is closed")
         return conn
 
@@ -146,39 +146,39 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             if c is not None:
                 self._send_on(c, frames)
             return
-        pipe = self._pipe
-        if pipe is not None:
-            pipe.send(_OP.pack(_SEND, connection), frames)
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.put((_SEND, connection, frames))
 
     def disconnect(self, connection: int) -> None:
         if self._on_dispatcher():
             self._drop_id(connection, CLOSED_LOCALLY)
-        elif self._pipe is not None:
-            self._pipe.send(_OP.pack(_DISCONNECT, connection))
+        elif self._mailbox is not None:
+            self._mailbox.put((_DISCONNECT, connection, None))
 
     def statistics(self) -> ClientTransportStatistics:
         return self._statistics(self._connected)
 
     # ------------------------------------------------------------------ helpers
 
-    def _pipe_or_raise(self) -> common.SendPipe:
-        if self._pipe is None:
+    def _mailbox_or_raise(self) -> Mailbox:
+        if self._mailbox is None:
             raise TransportError("the transport is not started")
-        return self._pipe
+        return self._mailbox
 
     # --------------------------------------------------------------- dispatcher thread
 
     def _run(self) -> None:
         self._thread_id = threading.get_ident()
-        pull = self._pull
-        assert pull is not None
+        mailbox = self._mailbox
+        assert mailbox is not None
         poll = self._poller.poll
         try:
             while not self._closing:
                 for sock, event in poll(self._timeout_ms(self._next_timer)):
                     try:
-                        if sock is pull:
-                            self._drain_pipe(pull)
+                        if sock is mailbox:
+                            self._drain_mailbox(mailbox)
                         elif (c := self._by_socket.get(sock)) is not None:
                             if event & zmq.POLLIN:
                                 self._drain_dealer(c)
@@ -201,24 +201,26 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         finally:
             self._shutdown()
 
-    def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
-        for _ in range(common.BATCH):
-            message = common.recv_pipe(pull)
-            if message is None:
-                self._poller.settle(pull)
-                return
-            head, frames = message
-            op, conn = _OP.unpack(head)
-            if op == _SEND:
-                c = self._conns.get(conn)
-                if c is not None:
-                    self._send_on(c, frames)
-            elif op == _CONNECT:
-                self._open(conn, bytes(frames[0]).decode())
-            elif op == _DISCONNECT:
-                self._drop_id(conn, CLOSED_LOCALLY)
-            if self._closing or self._pipe_paused:
-                return
+    def _drain_mailbox(self, mailbox: Mailbox) -> None:
+        take = mailbox.items.popleft
+        try:
+            for _ in range(common.BATCH):
+                try:
+                    op, conn, payload = take()
+                except IndexError:
+                    return
+                if op == _SEND:
+                    c = self._conns.get(conn)
+                    if c is not None:
+                        self._send_on(c, payload)
+                elif op == _CONNECT:
+                    self._open(conn, payload)
+                elif op == _DISCONNECT:
+                    self._drop_id(conn, CLOSED_LOCALLY)
+                if self._closing or self._mailbox_paused:
+                    return
+        finally:
+            mailbox.taken()
 
     def _open(self, conn: int, endpoint: str) -> None:
         assert self._context is not None
@@ -272,11 +274,11 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     def _push_backlog(self, c: _Connection, frames: Sequence[Any]) -> None:
         c.backlog.append(frames)
         self._backlog_total += 1
-        if self._backlog_total >= self._settings.peer_queue_limit and not self._pipe_paused:
-            # Stop taking messages from user threads: they block on the pipe (back-pressure).
-            self._pipe_paused = True
-            assert self._pull is not None
-            self._poller.modify(self._pull, 0)
+        if self._backlog_total >= self._settings.peer_queue_limit and not self._mailbox_paused:
+            # Stop taking messages from user threads: they block on the full mailbox
+            # (back-pressure).
+            self._mailbox_paused = True
+            self._poller.watch_mailbox(False)
 
     def _send_on(self, c: _Connection, frames: Sequence[Any]) -> None:
         if c.state is ConnState.CONNECTING:
@@ -318,13 +320,12 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             c.connect_sent = True
         if c.id in self._conns:
             self._poller.modify(c.sock, zmq.POLLIN)
-        self._resume_pipe()
+        self._resume_mailbox()
 
-    def _resume_pipe(self) -> None:
-        if self._pipe_paused and self._backlog_total < self._settings.peer_queue_limit // 2 + 1:
-            self._pipe_paused = False
-            assert self._pull is not None
-            self._poller.modify(self._pull, zmq.POLLIN)
+    def _resume_mailbox(self) -> None:
+        if self._mailbox_paused and self._backlog_total < self._settings.peer_queue_limit // 2 + 1:
+            self._mailbox_paused = False
+            self._poller.watch_mailbox(True)
 
     def _drain_dealer(self, c: _Connection) -> None:
         sock = c.sock
@@ -448,7 +449,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._by_monitor.pop(c.monitor, None)
             self._poller.unregister(c.monitor)
         common.close_monitored(c.sock, c.monitor)
-        self._resume_pipe()
+        self._resume_mailbox()
 
     def _notify_disconnected(self, conn: int, reason: str) -> None:
         try:
@@ -461,5 +462,5 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         self._closing = True
         for c in list(self._conns.values()):
             self._drop(c, CLOSED_LOCALLY)
-        self._close_pipe()
+        self._close_mailbox()
         self._term_context()

@@ -1,8 +1,9 @@
 """The server transport: one dispatcher thread over one ROUTER for every client.
 
 Threading as the client (see ``zmq_client``): the thread ``rda-server-dispatcher`` owns the
-ROUTER, its monitor and the PULL end of the inproc pipe through which worker threads hand
-replies and notifications over (blocking at ``send_hwm``). docs/transport.md has the details:
+ROUTER and its monitor, and takes replies and notifications from worker threads out of its
+bounded mailbox (``_mailbox``; a producer blocks at 2 x ``send_hwm`` messages). docs/transport.md
+has the details:
 
 * slow clients: non-blocking sends with ``ROUTER_MANDATORY``; on EAGAIN a message waits in that
   peer's bounded, conflating outbox (``_outbox``) and is retried on POLLOUT, with a backoff
@@ -17,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +28,7 @@ import zmq
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._curve import ServerCurve, ZapHandler, apply_server
+from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
 from rda.transport._peers import (
     CLOSED_LOCALLY,
@@ -68,12 +69,9 @@ __all__ = ["ZmqServerTransport"]
 
 log = logging.getLogger("rda.transport.server")
 
-# Pipe message head: operation, flag (has key / conflatable), key or target count; then the
-# routing id of the peer for SEND and DISCONNECT, the packed targets for PUBLISH.
-_OP = struct.Struct("<BBQ")
-_SEND, _PUBLISH, _DISCONNECT, _WAKE = 0, 1, 2, 3
-# PUBLISH head after _OP: per target a subscription id and the routing id's length, then the id.
-_TARGET = struct.Struct("<QB")
+# Mailbox items: (_SEND, routing id, frames, conflation key or None),
+# (_PUBLISH, targets, tail, conflatable), (_DISCONNECT, routing id, None, None).
+_SEND, _PUBLISH, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
@@ -107,7 +105,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         sndhwm: int = 1000,
         curve: ServerCurve | None = None,
     ) -> None:
-        super().__init__("server", settings, context, clock, _OP.pack(_WAKE, 0, 0), log)
+        super().__init__("server", settings, context, clock, log)
         self._requested = endpoint
         self._endpoint = endpoint
         self._handler = handler
@@ -161,7 +159,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._monitor = (
             None if self._endpoint.startswith("inproc://") else common.open_monitor(router)
         )
-        self._open_pipe()
+        self._open_mailbox()
         self._poller.register(router, zmq.POLLIN)
         if self._monitor is not None:
             self._poller.register(self._monitor, zmq.POLLIN)
@@ -173,10 +171,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if self._on_dispatcher():
             self._deliver(peer, frames, conflate_key)
             return
-        pipe = self._pipe
-        if pipe is not None:
-            head = _OP.pack(_SEND, conflate_key is not None, conflate_key or 0) + peer
-            pipe.send(head, frames)
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.put((_SEND, peer, frames, conflate_key))
 
     def publish(
         self,
@@ -190,17 +187,15 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             for peer, sub, header in targets:
                 self._deliver(peer, [_REPLY_KIND, header, *tail], sub if conflatable else None)
             return
-        pipe = self._pipe
-        if pipe is not None:
-            packed = b"".join(_TARGET.pack(sub, len(peer)) + peer for peer, sub, _ in targets)
-            head = _OP.pack(_PUBLISH, conflatable, len(targets)) + packed
-            pipe.send(head, [*(h for _, _, h in targets), *tail])
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.put((_PUBLISH, targets, tail, conflatable))
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():
             self._drop_rid(peer, CLOSED_LOCALLY)
-        elif self._pipe is not None:
-            self._pipe.send(_OP.pack(_DISCONNECT, 0, 0) + peer)
+        elif self._mailbox is not None:
+            self._mailbox.put((_DISCONNECT, peer, None, None))
 
     def statistics(self) -> ServerTransportStatistics:
         denied = 0 if self._zap is None else self._zap.denied
@@ -214,9 +209,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _run(self) -> None:
         self._thread_id = threading.get_ident()
-        pull, router, monitor = self._pull, self._router, self._monitor
+        mailbox, router, monitor = self._mailbox, self._router, self._monitor
         zap = None if self._zap is None else self._zap.socket
-        assert pull is not None and router is not None
+        assert mailbox is not None and router is not None
         poll = self._poller.poll
         try:
             while not self._closing:
@@ -227,13 +222,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                                 self._drain_router(router)
                             if event & zmq.POLLOUT:
                                 self._retry_blocked()
-                        elif sock is pull:
-                            self._drain_pipe(pull)
+                        elif sock is mailbox:
+                            self._drain_mailbox(mailbox)
                         elif sock is monitor and monitor is not None:
                             self._on_monitor(monitor)
                         elif sock is zap and self._zap is not None:
                             self._zap.drain()
-                            self._poller.touch(sock)  # the replies may consume a wake-up
+                            self._poller.touch(self._zap.socket)  # replies may eat a wake-up
                     except zmq.ContextTerminated:
                         raise
                     except Exception:
@@ -266,34 +261,25 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         # As DispatcherShell._timeout_ms, inlined: one call less per wake-up.
         return max(0, int((deadline - self._clock()) * 1000.0) + 1)
 
-    def _drain_pipe(self, pull: zmq.Socket[bytes]) -> None:
-        for _ in range(common.BATCH):
-            message = common.recv_pipe(pull)
-            if message is None:
-                self._poller.settle(pull)
-                return
-            head, frames = message
-            op, flag, value = _OP.unpack_from(head)
-            if op == _SEND:
-                self._deliver(head[_OP.size :], frames, value if flag else None)
-            elif op == _PUBLISH:
-                self._publish_from_pipe(head, frames, value, bool(flag))
-            elif op == _DISCONNECT:
-                self._drop_rid(head[_OP.size :], CLOSED_LOCALLY)
-            if self._closing:
-                return
-
-    def _publish_from_pipe(
-        self, head: bytes, frames: list[Any], count: int, conflatable: bool
-    ) -> None:
-        tail = frames[count:]
-        offset = _OP.size  # the targets follow the operation in the head
-        for i in range(count):
-            sub, size = _TARGET.unpack_from(head, offset)
-            offset += _TARGET.size
-            peer = head[offset : offset + size]
-            offset += size
-            self._deliver(peer, [_REPLY_KIND, frames[i], *tail], sub if conflatable else None)
+    def _drain_mailbox(self, mailbox: Mailbox) -> None:
+        take = mailbox.items.popleft
+        try:
+            for _ in range(common.BATCH):
+                try:
+                    op, target, frames, key = take()
+                except IndexError:
+                    return
+                if op == _SEND:
+                    self._deliver(target, frames, key)
+                elif op == _PUBLISH:
+                    for peer, sub, header in target:
+                        self._deliver(peer, [_REPLY_KIND, header, *frames], sub if key else None)
+                elif op == _DISCONNECT:
+                    self._drop_rid(target, CLOSED_LOCALLY)
+                if self._closing:
+                    return
+        finally:
+            mailbox.taken()
 
     def _deliver(self, rid: bytes, frames: Sequence[Any], key: int | None) -> None:
         """Send now, or queue behind the peer's full pipe; never blocks."""
@@ -533,7 +519,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._closing = True
         for p in list(self._peers.values()):
             self._drop(p, CLOSED_LOCALLY)
-        self._close_pipe()
+        self._close_mailbox()
         if self._zap is not None:
             self._zap.close()
         if self._router is not None:

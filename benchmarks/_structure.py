@@ -1,0 +1,306 @@
+"""Structural counts for benchmarks/rpc.py: what one get or one notification costs in calls
+(and the ``--serve`` child process that rpc.py and these counts run against).
+
+Wall-clock figures are noisy on a shared machine; these counts are not. Per process:
+
+* ``pyzmq``: calls into libzmq through pyzmq that release the GIL (``send``/``recv`` per frame,
+  the ``getsockopt(EVENTS)`` checks) and ``poll`` calls (``zmq_poll`` or ``poll(2)``), counted
+  by wrapping the functions the code calls (rda's transport calls module-level aliases of the
+  backend methods; raw pyzmq calls ``zmq.Socket`` methods);
+* ``context_switches``: voluntary + involuntary switches of every thread of the process, from
+  ``/proc/<pid>/task/*/status``: each voluntary one is a thread going to sleep, i.e. a
+  wake-up later;
+* ``syscalls``: system calls of every thread, from ``strace -c -f -p <pid>`` attached for a
+  separate pass over the same number of operations (strace slows the run, not the counts);
+  absent when strace is missing or may not attach.
+
+Installed in both the benchmark process and the ``--serve`` child, which answers the line
+``counts`` on its stdin with one JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.serialization._data import Data
+
+COUNTS: dict[str, int] = {"send": 0, "recv": 0, "events": 0, "poll": 0}
+_installed = False
+
+
+def _counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        COUNTS[name] += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _CountingPoll:
+    """``select.poll()`` whose ``poll`` calls are counted (what rda's Selector sleeps in)."""
+
+    def __init__(self) -> None:
+        self._poll = _real_select_poll()
+
+    def register(self, fd: Any, mask: int = select.POLLIN) -> None:
+        self._poll.register(fd, mask)
+
+    def modify(self, fd: Any, mask: int) -> None:
+        self._poll.modify(fd, mask)
+
+    def unregister(self, fd: Any) -> None:
+        self._poll.unregister(fd)
+
+    def poll(self, timeout: Any = None) -> list[tuple[int, int]]:
+        COUNTS["poll"] += 1
+        return self._poll.poll(timeout)
+
+
+_real_select_poll = select.poll
+
+
+def install() -> None:
+    """Count pyzmq calls from here on (idempotent); call before sockets are created."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from rda.transport import _zmq_common as common
+
+    for attr, name in (("_backend_send", "send"), ("_backend_recv", "recv")):
+        if hasattr(common, attr):
+            setattr(common, attr, _counting(name, getattr(common, attr)))
+    if hasattr(common, "_backend_get"):
+        common._backend_get = _counting("events", common._backend_get)
+    common.select = _SelectShim()  # type: ignore[attr-defined]
+    zmq.Socket.send = _counting("send", zmq.Socket.send)  # type: ignore[method-assign]
+    zmq.Socket.recv = _counting("recv", zmq.Socket.recv)  # type: ignore[method-assign]
+    zmq.Socket.poll = _counting("poll", zmq.Socket.poll)  # type: ignore[method-assign]
+    zmq.Poller.poll = _counting("poll", zmq.Poller.poll)  # type: ignore[method-assign]
+
+
+class _SelectShim:
+    """Stands in for the ``select`` module inside rda's transport: only ``poll`` differs."""
+
+    POLLIN = select.POLLIN
+    POLLOUT = select.POLLOUT
+
+    def poll(self) -> _CountingPoll:
+        return _CountingPoll()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(select, name)
+
+
+def context_switches(pid: int | None = None) -> int:
+    """Voluntary + involuntary context switches of every thread of ``pid`` (default: us)."""
+    total = 0
+    for status in Path(f"/proc/{pid or os.getpid()}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    return total
+
+
+def snapshot() -> dict[str, int]:
+    return {**COUNTS, "context_switches": context_switches()}
+
+
+def per_op(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    return {k: round((after[k] - before[k]) / n, 2) for k in before}
+
+
+def serve_counts_loop(on_line: Callable[[str], None] | None = None) -> None:
+    """Child side: answer ``counts`` on stdin with a snapshot until stdin closes."""
+    for line in sys.stdin:
+        if line.strip() == "counts":
+            print(json.dumps(snapshot()), flush=True)
+        elif on_line is not None:
+            on_line(line.strip())
+
+
+def _strace_total(text: str) -> int | None:
+    """Calls on the ``total`` line of ``strace -c`` (the usecs/call column may be blank)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[-1] == "total" and len(fields) >= 4:
+            # % time, seconds, usecs/call, calls, [errors], total (strace >= 5 always prints
+            # usecs/call on this line)
+            numbers = fields[2:-1]
+            return int(numbers[1] if len(numbers) >= 2 else numbers[0])
+    return None
+
+
+@contextlib.contextmanager
+def strace(pids: dict[str, int]) -> Iterator[dict[str, int | None]]:
+    """System calls of every thread of each of ``pids`` while the block runs.
+
+    Yields a dict filled on exit (``None`` where strace is missing or could not attach: the
+    benchmark degrades to the other counts).
+    """
+    result: dict[str, int | None] = dict.fromkeys(pids)
+    exe = shutil.which("strace")
+    if exe is None:
+        yield result
+        return
+    procs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    folder = tempfile.mkdtemp(prefix="rda-strace-")
+    for name, pid in pids.items():
+        out = os.path.join(folder, f"{name}.txt")
+        procs[name] = (
+            subprocess.Popen(
+                [exe, "-c", "-f", "-o", out, "-p", str(pid)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            out,
+        )
+    time.sleep(0.5)  # attaching to every thread takes a moment; nothing is measured by time
+    try:
+        yield result
+    finally:
+        for name, (proc, out) in procs.items():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            with contextlib.suppress(OSError):
+                result[name] = _strace_total(Path(out).read_text())
+            with contextlib.suppress(OSError):
+                os.unlink(out)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+class Child:
+    """``script --serve kind`` in a child process; ``endpoint`` once it listens."""
+
+    def __init__(self, script: str, kind: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--serve", kind],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.endpoint = self.proc.stdout.readline().strip()
+        if not self.endpoint:
+            self.close()
+            raise RuntimeError(f"the {kind} server process did not start")
+
+    def counts(self) -> dict[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        counts: dict[str, int] = json.loads(self.proc.stdout.readline())
+        return counts
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def measure(child: Child, run: Callable[[int], None], n: int) -> dict[str, Any]:
+    """Per-operation counts of ``run(n)`` on both sides: pyzmq calls and context switches in
+    one pass, system calls (strace) in a second pass of the same size."""
+    mine0, theirs0 = snapshot(), child.counts()
+    run(n)
+    mine1, theirs1 = snapshot(), child.counts()
+    with strace({"client": os.getpid(), "server": child.proc.pid}) as syscalls:
+        run(n)
+    return {
+        "client": {
+            **per_op(mine0, mine1, n),
+            "syscalls": None if syscalls["client"] is None else round(syscalls["client"] / n, 2),
+        },
+        "server": {
+            **per_op(theirs0, theirs1, n),
+            "syscalls": None if syscalls["server"] is None else round(syscalls["server"] / n, 2),
+        },
+    }
+
+
+def raw_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
+    child = make_child("raw")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.rcvhwm = 0
+        dealer.connect(child.endpoint)
+
+        def gets(count: int) -> None:
+            for i in range(count):
+                dealer.send_multipart([b"SCALAR", str(i).encode()])
+                dealer.recv_multipart(copy=False)
+
+        gets(200)  # warm up, and connected
+        out = {"get": measure(child, gets, n)}
+        dealer.send(b"HELLO")
+
+        def notifications(count: int) -> None:
+            dealer.send_multipart([b"PUB", str(count).encode()])
+            for _ in range(count):
+                dealer.recv_multipart(copy=False)
+
+        out["notification"] = measure(child, notifications, n)
+        dealer.close()
+        return out
+    finally:
+        ctx.term()
+        child.close()
+
+
+def rda_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
+    child = make_child("rda")
+    client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
+    try:
+        scalar = client.access_point("SCALAR", "Acquisition")
+
+        def gets(count: int) -> None:
+            for _ in range(count):
+                scalar.get()
+
+        gets(200)
+        out = {"get": measure(child, gets, n)}
+        sub = scalar.subscribe(queue_size=100_000)
+        assert sub.poll(10) is not None
+        publisher = client.access_point("SCALAR", "Publish")
+
+        def notifications(count: int) -> None:
+            publisher.set(Data(n=count))
+            for _ in range(count):
+                assert sub.poll(30) is not None
+
+        out["notification"] = measure(child, notifications, n)
+        sub.close()
+        return out
+    finally:
+        client.close()
+        child.close()

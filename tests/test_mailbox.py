@@ -1,0 +1,188 @@
+"""The mailbox hand-off to a dispatcher: bounded, signalled only while the reader sleeps."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from rda.serialization._message import Message
+from rda.transport import _zmq_common as common
+from rda.transport._mailbox import Mailbox
+from rda.transport.zmq_client import ZmqClientTransport
+from rda.transport.zmq_server import ZmqServerTransport
+
+WAIT = 5.0
+
+
+class _Server:
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        pass
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        pass
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        pass
+
+
+class _Client:
+    def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+        pass
+
+    def on_message(self, connection: int, message: Message) -> None:
+        pass
+
+    def on_disconnected(self, connection: int, reason: str) -> None:
+        pass
+
+
+def readable(fd: int, timeout_ms: int = 0) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout_ms))
+
+
+def test_items_arrive_whole_and_in_order_without_a_copy() -> None:
+    box = Mailbox(10)
+    try:
+        body = np.arange(100_000, dtype=np.float64)
+        frames = [b"h", body.data]
+        assert box.put(("op", frames))
+        assert box.put(("op2", None))
+        first = box.items.popleft()
+        assert first[1] is frames and frames[1].obj is body  # the object, not a copy
+        assert box.items.popleft() == ("op2", None)
+        assert not box.items
+    finally:
+        box.close()
+
+
+def test_no_signal_unless_the_reader_sleeps() -> None:
+    box = Mailbox(10)
+    try:
+        for i in range(5):
+            assert box.put(i)
+        assert box.signals == 0
+        assert not readable(box.fd)
+        box.sleeping = True
+        assert box.put(5)
+        assert box.put(6)  # the first put cleared the flag: one signal for both
+        assert box.signals == 1
+        assert readable(box.fd)
+        box.clear_signal()
+        assert not readable(box.fd)
+    finally:
+        box.close()
+
+
+def test_a_full_mailbox_blocks_the_producer_until_the_reader_takes() -> None:
+    box = Mailbox(3)
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(6):
+            box.put(i)
+        done.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(box.items) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(box.items) == 3
+        assert not done.wait(0.2)  # blocked: it cannot add a fourth
+        assert len(box.items) == 3
+        got: list[int] = []
+        while len(got) < 6 and time.monotonic() < deadline:
+            while box.items:
+                got.append(box.items.popleft())
+            box.taken()
+            time.sleep(0.01)
+        assert got == list(range(6))
+        assert done.wait(WAIT)
+    finally:
+        box.mark_closed()
+        producer.join(WAIT)
+        box.close()
+
+
+def test_mark_closed_releases_a_blocked_producer_and_refuses_puts() -> None:
+    box = Mailbox(1)
+    assert box.put("a")
+    result: list[bool] = []
+    producer = threading.Thread(target=lambda: result.append(box.put("b")))
+    producer.start()
+    time.sleep(0.05)
+    box.mark_closed()
+    producer.join(WAIT)
+    assert result == [False]
+    assert not box.put("c")
+    assert list(box.items) == ["a"]
+    box.close()
+
+
+def test_wake_signals_even_when_not_sleeping_and_close_frees_the_fds() -> None:
+    box = Mailbox(4)
+    fd = box.fd
+    assert box.wake(1.0)
+    assert readable(fd)
+    box.close()
+    assert not box.wake(1.0)  # closed: nothing written to a reused descriptor
+    assert not box.put("x")
+
+
+def test_transports_close_their_mailbox_descriptors() -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    for _ in range(20):
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        srv = ZmqServerTransport("inproc://mailbox-fds", _Server(), context=ctx)
+        srv.start()
+        cl = ZmqClientTransport(_Client(), context=ctx)
+        cl.start()
+        cl.connect(srv.endpoint)
+        cl.close()
+        srv.close()
+        ctx.term()
+    # One leaked eventfd per transport would be 40; a stray descriptor of the runtime is not.
+    assert open_fds() - before < 5
+
+
+def test_selector_reports_the_mailbox_and_sleeps_only_when_it_is_empty() -> None:
+    box = Mailbox(8)
+    sel = common.Selector()
+    sel.attach(box)
+    try:
+        assert sel.poll(0) == []
+        assert box.put("x")  # the selector is not sleeping: no signal
+        assert box.signals == 0
+        assert sel.poll(-1) == [(box, zmq.POLLIN)]  # returns at once: items waiting
+        box.items.clear()
+
+        def late_put() -> None:
+            time.sleep(0.05)
+            box.put("y")
+
+        t = threading.Thread(target=late_put)
+        t.start()
+        assert sel.poll(int(WAIT * 1000)) == [(box, zmq.POLLIN)]  # woken by the signal
+        t.join()
+        assert box.signals == 1
+        assert not box.sleeping
+        box.items.clear()
+        sel.watch_mailbox(False)
+        box.put("z")
+        assert sel.poll(0) == []  # paused: items wait, the producers block when it fills
+        sel.watch_mailbox(True)
+        assert sel.poll(0) == [(box, zmq.POLLIN)]
+    finally:
+        box.close()

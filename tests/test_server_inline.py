@@ -1,0 +1,189 @@
+"""Inline handlers (``ServerBuilder.inline_handlers``): a get or set runs on the transport's
+dispatcher when its device group is idle; per-group FIFO and the admin group still hold."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import rda.admin
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.business.scheduler import GroupTaskScheduler
+from rda.business.server import Server, ServerBuilder
+from rda.business.server_requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.serialization._data import Data
+
+WAIT = 10.0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.001)
+
+
+# -- the scheduler's inline path ---------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduler() -> Iterator[GroupTaskScheduler]:
+    sched = GroupTaskScheduler(workers=2, name="inline-test")
+    yield sched
+    sched.close()
+
+
+def test_an_idle_group_runs_inline_in_the_calling_thread(scheduler: GroupTaskScheduler) -> None:
+    ran: list[str] = []
+    assert scheduler.run_inline("D", lambda: ran.append(threading.current_thread().name))
+    assert ran == [threading.current_thread().name]
+    stats = scheduler.statistics()
+    assert (stats.executed, stats.running, stats.groups) == (1, 0, 0)
+
+
+def test_a_busy_group_is_not_run_inline_and_keeps_its_order(
+    scheduler: GroupTaskScheduler,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def blocker() -> None:
+        started.set()
+        assert release.wait(WAIT)
+        order.append("first")
+
+    assert scheduler.submit("D", blocker)
+    assert started.wait(WAIT)
+    assert not scheduler.run_inline("D", lambda: order.append("inline"))  # nothing ran
+    assert scheduler.submit("D", lambda: order.append("second"))
+    assert scheduler.run_inline("OTHER", lambda: order.append("other"))  # other groups may
+    release.set()
+    wait_until(lambda: len(order) == 3)
+    assert order == ["other", "first", "second"]
+
+
+def test_a_task_submitted_while_an_inline_one_runs_waits_for_it(
+    scheduler: GroupTaskScheduler,
+) -> None:
+    order: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def later() -> None:
+        order.append(("later", threading.current_thread().name))
+        done.set()
+
+    def inline() -> None:
+        assert scheduler.submit("D", later)  # arrives while the group runs inline
+        time.sleep(0.05)  # a worker that wrongly took it would have run it by now
+        order.append(("inline", threading.current_thread().name))
+
+    assert scheduler.run_inline("D", inline)
+    assert done.wait(WAIT)
+    assert [what for what, _ in order] == ["inline", "later"]
+    assert order[1][1].startswith("inline-test")  # a worker ran it after the inline task
+
+
+def test_a_failing_inline_task_is_counted_and_the_group_freed(
+    scheduler: GroupTaskScheduler,
+) -> None:
+    def boom() -> None:
+        raise RuntimeError("handler bug")
+
+    assert scheduler.run_inline("D", boom)
+    assert scheduler.statistics().failed == 1
+    assert scheduler.run_inline("D", lambda: None)
+
+
+def test_a_closed_scheduler_runs_nothing_inline() -> None:
+    sched = GroupTaskScheduler(workers=1)
+    sched.close()
+    ran: list[int] = []
+    assert not sched.run_inline("D", lambda: ran.append(1))
+    assert ran == []
+
+
+# -- end to end over tcp -------------------------------------------------------------------------
+
+
+class ThreadRecorder(RequestReplyCallback):
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.order: list[str] = []
+
+    def get(self, request: GetRequest) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.order.append(request.selector or "")
+        request.complete(Data(value=1.0))
+
+    def set(self, request: SetRequest) -> None:
+        self.threads.append(threading.current_thread().name)
+        request.complete()
+
+
+def start(inline: bool) -> tuple[Server, ClientService, ThreadRecorder]:
+    handler = ThreadRecorder()
+    builder = (
+        ServerBuilder("Inline")
+        .request_reply(handler)
+        .devices("D1", "D2")
+        .directory(None)
+        .workers(2)
+        .inline_handlers(inline)
+    )
+    server = rda.admin.install(builder).build().start()
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    return server, client, handler
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_gets_and_sets_run_on_the_dispatcher_only_when_inline(inline: bool) -> None:
+    server, client, handler = start(inline)
+    try:
+        assert client.access_point("D1", "P").get().data["value"] == 1.0
+        client.access_point("D1", "P").set(Data(value=2.0))
+        expected = "rda-server-dispatcher" if inline else "rda-server-Inline-"
+        assert len(handler.threads) == 2
+        assert all(name.startswith(expected) for name in handler.threads), handler.threads
+        assert server.settings()["inline_handlers"] is inline
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_inline_keeps_per_device_fifo_and_the_admin_group_independent() -> None:
+    server, client, handler = start(True)
+    scheduler = server._scheduler
+    assert scheduler is not None
+    started, release = threading.Event(), threading.Event()
+
+    def pin() -> None:
+        started.set()
+        assert release.wait(WAIT)
+
+    try:
+        assert scheduler.submit("D1", pin)  # D1 busy on a worker
+        assert started.wait(WAIT)
+        ap = client.access_point("D1", "P")
+        futures: list[Any] = [ap.get_async(selector=f"S{i}") for i in range(3)]
+        # D2 is idle: inline, answered although D1 is busy.
+        assert client.access_point("D2", "P").get().data["value"] == 1.0
+        assert handler.threads == ["rda-server-dispatcher"]
+        # Admin requests are never inlined: answered by a worker while D1 stays busy.
+        assert client.admin(server.endpoint, "ping", timeout=WAIT, echo="x")["echo"] == "x"
+        assert not any(f.done() for f in futures)
+        release.set()
+        for f in futures:
+            assert f.result(WAIT).data["value"] == 1.0
+        assert handler.order == ["", "S0", "S1", "S2"]  # D2's, then D1's in arrival order
+        assert all(t.startswith("rda-server-Inline-") for t in handler.threads[1:])
+    finally:
+        release.set()
+        client.close()
+        server.stop()
