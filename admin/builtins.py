@@ -1,5 +1,5 @@
 """The built-in admin commands: ping, info, clients, subscriptions, stats, devices, log-level,
-disconnect, commands.
+disconnect, reload-policy, commands.
 
 Each reads the server introspection API (``AdminServer``: snapshots from
 ``rda.business.server_stats``) and answers plain data, so a script can use ``--json`` and a
@@ -109,6 +109,15 @@ def stats(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         value = getattr(snapshot, field.name)
         if field.name == "requests":
             result["requests"] = _requests_table(value)
+        elif field.name == "denied":
+            # Principal names are free text: rows, not nested keys.
+            rows = [
+                {"principal": principal, "operation": operation, "count": int(count)}
+                for (principal, operation), count in sorted(value.items())
+            ]
+            denied = Data(count=sum(r["count"] for r in rows))
+            denied.append("rows", rows, type=DataType.DATA_ARRAY)
+            result["denied"] = denied
         elif field.name == "durations":
             result["durations"] = {t: _histogram(h) for t, h in sorted(value.items())}
         else:
@@ -165,6 +174,22 @@ def disconnect(ctx: AdminContext, args: DisconnectArgs) -> dict[str, Any]:
     if not ctx.server.disconnect_client(args.peer):
         raise AdminArgumentsError(f"disconnect: no connected client with peer id {args.peer!r}")
     return {"disconnected": args.peer}
+
+
+@command("reload-policy")
+def reload_policy(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
+    """Re-read the server's policy file; a broken file is refused and the old policy stays."""
+    # No path argument on purpose: a remote caller must not make the server read any file.
+    reload = getattr(ctx.server, "reload_policy", None)
+    if reload is None:
+        raise AdminArgumentsError("reload-policy: this server has no authorization policy")
+    policy = reload()
+    return {
+        "source": policy.source,
+        "roles": len(policy.roles),
+        "principals": len(policy.principals),
+        "rules": len(policy.rules),
+    }
 
 
 @command("commands")

@@ -1,5 +1,6 @@
 """``rda serve`` (run a server until Ctrl-C/SIGTERM) and ``rda bench`` (run the benchmarks).
 
+``rda serve --policy FILE`` authorizes requests by a policy (SIGHUP re-reads it).
 ``rda serve MODULE:OBJECT`` accepts what a user naturally has at hand: a ``ServerBuilder``, a
 built ``Server``, a ``Device`` subclass or instance, or a callable returning one of those
 (``rda serve myapp:make_server``). ``rda serve demo`` runs ``rda.demo``'s server. The current
@@ -29,6 +30,7 @@ from rda.admin.cli_common import CliError, ExitCode, Options, emit_json
 from rda.admin.format import format_duration
 from rda.admin.metrics import metrics_endpoint, start_metrics, stop_metrics
 from rda.business.device import Device
+from rda.business.policy import PolicyError
 from rda.business.security import ServerSecurity, load_keypair
 from rda.business.server import Server, ServerBuilder
 
@@ -47,6 +49,18 @@ __all__ = ["bench", "load_server", "serve"]
     help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: any free port).",
 )
 @click.option("--duration", type=float, default=None, help="Stop after S seconds.")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Authorization policy (TOML); re-read on SIGHUP and by `rda admin reload-policy`.",
+)
+@click.option(
+    "--trust-declared-principals",
+    is_flag=True,
+    help="Believe the principal a client declares (RDA_PRINCIPAL). Test stands only.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoint as JSON.")
 @click.option(
     "--key",
@@ -78,6 +92,8 @@ def serve(
     device_name: str | None,
     metrics_port: int | None,
     duration: float | None,
+    policy_file: Path | None,
+    trust_declared_principals: bool,
     as_json: bool,
     key_file: Path | None,
     clients_dir: Path | None,
@@ -99,9 +115,16 @@ def serve(
     if isinstance(server, ServerBuilder):
         if metrics_port is not None:
             server.metrics_port(metrics_port)
+        _authorization(server, policy_file, trust_declared_principals)
         server = server.build()
+    elif policy_file is not None or trust_declared_principals:
+        raise CliError(
+            "an already built Server decided its own authorization: --policy and "
+            "--trust-declared-principals need a ServerBuilder, a Device or demo",
+            ExitCode.USAGE,
+        )
     stop = threading.Event()
-    previous = _install_signal_handlers(stop)
+    previous = _install_signal_handlers(stop, server)
     try:
         server.start()
         if metrics_port is not None:
@@ -244,8 +267,21 @@ def _announce(server: Server, as_json: bool) -> None:
 _Handler = Any
 
 
-def _install_signal_handlers(stop: threading.Event) -> dict[int, _Handler]:
-    """SIGINT/SIGTERM set ``stop`` (only possible from the main thread; else Ctrl-C only)."""
+def _authorization(builder: ServerBuilder, policy_file: Path | None, trust: bool) -> None:
+    if trust:
+        builder.trust_declared_principals()
+    if policy_file is None:
+        return
+    try:
+        builder.policy(policy_file)
+    except PolicyError as exc:
+        # The server does not start with a broken policy: one line naming file and fault.
+        raise CliError(str(exc), ExitCode.USAGE) from None
+
+
+def _install_signal_handlers(stop: threading.Event, server: Server) -> dict[int, _Handler]:
+    """SIGINT/SIGTERM set ``stop``; SIGHUP re-reads the policy file of a server that has one
+    (only possible from the main thread; else Ctrl-C only)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
@@ -255,7 +291,23 @@ def _install_signal_handlers(stop: threading.Event) -> dict[int, _Handler]:
     previous: dict[int, _Handler] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, handler)
+    if server.policy_file is not None:
+        previous[signal.SIGHUP] = signal.signal(
+            signal.SIGHUP, lambda signum, frame: _reload(server)
+        )
     return previous
+
+
+def _reload(server: Server) -> None:
+    """SIGHUP: reload atomically; a broken file is reported and the old policy stays."""
+    try:
+        policy = server.reload_policy()
+    except PolicyError as exc:
+        click.echo(f"{server.name}: policy NOT reloaded, the old one stays: {exc}", err=True)
+        return
+    click.echo(
+        f"{server.name}: policy reloaded from {policy.source} ({len(policy.rules)} rules)", err=True
+    )
 
 
 def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:

@@ -71,6 +71,15 @@ class ServerCollector(Collector):
             requests.add_metric([name, kind, outcome], count)
         yield requests
 
+        denied = CounterMetricFamily(
+            "rda_requests_denied",
+            "Requests refused by the authorization policy, by principal and operation.",
+            labels=["server", "principal", "operation"],
+        )
+        for (principal, operation), count in sorted(stats.denied.items()):
+            denied.add_metric([name, principal, operation], count)
+        yield denied
+
         durations = HistogramMetricFamily(
             "rda_request_duration_seconds",
             "Time from a request's arrival to its reply, by type.",

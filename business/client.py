@@ -116,7 +116,9 @@ class ClientService:
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
     ``security`` (``rda.security.ClientSecurity``) makes every connection CURVE-encrypted and
     authenticated; a server that refuses this client's key fails requests with
-    ``NotAuthorizedError``. Use it as a context manager or call ``close()``.
+    ``NotAuthorizedError``. ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``)
+    is the name this client declares to servers; only a server that trusts declared names uses
+    it for authorization. Use it as a context manager or call ``close()``.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class ClientService:
         client_info: Mapping[str, Any] | None = None,
         rng_seed: int | None = None,
         security: ClientSecurity | None = None,
+        principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
         self.directory = directory if directory is not None else default_directory(self.config)
@@ -164,9 +167,13 @@ class ClientService:
             directory = self.directory
             curve = security.curve(lambda endpoint: server_key_of(directory, endpoint))
             factory = functools.partial(_zmq_transport, curve=curve)
-        self._transport = factory(
-            _Handler(self), self.config.transport_settings(), dict(client_info or {})
-        )
+        info = dict(client_info or {})
+        # A declared name (config: RDA_PRINCIPAL); a server believes it only when it trusts
+        # declared names, otherwise the transport's authenticated identity counts.
+        declared = principal if principal is not None else self.config.principal
+        if declared:
+            info["principal"] = declared
+        self._transport = factory(_Handler(self), self.config.transport_settings(), info)
         try:
             self._transport.start()
         except BaseException:

@@ -107,6 +107,11 @@ class Config(BaseSettings):
     server_key: str | None = Field(
         None, description="CURVE public key (Z85 text or a key file) of the server to reach."
     )
+    principal: str | None = Field(
+        None,
+        description="Principal a client declares in CONNECT (believed only by servers that "
+        "trust declared names: test stands without CURVE).",
+    )
 
     def __init__(self, **values: Any) -> None:
         try:

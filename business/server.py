@@ -15,12 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
 from rda.business.directory import FileDirectory
+from rda.business.policy import Authorizer, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
 from rda.business.server_dispatch import AdminHandler, Dispatch
 from rda.business.server_requests import (
@@ -85,6 +87,9 @@ class ServerBuilder:
         self._clock: Callable[[], float] = time.monotonic
         self._admin: AdminHandler | None = None
         self.metrics_port_value: int | None = None
+        self._policy: Policy | None = None
+        self._policy_file: Path | None = None
+        self._trust_declared = False
         self._on_start: list[Hook] = []
         self._on_stop: list[Hook] = []
         self._security: ServerSecurity | None = None
@@ -182,6 +187,25 @@ class ServerBuilder:
         self._security = security
         return self
 
+    def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
+        """Authorize every get, set, subscribe and admin request by ``policy`` (a
+        :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
+        not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
+        :meth:`Server.reload_policy` re-reads. None: no authorization (everything allowed)."""
+        if policy is None or isinstance(policy, Policy):
+            self._policy, self._policy_file = policy, None
+        else:
+            self._policy_file = Path(policy)
+            self._policy = Policy.from_toml(self._policy_file)
+        return self
+
+    def trust_declared_principals(self, trust: bool = True) -> ServerBuilder:
+        """Take the principal a client declares (``ClientService(principal=...)``) at its word
+        when the transport authenticated none. For test stands only: without CURVE anyone can
+        claim any name."""
+        self._trust_declared = trust
+        return self
+
     def on_start(self, hook: Hook) -> ServerBuilder:
         self._on_start.append(hook)
         return self
@@ -230,6 +254,9 @@ class ServerBuilder:
             clock=self._clock,
             admin_handler=self._admin,
             metrics_port=self.metrics_port_value,
+            policy=self._policy,
+            policy_file=self._policy_file,
+            trust_declared=self._trust_declared,
             on_start=list(self._on_start),
             on_stop=list(self._on_stop),
             curve=curve,
@@ -257,6 +284,9 @@ class Server:
         metrics_port: int | None,
         on_start: list[Hook],
         on_stop: list[Hook],
+        policy: Policy | None = None,
+        policy_file: Path | None = None,
+        trust_declared: bool = False,
         inline_handlers: bool = False,
         curve: ServerCurve | None = None,
     ) -> None:
@@ -280,6 +310,10 @@ class Server:
         self._rr = request_reply
         self._subs = subscription
         self._counters = RequestCounters()
+        self._authorizer = None if policy is None else Authorizer(policy)
+        self._policy_file = policy_file
+        self._trust_declared = trust_declared
+        self._reload_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = "built"
         self._transport: ServerTransport | None = None
@@ -334,6 +368,8 @@ class Server:
             clock=self._clock,
             default_timeout=config.request_timeout,
             immediate_updates=self._immediate,
+            policy=self._authorizer,
+            trust_declared=self._trust_declared,
             inline_handlers=self._inline,
         )
         self._dispatch = dispatch
@@ -468,6 +504,34 @@ class Server:
     def devices(self) -> list[str]:
         return list(self._devices)
 
+    # -- authorization -----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy | None:
+        """The authorization policy in force (None: everything is allowed)."""
+        authorizer = self._authorizer
+        return None if authorizer is None else authorizer.policy
+
+    @property
+    def policy_file(self) -> Path | None:
+        return self._policy_file
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Put ``policy`` in force at once (None: stop authorizing)."""
+        authorizer = None if policy is None else Authorizer(policy)
+        self._authorizer = authorizer
+        if self._dispatch is not None:
+            self._dispatch.set_policy(authorizer)
+
+    def reload_policy(self) -> Policy:
+        """Re-read the builder's policy file and put it in force. Atomic: a broken file raises
+        ``PolicyError`` (naming the file and the line at fault) and the old policy stays."""
+        with self._reload_lock:
+            policy = reload_file(self._policy_file, self.name)
+            self.set_policy(policy)
+        log.info("server %r: policy reloaded from %s", self.name, policy.source)
+        return policy
+
     def clients(self) -> list[ClientSnapshot]:
         if self._dispatch is None or self._registry is None:
             return []
@@ -484,6 +548,8 @@ class Server:
                 queue_depth=lost.get(peer, none).queue_depth,
                 conflated=lost.get(peer, none).conflated,
                 dropped=lost.get(peer, none).dropped,
+                principal=state.client.principal,
+                roles=state.client.roles,
             )
             for peer, state in self._dispatch.peers()
         ]
@@ -527,6 +593,7 @@ class Server:
             handler_errors=handler_errors,
             late_completions=late,
             clients=clients,
+            denied=self._counters.denials(),
         )
 
     def disconnect_client(self, peer_hex: str) -> bool:

@@ -15,11 +15,18 @@ fail() / raise     EXCEPTION [EXCEPTION]                   error
 queue full         EXCEPTION OverloadError                 overload
 deadline passed    EXCEPTION TimeoutError                  timeout
 reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         rejected
+policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
+                   NotAuthorizedError
 =================  =====================================  =========================
+
+Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
+``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
+answered there, never reaches the scheduler or a handler, and its body is never decoded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rda.business.common import AcquiredData
 from rda.business.device import PropertyValidationError
+from rda.business.policy import Authorizer, DenialLog
 from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server_requests import (
     SERVER_CLIENT,
@@ -52,6 +60,7 @@ from rda.serialization._message import BodyKind, Message, encode_exception
 from rda.serialization.errors import (
     DecodeError,
     NoSuchDeviceError,
+    NotAuthorizedError,
     OverloadError,
     ProtocolError,
     RdaError,
@@ -72,6 +81,12 @@ AdminHandler = Callable[["Server", str, Data, ClientInfo], Data]
 
 _TYPE_NAMES = {t: t.name.lower() for t in RequestType}
 _REQUESTS = frozenset({RequestType.GET, RequestType.SET, RequestType.SUBSCRIBE})
+_CHECKED = _REQUESTS | {RequestType.ADMIN}
+
+
+def _with_roles(client: ClientInfo, policy: Authorizer | None) -> ClientInfo:
+    roles = () if policy is None else policy.roles_of(client.principal)
+    return client if roles == client.roles else dataclasses.replace(client, roles=roles)
 
 
 @dataclass(slots=True)
@@ -97,6 +112,8 @@ class Dispatch:
         clock: Callable[[], float],
         default_timeout: float,
         immediate_updates: bool,
+        policy: Authorizer | None = None,
+        trust_declared: bool = False,
         inline_handlers: bool = False,
     ) -> None:
         self._server = server
@@ -114,6 +131,11 @@ class Dispatch:
         self._inline = inline_handlers
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
+        # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
+        # (see set_policy), so a request is judged by one whole policy, old or new.
+        self.policy = policy
+        self._trust_declared = trust_declared
+        self._denials = DenialLog(clock)
         self._transport: ServerTransport | None = None
         self._registry: SubscriptionRegistry | None = None
         # Set at stop: answers after that are dropped instead of sent to a closed transport.
@@ -129,9 +151,18 @@ class Dispatch:
 
     # -- ServerHandler: the dispatcher thread ------------------------------------------------
 
+    def set_policy(self, policy: Authorizer | None) -> None:
+        """Swap the policy (one reference assignment), then give connected clients their roles
+        under it (a request already in flight keeps the ClientInfo it was built with)."""
+        self.policy = policy
+        with self._peers_lock:
+            for state in self._peers.values():
+                state.client = _with_roles(state.client, policy)
+
     def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
         now = time.time()
-        state = PeerState(ClientInfo.from_info(peer, client_info), now, now)
+        client = ClientInfo.from_info(peer, client_info, self._trust_declared)
+        state = PeerState(_with_roles(client, self.policy), now, now)
         with self._peers_lock:
             self._peers[peer] = state
         if self._registry is not None:
@@ -159,6 +190,13 @@ class Dispatch:
             client = ClientInfo(peer)
         header = message.header
         rtype = header.request_type
+        policy = self.policy
+        if (
+            policy is not None
+            and rtype in _CHECKED
+            and not self._authorized(policy, peer, client, header, received_at)
+        ):
+            return
         if rtype in _REQUESTS:
             request = new_request(
                 message, client, received_at, self._respond, self._counters.late_completion
@@ -183,6 +221,40 @@ class Dispatch:
         else:
             error = ProtocolError(f"{rtype.name} is not a request a client may send")
             self._send_error(peer, header, RequestType.EXCEPTION, error)
+
+    def _authorized(
+        self,
+        policy: Authorizer,
+        peer: bytes,
+        client: ClientInfo,
+        header: Header,
+        received_at: float,
+    ) -> bool:
+        """The policy check, from the header only; a denial is answered, counted and logged."""
+        rtype = header.request_type
+        if rtype is RequestType.ADMIN:
+            # Admin requests carry the command in the device field; rules see the server name
+            # as the device and the command as the property.
+            operation = "admin:" + header.device
+            device, prop = self._server.name, header.device
+        else:
+            operation = _TYPE_NAMES[rtype]
+            device, prop = header.device, header.property
+        if policy.allowed(client.principal, device, prop, operation):
+            return True
+        who = client.principal_name
+        roles = ", ".join(client.roles) or "none"
+        error = NotAuthorizedError(f"{who} (roles: {roles}) may not {operation} {device}/{prop}")
+        reply_type = (
+            RequestType.SUBSCRIBE_EXCEPTION
+            if rtype is RequestType.SUBSCRIBE
+            else RequestType.EXCEPTION
+        )
+        self._counters.denied(who, operation)
+        self._counters.record(_TYPE_NAMES[rtype], "denied", self._clock() - received_at)
+        self._send_error(peer, header, reply_type, error)
+        self._denials.denied(error, peer)
+        return False
 
     # -- workers -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rda.business.common import AcquiredData, stamped
+from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import Message
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from rda.business.subscriptions import SubscriptionSource
 
 __all__ = [
+    "AUTHENTICATED_PRINCIPAL",
+    "DECLARED_PRINCIPAL",
     "SERVER_CLIENT",
     "ClientInfo",
     "DeadlineWatcher",
@@ -49,10 +52,22 @@ log = logging.getLogger("rda.server")
 
 Clock = Callable[[], float]
 
+# Keys of the client info a transport hands to ``on_peer_connected``: the identity the
+# transport authenticated (set by the transport only, e.g. CURVE's ZAP User-Id), and the name
+# a client declares in its CONNECT info (trusted only when the server is told to).
+AUTHENTICATED_PRINCIPAL = "authenticated_principal"
+DECLARED_PRINCIPAL = "principal"
+
 
 @dataclass(frozen=True, slots=True)
 class ClientInfo:
-    """Who sent a request: the routing id of its connection and what it said in CONNECT."""
+    """Who sent a request: the routing id of its connection and what it said in CONNECT.
+
+    ``principal`` is who the server believes the client is: the identity the transport
+    authenticated (CURVE), or the name the client declared when the server trusts declared
+    names, else ``""`` (anonymous). ``roles`` are that principal's roles in the server's
+    authorization policy (empty without a policy); handlers may add their own checks on both.
+    """
 
     peer: bytes
     application: str = ""
@@ -60,15 +75,33 @@ class ClientInfo:
     host: str = ""
     pid: int = 0
     info: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    principal: str = ""
+    roles: tuple[str, ...] = ()
 
     @property
     def peer_hex(self) -> str:
         return self.peer.hex()
 
+    @property
+    def principal_name(self) -> str:
+        """The principal for messages: ``anonymous`` for the empty one."""
+        return self.principal or ANONYMOUS
+
     @classmethod
-    def from_info(cls, peer: bytes, info: Mapping[str, Any]) -> ClientInfo:
-        """Build from a CONNECT info object; wrong-typed fields are ignored, never fatal."""
+    def from_info(
+        cls, peer: bytes, info: Mapping[str, Any], trust_declared: bool = False
+    ) -> ClientInfo:
+        """Build from a CONNECT info object; wrong-typed fields are ignored, never fatal.
+
+        The principal is the transport's ``authenticated_principal`` (a client cannot put it
+        there: the transport owns that key); the client's own ``principal`` counts only when
+        ``trust_declared`` (test stands without CURVE).
+        """
         pid = info.get("pid", 0)
+        principal = info.get(AUTHENTICATED_PRINCIPAL)
+        if not isinstance(principal, str) or not principal:
+            declared = info.get(DECLARED_PRINCIPAL) if trust_declared else None
+            principal = declared if isinstance(declared, str) else ""
         return cls(
             peer=peer,
             application=str(info.get("application", "")),
@@ -76,6 +109,7 @@ class ClientInfo:
             host=str(info.get("host", "")),
             pid=pid if isinstance(pid, int) else 0,
             info=dict(info),
+            principal=principal,
         )
 
 

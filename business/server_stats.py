@@ -46,7 +46,8 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )
 
 # How a request can end; the second half of the ``ServerStatistics.requests`` keys.
-OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "overload", "rejected")
+# "denied": refused by the authorization policy before any handler ran.
+OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "overload", "rejected", "denied")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,9 @@ class ClientSnapshot:
     queue_depth: int = 0
     conflated: int = 0
     dropped: int = 0
+    # Who the server believes it is ("" = anonymous) and its roles under the policy in force.
+    principal: str = ""
+    roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,8 @@ class ServerStatistics:
     receipt by the dispatcher to the answer. ``handler_errors`` counts exceptions raised by
     user callbacks (a handler that raised still got an EXCEPTION reply); ``late_completions``
     counts ``complete``/``fail`` calls on a request that was already answered (for instance
-    after its deadline).
+    after its deadline). ``denied`` counts requests the authorization policy refused, keyed by
+    (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect").
     """
 
     transport: ServerTransportStatistics
@@ -123,6 +128,7 @@ class ServerStatistics:
     late_completions: int
     clients: int = 0
     extra: dict[str, int] = field(default_factory=dict)
+    denied: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class _Histogram:
@@ -152,6 +158,7 @@ class RequestCounters:
         self._durations: dict[str, _Histogram] = {}
         self._handler_errors = 0
         self._late = 0
+        self._denied: dict[tuple[str, str], int] = {}
 
     def record(self, request_type: str, outcome: str, duration: float | None) -> None:
         """Count one answered request; ``duration`` None means "not timed" (no histogram)."""
@@ -163,6 +170,16 @@ class RequestCounters:
                 if histogram is None:
                     histogram = self._durations[request_type] = _Histogram()
                 histogram.observe(max(0.0, duration))
+
+    def denied(self, principal: str, operation: str) -> None:
+        """Count one request refused by the policy (its outcome is counted by ``record``)."""
+        key = (principal, operation)
+        with self._lock:
+            self._denied[key] = self._denied.get(key, 0) + 1
+
+    def denials(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._denied)
 
     def handler_error(self) -> None:
         with self._lock:

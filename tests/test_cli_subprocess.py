@@ -173,3 +173,95 @@ def test_serve_demo_get_subscribe(tmp_path: Path) -> None:
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
+
+
+POLICY = """\
+roles = ["op"]
+anonymous_roles = {anonymous}
+
+[principals]
+olga = ["op"]
+
+[[rules]]
+role = "op"
+device = "PS1"
+operation = "get"
+effect = "allow"
+"""
+
+
+def read_err_until(proc: subprocess.Popen[str], seen: list[str], text: str, timeout: float) -> str:
+    """The first new stderr line of ``proc`` containing ``text``; ``seen`` holds the lines read
+    so far (raw reads of the fd: a buffered readline could hide a line from the selector)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    start = len(seen)
+    pending = ""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(max(0.0, deadline - time.monotonic())):
+                continue
+            chunk = os.read(fd, 65536).decode()
+            assert chunk, "stderr closed"
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            seen.extend(lines)
+            for line in seen[start:]:
+                if text in line:
+                    return line
+    raise AssertionError(f"no stderr line with {text!r} within {timeout} s: {seen[start:]}")
+
+
+def test_serve_policy_sighup_reload(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.format(anonymous="[]"))
+    broken = tmp_path / "broken.toml"
+    broken.write_text(POLICY.format(anonymous="[]").replace('effect = "allow"', "effect = allow"))
+    refused = run("serve", "demo", "--policy", str(broken), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "broken.toml: not valid TOML" in refused.stderr and "line 11" in refused.stderr
+
+    proc = subprocess.Popen(
+        [RDA, "serve", "demo", "--json", "--policy", str(policy), "--trust-declared-principals"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    olga = {**os.environ, "RDA_PRINCIPAL": "olga"}
+    seen: list[str] = []
+    try:
+        json.loads(read_line(proc, 30.0))
+        as_olga = subprocess.run(
+            [RDA, "get", "PS1/Acquisition"], cwd=tmp_path, env=olga, capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert as_olga.returncode == 0, as_olga.stderr
+        anonymous = run("get", "PS1/Acquisition", cwd=tmp_path)
+        assert anonymous.returncode == 5
+        assert "anonymous (roles: none) may not get PS1/Acquisition" in anonymous.stderr
+
+        policy.write_text(POLICY.format(anonymous='["op"]'))
+        os.kill(proc.pid, signal.SIGHUP)
+        assert "(1 rules)" in read_err_until(proc, seen, "policy reloaded", 20.0)
+        assert run("get", "PS1/Acquisition", cwd=tmp_path).returncode == 0
+
+        policy.write_text(broken.read_text())
+        os.kill(proc.pid, signal.SIGHUP)
+        line = read_err_until(proc, seen, "policy NOT reloaded", 20.0)
+        assert "the old one stays" in line and "line 11" in line
+        assert run("get", "PS1/Acquisition", cwd=tmp_path).returncode == 0  # old policy
+        assert run("get", "BPM1/Orbit", cwd=tmp_path).returncode == 5
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=20) == 0
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()

@@ -110,9 +110,16 @@ class MemoryNetwork:
         handler: ClientHandler,
         settings: TransportSettings | None = None,
         client_info: dict[str, Any] | None = None,
+        authenticated_principal: str | None = None,
     ) -> MemoryClientTransport:
-        """A client transport that can ``connect("mem://<name>")``; call start()."""
-        client = MemoryClientTransport(self, handler, settings or TransportSettings(), client_info)
+        """A client transport that can ``connect("mem://<name>")``; call start().
+
+        ``authenticated_principal`` plays CURVE/ZAP's role for RBAC tests: servers on this
+        network see it as the identity the transport authenticated (a client's CONNECT info
+        cannot forge it)."""
+        client = MemoryClientTransport(
+            self, handler, settings or TransportSettings(), client_info, authenticated_principal
+        )
         with self._lock:
             self._dispatchers.append(client)
         return client

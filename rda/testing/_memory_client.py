@@ -98,6 +98,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         handler: ClientHandler,
         settings: TransportSettings,
         client_info: dict[str, Any] | None,
+        authenticated_principal: str | None = None,
     ) -> None:
         super().__init__(
             f"rda-memory-client-{next(_instances)}", network.clock, settings.send_hwm, network._bump
@@ -107,6 +108,9 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         self._settings = settings
         self._info = connect_info("memory")
         self._info.update(client_info or {})
+        # Plays ZAP's role: the memory server hands this to its handler as the transport's
+        # ``authenticated_principal``, whatever the CONNECT info says.
+        self.authenticated_principal = authenticated_principal
         self._ids = itertools.count(1)
         self._conns: dict[int, _Connection] = {}
         self._routing: dict[int, bytes] = {}

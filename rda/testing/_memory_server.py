@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryServerTransport"]
 
+# The client-info key of the identity a transport authenticated (the business layer's
+# rda.business.server_requests.AUTHENTICATED_PRINCIPAL; spelt here, transports sit below it).
+AUTHENTICATED_PRINCIPAL = "authenticated_principal"
+
 log = logging.getLogger("rda.testing")
 _HEARTBEAT = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
@@ -255,6 +259,13 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
         self._peers[p.rid] = p
         self._send(p, encode_connect_ack(self._info), None)
+        # As a CURVE transport does: the authenticated identity comes from the transport (here
+        # the client transport object's attribute), never from what the client wrote.
+        info = dict(info)
+        info.pop(AUTHENTICATED_PRINCIPAL, None)
+        principal = getattr(link.client, "authenticated_principal", None)
+        if isinstance(principal, str) and principal:
+            info[AUTHENTICATED_PRINCIPAL] = principal
         try:
             self._handler.on_peer_connected(p.rid, info)
         except Exception:
