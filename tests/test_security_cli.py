@@ -81,18 +81,21 @@ def start(command: str, cwd: Path, started: list[subprocess.Popen[str]]) -> list
     return lines
 
 
-def walkthrough() -> list[str]:
+def walkthrough() -> tuple[str, list[str]]:
+    """The walk-through's policy file and its commands, as docs/security.md shows them."""
     section = DOC.read_text().split("## Walk-through", 1)[1]
+    policy = re.search(r"```toml\n(.*?)```", section, re.S)
     block = re.search(r"```console\n(.*?)```", section, re.S)
-    assert block is not None, "docs/security.md has no walk-through block"
-    return [line[2:] for line in block.group(1).splitlines() if line.startswith("$ ")]
+    assert policy is not None and block is not None, "docs/security.md has no walk-through"
+    return policy.group(1), [line[2:] for line in block.group(1).splitlines() if line[:2] == "$ "]
 
 
 def test_walkthrough_runs_as_written(
     tmp_path: Path, background: list[subprocess.Popen[str]]
 ) -> None:
-    commands = walkthrough()
+    policy, commands = walkthrough()
     assert len(commands) == 5
+    (tmp_path / "policy.toml").write_text(policy)
     outputs = []
     for command in commands:
         if command.endswith("&"):
@@ -108,6 +111,15 @@ def test_walkthrough_runs_as_written(
     server_key = security.load_public_key(tmp_path / "server.key")
     assert f"CURVE    server key {server_key}" in outputs[3]
     assert outputs[4].startswith("PS1/Setting") and "current" in outputs[4]
+
+    # What the policy grants the operator, and what it refuses before anything runs (exit 5).
+    allowed = shell("rda set PS1/Setting current=3 --key operator.key_secret", tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    refused = shell(
+        "rda admin RdaDemoServer log-level level=DEBUG --key operator.key_secret", tmp_path
+    )
+    assert refused.returncode == ExitCode.NOT_AUTHORIZED, refused.stderr
+    assert "operator (roles: operator) may not admin:log-level" in refused.stderr
 
     # What the text after the block says: no key, or an unknown key, exit 5 at once.
     plain = shell("rda get PS1/Setting", tmp_path)
