@@ -36,11 +36,12 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Kind, UnsupportedVersion, encode_connect_ack, encode_message
+from rda.transport.protocol import Kind, UnsupportedVersion, encode_message, encode_refusal
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
 
 __all__ = [
     "CLOSED_LOCALLY",
+    "HANDSHAKE_REFUSED",
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
     "NO_CONNECT_ACK",
@@ -61,8 +62,6 @@ __all__ = [
     "reject_request_before_connect",
     "reject_undecodable",
 ]
-
-_CONNECT_KIND = bytes([Kind.CONNECT])
 
 
 class Counters:
@@ -92,6 +91,10 @@ class ServerCounters(Counters):
         self._queue_depth = 0  # messages waiting in all peers' outboxes
         self._conflated = 0
         self._dropped = 0
+        # Connections refused in the ZeroMQ handshake: ZAP denials (unknown or no CURVE key)
+        # plus handshakes that failed before ZAP (garbage, wrong mechanism or server key).
+        self._auth_failures = 0
+        self._handshake_failures = 0
 
     def _count_bad_input(self, bad: BadInput) -> None:
         # Every dropped message counts as a decode error; the protocol violations among them
@@ -125,6 +128,7 @@ class ServerCounters(Counters):
             notifications_conflated=self._conflated,
             messages_dropped=self._dropped,
             handler_errors=self._handler_errors,
+            auth_failures=self._auth_failures,
         )
 
 
@@ -160,6 +164,8 @@ HEARTBEAT_TIMEOUT = "heartbeat timeout"
 PEER_GONE = "peer gone"  # server: the client's connection closed
 RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
+# Client: the ZeroMQ security handshake failed (the business layer raises NotAuthorizedError).
+HANDSHAKE_REFUSED = "security handshake refused"
 
 
 def lost_reason(state: ConnState) -> str:
@@ -206,8 +212,9 @@ def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer
     if isinstance(exc, UnsupportedVersion):
         if exc.request_id is not None:
             return BadInput(exc, True, _exception_reply(exc.request_id, exc))
-        if bytes(frames[0]) == _CONNECT_KIND:
-            return BadInput(exc, True, list(encode_connect_ack({"error": str(exc)})))
+        first = frames[0]
+        if len(first) and first[0] == Kind.CONNECT:
+            return BadInput(exc, True, list(encode_refusal(exc)))
         return BadInput(exc, True)
     return BadInput(exc, isinstance(exc, ProtocolError))
 

@@ -80,6 +80,8 @@ class ServerTransportStatistics:
     messages_dropped: int = 0
     # Handler calls that raised (logged; the dispatcher carries on).
     handler_errors: int = 0
+    # Connections refused in the ZeroMQ handshake (CURVE/ZAP: no or unknown key, garbage).
+    auth_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +177,9 @@ class ServerTransport(Protocol):
         """Fan one notification out with a single hand-off to the dispatcher.
 
         ``targets`` are ``(peer, subscription_id, header_frame)``; each peer gets
-        ``[REPLY kind byte, header_frame, *tail]``, where ``tail`` (body frames and descriptor)
-        was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
+        ``protocol.join_tail(header_frame, tail)`` (one packed frame: REPLY kind byte, its
+        header, the shared tail), where ``tail`` (``protocol.encode_tail``: body table and
+        bodies) was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
         conflation key, as in ``send``.
         """
         ...
