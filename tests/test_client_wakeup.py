@@ -28,6 +28,7 @@ from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
 from rda.transport._mailbox import Wakeup
+from rda.transport.api import TransportSettings
 from rda.transport.protocol import Kind, encode_message
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
@@ -380,3 +381,45 @@ def test_many_blocking_callers_each_get_their_own_reply() -> None:
     finally:
         client.close()
         server.stop()
+
+
+def test_requests_sent_by_the_reply_handler_never_stall_the_dispatcher() -> None:
+    """64 requests in flight, each reply's handler sends the next one from the dispatcher.
+
+    A send may process the socket's pending commands (and so consume the signal that would
+    wake the poll for a reply that already arrived): the dispatcher must not mark the socket
+    settled after such a send. The heartbeat is an hour away, so a missed wake-up would stall
+    for good and the bounded wait below fails.
+    """
+    echo = _Echo()
+    server = ZmqServerTransport("tcp://127.0.0.1:0", echo)
+    echo.transport = server
+    server.start()
+    rec = _Rec()
+    settings = TransportSettings(heartbeat_interval=3600.0, heartbeat_timeout=7200.0)
+    client = ZmqClientTransport(rec, settings)
+    client.start()
+    total = 4000
+    sent = [0]
+    done = threading.Event()
+    replies = [0]
+    try:
+        conn = client.connect(server.endpoint)
+        assert rec.connected.wait(WAIT)
+
+        def reply(message: Message) -> None:
+            replies[0] += 1
+            if sent[0] < total:
+                sent[0] += 1
+                client.send(conn, request(sent[0]))
+            elif replies[0] == total:
+                done.set()
+
+        rec.on_reply = reply
+        for _ in range(64):
+            sent[0] += 1
+            client.send(conn, request(sent[0]))
+        assert done.wait(30), f"stalled after {replies[0]} of {total} replies"
+    finally:
+        client.close()
+        server.close()

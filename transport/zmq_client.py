@@ -379,10 +379,14 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             return
         for _ in range(common.BATCH - 1):
             ahead = common.recv_frames(sock)
-            self._deliver(c, raw, now)
             if ahead is None:
+                # Settled by that receive, not after the hand-on: a handler that sends on this
+                # socket marks it for a new check (a send may process, and so consume, the
+                # signal of a reply that already arrived).
                 self._poller.settle(sock)
+                self._deliver(c, raw, now)
                 return
+            self._deliver(c, raw, now)
             raw = ahead
             if self._closing or c.id not in self._conns:
                 return
