@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._mailbox import Mailbox
@@ -45,6 +46,7 @@ from rda.transport.api import (
     ClientHandler,
     ClientTransportStatistics,
     TransportSettings,
+    batch_receiver,
 )
 from rda.transport.protocol import (
     ConnectAck,
@@ -99,6 +101,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     ) -> None:
         super().__init__("client", settings, context, clock, log)
         self._handler = handler
+        self._on_messages = batch_receiver(handler)
         self._info = default_client_info()
         if client_info:
             self._info.update(client_info)
@@ -307,6 +310,24 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._poller.watch_mailbox(True)
 
     def _drain_dealer(self, c: _Connection) -> None:
+        # A handler that takes batches (api.BatchClientHandler) gets every REPLY of this
+        # drain in one call after the last receive: consumers are woken once per batch, and
+        # not while this thread still makes GIL-releasing receive calls.
+        batch: list[Message] | None = [] if self._on_messages is not None else None
+        try:
+            self._drain_into(c, batch)
+        finally:
+            if batch:
+                self._deliver_batch(c, batch)
+
+    def _deliver_batch(self, c: _Connection, batch: list[Message]) -> None:
+        assert self._on_messages is not None
+        try:
+            self._on_messages(c.id, batch)
+        except Exception:
+            self._handler_failed("on_messages")
+
+    def _drain_into(self, c: _Connection, batch: list[Message] | None) -> None:
         sock = c.sock
         max_size = self._settings.max_message_size
         now = self._clock()
@@ -327,10 +348,13 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                 continue
             if type(event) is Incoming:
                 if c.state is ConnState.CONNECTED:
-                    try:
-                        self._handler.on_message(c.id, event.message)
-                    except Exception:
-                        self._handler_failed("on_message")
+                    if batch is not None:
+                        batch.append(event.message)
+                    else:
+                        try:
+                            self._handler.on_message(c.id, event.message)
+                        except Exception:
+                            self._handler_failed("on_message")
                 else:
                     self._decode_errors += 1
                     log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
