@@ -1,4 +1,5 @@
-"""The ``rda`` command-line tool: get, set, subscribe, admin, directory (serve/bench: cli_run).
+"""The ``rda`` command-line tool: get, set, subscribe, admin, directory (serve/bench: cli_run;
+keys: cli_keys).
 
 Human output by default (tables, summarised arrays, times with units), ``--json`` for
 scripts; expected failures print one line and exit with a code from
@@ -24,8 +25,10 @@ from rda.admin.cli_common import (
     emit_json,
     open_client,
     reporting,
+    security_options,
     split_address,
 )
+from rda.admin.cli_keys import keys
 from rda.admin.cli_run import bench, serve
 from rda.admin.cli_values import BadValueError, build_data, parse_assignments
 from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
@@ -98,6 +101,7 @@ def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> N
 @click.option("--field", "-f", default=None, help="Print only this field (a.b for nested).")
 @_JSON
 @_TIMEOUT
+@security_options
 @click.pass_obj
 def get(
     options: Options,
@@ -106,10 +110,12 @@ def get(
     field: str | None,
     as_json: bool,
     timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
 ) -> None:
     """Read a property once and print its value."""
     device, prop = split_address(address)
-    with open_client(options) as client:
+    with open_client(options, key_file, server_key) as client:
         acq = client.access_point(device, prop).get(selector=selector or None, timeout=timeout)
     if field is not None:
         value = _field(acq.data, field, address)
@@ -138,6 +144,7 @@ def get(
     is_flag=True,
     help="Do not read the current value first (types are inferred from the literals).",
 )
+@security_options
 @click.pass_obj
 def set_(
     options: Options,
@@ -147,11 +154,13 @@ def set_(
     selector: str,
     timeout: float | None,
     no_read: bool,
+    key_file: Path | None,
+    server_key: str | None,
 ) -> None:
     """Write a property: each NAME=VALUE is converted to that field's current type."""
     device, prop = split_address(address)
     given = _set_values(values, json_text)
-    with open_client(options) as client:
+    with open_client(options, key_file, server_key) as client:
         ap = client.access_point(device, prop)
         template = None if no_read else ap.get(selector=selector or None, timeout=timeout).data
         with reporting():
@@ -185,6 +194,7 @@ def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any
 @click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
 @click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")
 @_JSON
+@security_options
 @click.pass_obj
 def subscribe(
     options: Options,
@@ -193,11 +203,13 @@ def subscribe(
     count: int | None,
     duration: float | None,
     as_json: bool,
+    key_file: Path | None,
+    server_key: str | None,
 ) -> None:
     """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
     device, prop = split_address(address)
     tally = _Tally()
-    with open_client(options) as client:
+    with open_client(options, key_file, server_key) as client:
         sub = client.access_point(device, prop).subscribe(selector=selector or None)
         try:
             deadline = None if duration is None else time.monotonic() + duration
@@ -298,6 +310,7 @@ def _summary_line(summary: dict[str, Any]) -> str:
 @click.argument("arguments", nargs=-1, metavar="[KEY=VALUE]...")
 @_JSON
 @_TIMEOUT
+@security_options
 @click.pass_obj
 def admin(
     options: Options,
@@ -306,6 +319,8 @@ def admin(
     arguments: tuple[str, ...],
     as_json: bool,
     timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
 ) -> None:
     """Run an admin COMMAND on TARGET (server name, device name or endpoint).
 
@@ -316,7 +331,7 @@ def admin(
         args = parse_assignments(arguments)
     except BadValueError as exc:
         raise CliError(str(exc), ExitCode.BAD_VALUE) from None
-    with open_client(options) as client:
+    with open_client(options, key_file, server_key) as client:
         reply = client.admin(target, command, timeout=timeout, **args)
     result = reply.to_dict()
     if as_json:
@@ -420,6 +435,7 @@ def _context_line(context: DataContext) -> str:
 # serve and bench live in their own module (cli_run) to keep each file to one job.
 cli.add_command(serve)
 cli.add_command(bench)
+cli.add_command(keys)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from rda.admin.format import dumps
 from rda.business.client import ClientService
 from rda.business.config import Config, ConfigError
 from rda.business.directory import StaticDirectory, default_directory
+from rda.business.security import ClientSecurity, load_keypair, parse_server_key
 from rda.serialization.errors import (
     DecodeError,
     DisconnectedError,
@@ -43,6 +44,7 @@ __all__ = [
     "emit_json",
     "fail",
     "open_client",
+    "security_options",
     "split_address",
 ]
 
@@ -133,7 +135,7 @@ def _kind(exc: BaseException) -> str:
         DecodeError: "bad data",
         BadValueError: "bad value",
         ConfigError: "configuration",
-    }.get(type(exc), "error")
+    }.get(type(exc), "configuration" if isinstance(exc, ConfigError) else "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,16 +153,53 @@ class Options:
             return Config()
 
 
+def security_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--key`` and ``--server-key``: CURVE for a client command (docs/security.md)."""
+    command = click.option(
+        "--server-key",
+        default=None,
+        metavar="KEY|FILE",
+        help="The server's CURVE public key (Z85) or key file (default: RDA_SERVER_KEY, "
+        "else the server's directory entry).",
+    )(command)
+    return click.option(
+        "--key",
+        "key_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Connect with CURVE using this key pair file (default: RDA_KEY_FILE).",
+    )(command)
+
+
+def client_security(
+    config: Config, key_file: Path | None, server_key: str | None
+) -> ClientSecurity | None:
+    """The client's CURVE settings from the flags, else the configuration (RDA_KEY_FILE...)."""
+    key_file = key_file if key_file is not None else config.key_file
+    server_key = server_key if server_key is not None else config.server_key
+    if key_file is None:
+        if server_key is not None:
+            raise click.UsageError("--server-key needs --key (this client's key pair)")
+        return None
+    return ClientSecurity(
+        load_keypair(key_file), None if server_key is None else parse_server_key(server_key)
+    )
+
+
 @contextmanager
-def open_client(options: Options) -> Iterator[ClientService]:
-    """A ClientService on the configured directory, or on ``--endpoint`` for every device."""
+def open_client(
+    options: Options, key_file: Path | None = None, server_key: str | None = None
+) -> Iterator[ClientService]:
+    """A ClientService on the configured directory, or on ``--endpoint`` for every device;
+    with CURVE when a key file is given (flag or configuration)."""
     with reporting():
         config = options.config()
         if options.endpoint is not None:
             directory: Any = StaticDirectory({"*": options.endpoint})
         else:
             directory = default_directory(config)
-        client = ClientService(directory=directory, config=config)
+        security = client_security(config, key_file, server_key)
+        client = ClientService(directory=directory, config=config, security=security)
     try:
         with reporting():
             yield client

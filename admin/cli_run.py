@@ -6,7 +6,8 @@ built ``Server``, a ``Device`` subclass or instance, or a callable returning one
 (``rda serve myapp:make_server``). ``rda serve demo`` runs ``rda.demo``'s server. The current
 directory is importable, as with ``python -m``. ``--metrics-port`` serves ``/metrics`` for any
 of them; admin commands need the builder route (``rda.admin.install``), which a built Server
-decided for itself.
+decided for itself. ``--key``/``--clients`` (and ``--secure DIR`` for the demo) add CURVE
+encryption and client authentication to a builder (docs/security.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rda.admin.format import format_duration
 from rda.admin.metrics import metrics_endpoint, start_metrics, stop_metrics
 from rda.business.device import Device
 from rda.business.policy import PolicyError
+from rda.business.security import ServerSecurity, load_keypair
 from rda.business.server import Server, ServerBuilder
 
 __all__ = ["bench", "load_server", "serve"]
@@ -60,6 +62,27 @@ __all__ = ["bench", "load_server", "serve"]
     help="Believe the principal a client declares (RDA_PRINCIPAL). Test stands only.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoint as JSON.")
+@click.option(
+    "--key",
+    "key_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="CURVE: this server's key pair file (needs --clients).",
+)
+@click.option(
+    "--clients",
+    "clients_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="CURVE: the directory of NAME.key files of the clients allowed to connect.",
+)
+@click.option(
+    "--secure",
+    "secure_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="demo only: CURVE with the keys in DIR, created on first use (docs/security.md).",
+)
 @click.pass_obj
 def serve(
     options: Options,
@@ -72,12 +95,23 @@ def serve(
     policy_file: Path | None,
     trust_declared_principals: bool,
     as_json: bool,
+    key_file: Path | None,
+    clients_dir: Path | None,
+    secure_dir: Path | None,
 ) -> None:
     """Run a server until Ctrl-C or SIGTERM, printing where it listens."""
+    security = _security(target, key_file, clients_dir, secure_dir)
     if target == "demo":
         server: ServerBuilder | Server = _demo(bind, name, options)
     else:
         server = load_server(target, bind=bind, name=name, device_name=device_name, options=options)
+    if security is not None:
+        if not isinstance(server, ServerBuilder):
+            raise CliError(
+                f"{target} is an already built Server: --key/--clients cannot secure it",
+                ExitCode.USAGE,
+            )
+        server.security(security)
     if isinstance(server, ServerBuilder):
         if metrics_port is not None:
             server.metrics_port(metrics_port)
@@ -152,6 +186,25 @@ def load_server(
     )
 
 
+def _security(
+    target: str, key_file: Path | None, clients_dir: Path | None, secure_dir: Path | None
+) -> ServerSecurity | None:
+    if secure_dir is not None:
+        if target != "demo":
+            raise click.UsageError("--secure is for `rda serve demo`; use --key and --clients")
+        if key_file is not None or clients_dir is not None:
+            raise click.UsageError("--secure chooses the key files: no --key/--clients with it")
+        from rda.demo import demo_security
+
+        return demo_security(secure_dir)
+    if (key_file is None) != (clients_dir is None):
+        # A key without clients would refuse everyone; clients without a key cannot be checked.
+        raise click.UsageError("--key and --clients go together")
+    if key_file is None or clients_dir is None:
+        return None
+    return ServerSecurity(load_keypair(key_file), clients=clients_dir)
+
+
 def _demo(bind: str | None, name: str | None, options: Options) -> ServerBuilder:
     """``rda.demo``'s server with the admin commands, on ``bind`` (default: a free port)."""
     # Imported here: the demo's simulated devices are only needed by `rda serve demo`.
@@ -196,11 +249,15 @@ def _announce(server: Server, as_json: bool) -> None:
     }
     if endpoint is not None:
         info["metrics_url"] = endpoint.url
+    if server.server_key is not None:
+        info["server_key"] = server.server_key
     if as_json:
         emit_json(info)
         return
     click.echo(f"{server.name} serving {', '.join(server.devices()) or '(no devices)'}")
     click.echo(f"endpoint {server.endpoint}")
+    if server.server_key is not None:
+        click.echo(f"CURVE    server key {server.server_key}")
     if endpoint is not None:
         click.echo(f"metrics  {endpoint.url}")
     sys.stdout.flush()

@@ -123,6 +123,12 @@ class ServerCollector(Collector):
             name,
             transport.peer_queue_depth,
         )
+        yield _counter(
+            "rda_auth_failures",
+            "Connections refused in the CURVE/ZAP handshake (no or unknown key, garbage).",
+            name,
+            transport.auth_failures,
+        )
         yield _gauge(
             "rda_scheduler_queued_tasks", "Tasks waiting in the scheduler.", name, scheduler.queued
         )

@@ -25,6 +25,8 @@ The slow-consumer and restart cases run in-process only (they drive the server d
 Prints one JSON object.
 
     .venv/bin/python benchmarks/rpc.py [--quick] [--mode in_process|separate_process|both]
+
+``--secure`` runs the CURVE arrangement instead (``benchmarks/_secure.py``).
 """
 
 from __future__ import annotations
@@ -546,9 +548,16 @@ def main() -> None:
         help="rda servers run gets/sets on their dispatcher (ServerBuilder.inline_handlers)",
     )
     parser.add_argument("--serve", choices=("raw", "rda"), help=argparse.SUPPRESS)
+    parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+        return
+    if args.secure:
+        import _secure  # beside this script (sys.path[0])
+
+        json.dump(_secure.run(args.quick), sys.stdout, indent=2)
+        print()
         return
     args.round_trips = 300 if args.quick else 3000
     args.seconds = 0.5 if args.quick else 3.0

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
 from rda.business.client_endpoints import Endpoint, resolve_again
@@ -47,7 +47,7 @@ from rda.business.client_stats import ClientCounters, ClientStatistics
 from rda.business.client_subscription import Notification, Subscription
 from rda.business.client_timer import Timer
 from rda.business.config import Config
-from rda.business.directory import ChainDirectory, Directory, default_directory
+from rda.business.directory import ChainDirectory, Directory, default_directory, server_key_of
 from rda.business.reconnect import Backoff, BackoffPolicy
 from rda.business.scheduler import GroupTaskScheduler
 from rda.serialization import _binary
@@ -57,12 +57,18 @@ from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import (
     DisconnectedError,
     NoSuchDeviceError,
+    NotAuthorizedError,
     RdaError,
     TimeoutError,
     TransportError,
 )
+from rda.transport._peers import HANDSHAKE_REFUSED
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_message
+
+if TYPE_CHECKING:  # zmq stays unloaded for clients on the in-memory transport
+    from rda.business.security import ClientSecurity
+    from rda.transport._curve import ClientCurve
 
 __all__ = ["AccessPoint", "ClientService", "Notification", "Subscription", "TransportFactory"]
 
@@ -80,12 +86,15 @@ _NOTIFICATIONS = frozenset(
 
 
 def _zmq_transport(
-    handler: ClientHandler, settings: TransportSettings, info: dict[str, Any]
+    handler: ClientHandler,
+    settings: TransportSettings,
+    info: dict[str, Any],
+    curve: ClientCurve | None = None,
 ) -> ClientTransport:
     # Imported here so that tests over the in-memory transport never load zmq's machinery.
     from rda.transport.zmq_client import ZmqClientTransport
 
-    return ZmqClientTransport(handler, settings, info)
+    return ZmqClientTransport(handler, settings, info, curve=curve)
 
 
 class _Handler:
@@ -106,9 +115,11 @@ class ClientService:
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
     ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
-    ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``) is the name this client
-    declares to servers; only a server that trusts declared names uses it for authorization.
-    Use it as a context manager or call ``close()``.
+    ``security`` (``rda.security.ClientSecurity``) makes every connection CURVE-encrypted and
+    authenticated; a server that refuses this client's key fails requests with
+    ``NotAuthorizedError``. ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``)
+    is the name this client declares to servers; only a server that trusts declared names uses
+    it for authorization. Use it as a context manager or call ``close()``.
     """
 
     def __init__(
@@ -120,6 +131,7 @@ class ClientService:
         clock: Callable[[], float] | None = None,
         client_info: Mapping[str, Any] | None = None,
         rng_seed: int | None = None,
+        security: ClientSecurity | None = None,
         principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
@@ -150,6 +162,12 @@ class ClientService:
         # A fake clock cannot be slept on: re-read it every 10 ms of real time.
         self._timer = Timer(self._clock, max_wait=None if clock is None else 0.01)
         factory = transport_factory if transport_factory is not None else _zmq_transport
+        if security is not None:
+            if transport_factory is not None:
+                raise RdaError("security (CURVE) needs the ZeroMQ transport, not a custom one")
+            directory = self.directory
+            curve = security.curve(lambda endpoint: server_key_of(directory, endpoint))
+            factory = functools.partial(_zmq_transport, curve=curve)
         info = dict(client_info or {})
         # A declared name (config: RDA_PRINCIPAL); a server believes it only when it trusts
         # declared names, otherwise the transport's authenticated identity counts.
@@ -384,7 +402,10 @@ class ClientService:
         if p is not None:
             self._fail(p, self._disconnect_error(p, address, reason))
 
-    def _disconnect_error(self, p: Pending, address: str, reason: str) -> DisconnectedError:
+    def _disconnect_error(self, p: Pending, address: str, reason: str) -> RdaError:
+        if reason.startswith(HANDSHAKE_REFUSED):
+            # Retrying cannot help: the server does not accept this client (or its key).
+            return NotAuthorizedError(f"{p.op} {p.device}/{p.property}: {address}: {reason}")
         return DisconnectedError(
             f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
         )

@@ -100,6 +100,13 @@ class Config(BaseSettings):
     max_message_size: int = Field(
         DEFAULT_MAX_MESSAGE_SIZE, ge=1024, description="Largest accepted message, bytes."
     )
+    # Read by the rda CLI's client commands (get/set/subscribe/admin), like --key/--server-key.
+    key_file: Path | None = Field(
+        None, description="CURVE key pair file of the rda CLI as a client; None: no CURVE."
+    )
+    server_key: str | None = Field(
+        None, description="CURVE public key (Z85 text or a key file) of the server to reach."
+    )
     principal: str | None = Field(
         None,
         description="Principal a client declares in CONNECT (believed only by servers that "
@@ -122,6 +129,11 @@ class Config(BaseSettings):
     def _expand_home(cls, path: Path) -> Path:
         # ``RDA_DIRECTORY_FILE=~/rda.json`` is not expanded by every shell (e.g. inside quotes).
         return path.expanduser()
+
+    @field_validator("key_file")
+    @classmethod
+    def _expand_key_home(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser()
 
     @field_validator("directory")
     @classmethod

@@ -38,6 +38,8 @@ __all__ = [
     "ServerEntry",
     "StaticDirectory",
     "default_directory",
+    "server_key_of",
+    "split_server_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ _ENDPOINT = re.compile(r"^(tcp|ipc|inproc)://\S+$")
 # A server bound to every interface is reached on this machine through loopback.
 _WILDCARD_HOST = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]|::):")
 _FILE_VERSION = 1
+# A static mapping value may carry the server's CURVE key: "tcp://host:5555;server_key=KEY"
+# (";" is not a Z85 character, so the key itself never contains it).
+_KEY_MARK = ";server_key="
 _LOCK_TIMEOUT = 10.0
 
 
@@ -96,19 +101,36 @@ class _Matcher:
         return None
 
 
+def split_server_key(value: str) -> tuple[str, str | None]:
+    """``"tcp://h:p;server_key=KEY"`` -> ``("tcp://h:p", "KEY")``; no key: ``(value, None)``."""
+    endpoint, mark, key = value.partition(_KEY_MARK)
+    return endpoint, (key if mark else None)
+
+
 class StaticDirectory:
     """A fixed mapping of device names and glob patterns to endpoints.
 
-    An exact name wins over any pattern; patterns are tried in the mapping's order.
+    An exact name wins over any pattern; patterns are tried in the mapping's order. A value
+    may end in ``;server_key=KEY``: the server's CURVE public key (docs/security.md).
     """
 
     def __init__(self, mapping: Mapping[str, str]) -> None:
-        for name, endpoint in mapping.items():
+        self._keys: dict[str, str] = {}
+        plain: dict[str, str] = {}
+        for name, value in mapping.items():
             if not isinstance(name, str) or not name.strip():
                 raise ValueError(f"device names and patterns must be non-empty, got {name!r}")
+            endpoint, key = split_server_key(value) if isinstance(value, str) else (value, None)
             _check_endpoint(endpoint, repr(name))
-        self._mapping = dict(mapping)
+            if key is not None:
+                self._keys[endpoint] = key
+            plain[name] = endpoint
+        self._mapping = plain
         self._matcher = _Matcher(self._mapping.items())
+
+    def server_key(self, endpoint: str) -> str | None:
+        """The CURVE public key given for the server at ``endpoint``, if any."""
+        return self._keys.get(endpoint)
 
     def __repr__(self) -> str:
         return f"StaticDirectory({len(self._mapping)} entries)"
@@ -143,6 +165,13 @@ class ChainDirectory:
         tried = ", ".join(map(repr, self.directories))
         raise NoSuchDeviceError(f"{device}: no such device (looked in {tried})")
 
+    def server_key(self, endpoint: str) -> str | None:
+        for directory in self.directories:
+            key = server_key_of(directory, endpoint)
+            if key is not None:
+                return key
+        return None
+
     def devices(self) -> dict[str, str]:
         merged: dict[str, str] = {}
         # Earlier directories win, so they are applied last.
@@ -161,6 +190,7 @@ class ServerEntry:
     pid: int
     host: str
     registered_at: float  # seconds since the epoch
+    server_key: str | None = None  # CURVE public key of a server with security
 
 
 class FileDirectory:
@@ -188,8 +218,15 @@ class FileDirectory:
 
     # -- writers -----------------------------------------------------------------------------
 
-    def register(self, server: str, endpoint: str, devices: Iterable[str]) -> None:
-        """Add or replace the entry of ``server`` (owned by this process)."""
+    def register(
+        self,
+        server: str,
+        endpoint: str,
+        devices: Iterable[str],
+        server_key: str | None = None,
+    ) -> None:
+        """Add or replace the entry of ``server`` (owned by this process); ``server_key``
+        is its CURVE public key, which clients read with the endpoint."""
         if not isinstance(server, str) or not server.strip():
             raise ValueError(f"server name must be a non-empty string, got {server!r}")
         _check_endpoint(endpoint, f"server {server!r}")
@@ -208,6 +245,8 @@ class FileDirectory:
             "registered_at": time.time(),
             "start": _process_start(os.getpid()),
         }
+        if server_key is not None:
+            entry["server_key"] = server_key
         with self._locked():
             servers = self._live(self._read())
             # Re-inserting moves the name to the end: file order is registration order.
@@ -248,6 +287,13 @@ class FileDirectory:
             for name in entry.devices:
                 mapping[name] = entry.endpoint
         return mapping
+
+    def server_key(self, endpoint: str) -> str | None:
+        """The CURVE public key the live server at ``endpoint`` registered, if any."""
+        for entry in reversed(self.servers()):
+            if entry.endpoint == endpoint and entry.server_key is not None:
+                return entry.server_key
+        return None
 
     def servers(self) -> list[ServerEntry]:
         """Live servers in registration order."""
@@ -396,7 +442,11 @@ def _record(name: str, raw: dict[str, Any]) -> _Record | None:
     start = raw.get("start")
     if not isinstance(start, int) or isinstance(start, bool):
         start = None
-    return _Record(ServerEntry(name, endpoint, tuple(devices), pid, host, float(at)), start)
+    key = raw.get("server_key")
+    entry = ServerEntry(
+        name, endpoint, tuple(devices), pid, host, float(at), key if isinstance(key, str) else None
+    )
+    return _Record(entry, start)
 
 
 class _Snapshot:
@@ -430,6 +480,12 @@ def _process_start(pid: int) -> int | None:
         return int(fields[19])  # field 22 overall
     except (IndexError, ValueError):
         return None
+
+
+def server_key_of(directory: Directory, endpoint: str) -> str | None:
+    """The server key ``directory`` knows for ``endpoint`` (a directory without keys: None)."""
+    lookup = getattr(directory, "server_key", None)
+    return lookup(endpoint) if callable(lookup) else None
 
 
 def default_directory(config: Config | None = None) -> Directory:

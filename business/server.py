@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
@@ -46,6 +46,10 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
+
+if TYPE_CHECKING:  # zmq stays unloaded for servers on the in-memory transport
+    from rda.business.security import ServerSecurity
+    from rda.transport._curve import ServerCurve
 
 __all__ = ["Server", "ServerBuilder", "TransportFactory"]
 
@@ -88,6 +92,7 @@ class ServerBuilder:
         self._trust_declared = False
         self._on_start: list[Hook] = []
         self._on_stop: list[Hook] = []
+        self._security: ServerSecurity | None = None
 
     def endpoint(self, endpoint: str) -> ServerBuilder:
         """Where to bind, e.g. "tcp://127.0.0.1:0" (port 0: any free port) or "tcp://*:5555"."""
@@ -176,6 +181,12 @@ class ServerBuilder:
         self.metrics_port_value = port
         return self
 
+    def security(self, security: ServerSecurity | None) -> ServerBuilder:
+        """CURVE encryption and client authentication (docs/security.md): only the clients
+        listed in ``security.clients`` can connect. Needs the default ZeroMQ transport."""
+        self._security = security
+        return self
+
     def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
         """Authorize every get, set, subscribe and admin request by ``policy`` (a
         :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
@@ -222,6 +233,12 @@ class ServerBuilder:
         else:
             rr = self._rr if self._rr is not None else RequestReplyCallback()
             subs = self._subs if self._subs is not None else SubscriptionCallback()
+        curve = None
+        if self._security is not None:
+            if self._transport is not None:
+                raise RdaError("security (CURVE) needs the ZeroMQ transport, not a custom one")
+            # Key files are read here: a bad one stops the server before it binds.
+            curve = self._security.curve()
         return Server(
             name=self.name,
             endpoint=self._endpoint,
@@ -242,6 +259,7 @@ class ServerBuilder:
             trust_declared=self._trust_declared,
             on_start=list(self._on_start),
             on_stop=list(self._on_stop),
+            curve=curve,
         )
 
 
@@ -270,6 +288,7 @@ class Server:
         policy_file: Path | None = None,
         trust_declared: bool = False,
         inline_handlers: bool = False,
+        curve: ServerCurve | None = None,
     ) -> None:
         self.name = name
         self._inline = inline_handlers
@@ -287,6 +306,7 @@ class Server:
         self._admin = admin_handler
         self._on_start = on_start
         self._on_stop = on_stop
+        self._curve = curve
         self._rr = request_reply
         self._subs = subscription
         self._counters = RequestCounters()
@@ -359,7 +379,11 @@ class Server:
             from rda.transport.zmq_server import ZmqServerTransport
 
             transport = ZmqServerTransport(
-                self._requested_endpoint, dispatch, settings=settings, server_info=info
+                self._requested_endpoint,
+                dispatch,
+                settings=settings,
+                server_info=info,
+                curve=self._curve,
             )
         self._transport = transport
         self._registry = SubscriptionRegistry(transport)
@@ -370,7 +394,12 @@ class Server:
         self._endpoint = transport.endpoint
         self.started_at = time.time()
         if self._directory is not None and self._devices:
-            self._directory.register(self.name, _connectable(self._endpoint), self._devices)
+            self._directory.register(
+                self.name,
+                _connectable(self._endpoint),
+                self._devices,
+                server_key=None if self._curve is None else self._curve.public,
+            )
             self._registered = True
         with self._state_lock:
             self._state = "running"
@@ -441,6 +470,11 @@ class Server:
     def endpoint(self) -> str:
         """The bound endpoint (the real port once started)."""
         return self._endpoint
+
+    @property
+    def server_key(self) -> str | None:
+        """The CURVE public key clients need (``ServerBuilder.security``); None: plain."""
+        return None if self._curve is None else self._curve.public
 
     @property
     def running(self) -> bool:

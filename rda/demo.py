@@ -9,6 +9,9 @@ Devices:
 - ``BPM1``: a beam position monitor. ``Orbit``: a 2x64 float64 array (horizontal and vertical
   positions in mm) with the monitor ``positions`` along the ring, published with the cycle.
 - ``FAULTY``: its ``Status`` property fails on purpose, to show an error reaching a client.
+
+``rda serve demo --secure DIR`` serves it with CURVE encryption and client authentication
+(:func:`demo_security`, docs/security.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -30,6 +34,13 @@ from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.device import Device, prop
 from rda.business.directory import FileDirectory
+from rda.business.security import (
+    ServerSecurity,
+    generate_keypair,
+    load_keypair,
+    save_keypair,
+    save_public_key,
+)
 from rda.business.server import Server, ServerBuilder
 from rda.business.server_requests import GetRequest, SetRequest
 from rda.serialization._data import Data
@@ -43,6 +54,7 @@ __all__ = [
     "SettingModel",
     "build_demo_server",
     "demo_builder",
+    "demo_security",
     "main",
 ]
 
@@ -232,6 +244,26 @@ def build_demo_server(
     return demo_builder(
         endpoint, name=name, config=config, directory=directory, rate_hz=rate_hz, seed=seed
     ).build()
+
+
+def demo_security(folder: Path | str) -> ServerSecurity:
+    """CURVE for the demo (``rda serve demo --secure DIR``), keys created on first use.
+
+    ``DIR/server.key_secret`` is the server's pair; ``DIR/clients/`` holds the public keys
+    of the accepted clients, seeded with ``operator`` whose pair is ``DIR/operator.key_secret``
+    (``rda get PS1/Setting --key DIR/operator.key_secret``). Existing files are kept, so
+    clients added to ``DIR/clients`` stay accepted across restarts.
+    """
+    folder = Path(folder)
+    server_file, clients = folder / "server.key_secret", folder / "clients"
+    if not server_file.exists():
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        save_keypair(generate_keypair(), server_file)
+        clients.mkdir(exist_ok=True)
+        operator = generate_keypair()
+        save_keypair(operator, folder / "operator.key_secret")
+        save_public_key(operator.public, clients / "operator.key")
+    return ServerSecurity(load_keypair(server_file), clients=clients)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

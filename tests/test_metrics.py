@@ -71,6 +71,7 @@ class FakeServer:
                 decode_errors=2,
                 notifications_conflated=6,
                 messages_dropped=7,
+                auth_failures=15,
             ),
             scheduler=SchedulerStatistics(3, 1, 10, 0, 8, 1, 2, 2, 9),
             requests={("get", "ok"): self.gets, ("set", "overload"): 5},
@@ -124,6 +125,7 @@ def test_metrics_endpoint_serves_server_statistics(server: FakeServer) -> None:
     assert first[("rda_notifications_sent_total", (("server", s),))] == 13
     assert first[("rda_notifications_conflated_total", (("server", s),))] == 6
     assert first[("rda_messages_dropped_total", (("server", s),))] == 7
+    assert first[("rda_auth_failures_total", (("server", s),))] == 15
     assert first[("rda_scheduler_queued_tasks", (("server", s),))] == 3
     assert (
         first[("rda_scheduler_tasks_dropped_total", (("reason", "rejected"), ("server", s)))] == 8

@@ -41,6 +41,7 @@ from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, Heartbeat
 
 __all__ = [
     "CLOSED_LOCALLY",
+    "HANDSHAKE_REFUSED",
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
     "NO_CONNECT_ACK",
@@ -92,6 +93,10 @@ class ServerCounters(Counters):
         self._queue_depth = 0  # messages waiting in all peers' outboxes
         self._conflated = 0
         self._dropped = 0
+        # Connections refused in the ZeroMQ handshake: ZAP denials (unknown or no CURVE key)
+        # plus handshakes that failed before ZAP (garbage, wrong mechanism or server key).
+        self._auth_failures = 0
+        self._handshake_failures = 0
 
     def _count_bad_input(self, bad: BadInput) -> None:
         # Every dropped message counts as a decode error; the protocol violations among them
@@ -125,6 +130,7 @@ class ServerCounters(Counters):
             notifications_conflated=self._conflated,
             messages_dropped=self._dropped,
             handler_errors=self._handler_errors,
+            auth_failures=self._auth_failures,
         )
 
 
@@ -160,6 +166,8 @@ HEARTBEAT_TIMEOUT = "heartbeat timeout"
 PEER_GONE = "peer gone"  # server: the client's connection closed
 RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
+# Client: the ZeroMQ security handshake failed (the business layer raises NotAuthorizedError).
+HANDSHAKE_REFUSED = "security handshake refused"
 
 
 def lost_reason(state: ConnState) -> str:

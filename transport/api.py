@@ -82,6 +82,8 @@ class ServerTransportStatistics:
     messages_dropped: int = 0
     # Handler calls that raised (logged; the dispatcher carries on).
     handler_errors: int = 0
+    # Connections refused in the ZeroMQ handshake (CURVE/ZAP: no or unknown key, garbage).
+    auth_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)

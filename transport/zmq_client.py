@@ -30,9 +30,11 @@ import zmq
 from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
+from rda.transport._curve import ClientCurve, apply_client
 from rda.transport._mailbox import Mailbox
 from rda.transport._peers import (
     CLOSED_LOCALLY,
+    HANDSHAKE_REFUSED,
     HEARTBEAT_TIMEOUT,
     NO_CONNECT_ACK,
     ClientCounters,
@@ -67,6 +69,11 @@ log = logging.getLogger("rda.transport.client")
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
+_HANDSHAKE_FAILED: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ (CURVE on one side only?)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+}
 
 
 def default_client_info() -> dict[str, Any]:
@@ -89,7 +96,11 @@ class _Connection:
 
 
 class ZmqClientTransport(common.DispatcherShell, ClientCounters):
-    """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets."""
+    """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets.
+
+    With ``curve`` every DEALER is a CURVE client (``_curve``); a refused security handshake
+    is reported as a disconnection whose reason starts with ``HANDSHAKE_REFUSED``.
+    """
 
     def __init__(
         self,
@@ -98,10 +109,12 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         client_info: dict[str, Any] | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        curve: ClientCurve | None = None,
     ) -> None:
         super().__init__("client", settings, context, clock, log)
         self._handler = handler
         self._on_messages = batch_receiver(handler)
+        self._curve = curve
         self._info = default_client_info()
         if client_info:
             self._info.update(client_info)
@@ -223,6 +236,14 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         # Queue only towards a completed connection, so EAGAIN (not a silent libzmq buffer)
         # tells the dispatcher that the server does not keep up.
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        if self._curve is not None:
+            try:
+                apply_client(sock, self._curve, endpoint)
+            except TransportError as exc:
+                common.close_socket(sock)
+                self._disconnects += 1
+                self._notify_disconnected(conn, f"{HANDSHAKE_REFUSED}: {exc}")
+                return
         monitor = None if endpoint.startswith("inproc://") else common.open_monitor(sock)
         now = self._clock()
         s = self._settings
@@ -390,6 +411,10 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             except zmq.Again:
                 return
             event, _ = common.decode_monitor_event(raw)
+            refused = _HANDSHAKE_FAILED.get(event)
+            if refused is not None:
+                self._drop(c, f"{HANDSHAKE_REFUSED}: {refused}", ConnEvent.PEER_GONE)
+                return
             if event in common.GONE_EVENTS:
                 self._drop(c, lost_reason(c.state), ConnEvent.PEER_GONE)
                 return

@@ -15,6 +15,7 @@ has the details:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -26,6 +27,7 @@ import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
+from rda.transport._curve import ServerCurve, ZapHandler, apply_server
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
 from rda.transport._peers import (
@@ -74,6 +76,10 @@ _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 _REPLY_KIND = bytes([Kind.REPLY])
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
 _PROBE_FIRST, _PROBES = 0.001, 8
+# Monitor events of a handshake that failed before ZAP could judge it (ZAP denials count there).
+_GARBAGE_HANDSHAKE = frozenset(
+    {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
+)
 # Replies already handed to libzmq get this long to leave at close.
 _CLOSE_LINGER_MS = 100
 
@@ -83,6 +89,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     ``sndhwm`` is the ROUTER's per-peer ZeroMQ send high-water mark (messages libzmq buffers
     for one peer before its pipe reports full and the transport's own queue takes over).
+    With ``curve`` the ROUTER is a CURVE server and its ZAP handler runs on the dispatcher
+    (``_curve``): the ZAP User-Id reaches ``on_peer_connected`` as
+    ``client_info["authenticated_principal"]``.
     """
 
     def __init__(
@@ -94,6 +103,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sndhwm: int = 1000,
+        curve: ServerCurve | None = None,
     ) -> None:
         super().__init__("server", settings, context, clock, log)
         self._requested = endpoint
@@ -112,6 +122,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._next_check = float("inf")
         self._suspects: dict[bytes, int] = {}
         self._probe_at: float | None = None
+        self._curve = curve
+        self._zap: ZapHandler | None = None
         ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
@@ -129,11 +141,18 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         # ever allocates it; decode_frames checks the whole message's size.
         router.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_size)
         try:
+            if self._curve is not None:
+                apply_server(router, self._curve)
+                self._zap = ZapHandler(router.context, self._curve)
             router.bind(self._requested)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, TransportError) as exc:
             common.close_socket(router)
+            if self._zap is not None:
+                self._zap.close()
             self._closed = True
             self._term_context()
+            if isinstance(exc, TransportError):
+                raise
             raise TransportError(f"cannot bind {self._requested}: {exc}", exc.errno) from exc
         self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = router
@@ -144,6 +163,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._poller.register(router, zmq.POLLIN)
         if self._monitor is not None:
             self._poller.register(self._monitor, zmq.POLLIN)
+        if self._zap is not None:
+            self._poller.register(self._zap.socket, zmq.POLLIN)
         self._start_thread()
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
@@ -177,6 +198,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             self._mailbox.put((_DISCONNECT, peer, None, None))
 
     def statistics(self) -> ServerTransportStatistics:
+        denied = 0 if self._zap is None else self._zap.denied
+        self._auth_failures = denied + self._handshake_failures
         return self._statistics(len(self._peers))
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:
@@ -187,6 +210,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _run(self) -> None:
         self._thread_id = threading.get_ident()
         mailbox, router, monitor = self._mailbox, self._router, self._monitor
+        zap = None if self._zap is None else self._zap.socket
         assert mailbox is not None and router is not None
         poll = self._poller.poll
         try:
@@ -202,6 +226,9 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                             self._drain_mailbox(mailbox)
                         elif sock is monitor and monitor is not None:
                             self._on_monitor(monitor)
+                        elif sock is zap and self._zap is not None:
+                            self._zap.drain()
+                            self._poller.touch(self._zap.socket)  # replies may eat a wake-up
                     except zmq.ContextTerminated:
                         raise
                     except Exception:
@@ -347,7 +374,10 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except Exception:
                     self._handler_failed("on_message")
             elif type(event) is Connect:
-                self._on_connect(rid, event.info, raw[1], now)
+                info = event.info
+                if "authenticated_principal" in info or self._curve is not None:
+                    info = self._authenticated(info, raw[1])
+                self._on_connect(rid, info, raw[1], now)
             elif type(event) is Heartbeat and p is None:
                 self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
             if self._closing:
@@ -365,6 +395,17 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 self._messages_out += 1
             except zmq.ZMQError:
                 self._dropped += 1
+
+    def _authenticated(self, info: dict[str, Any], frame: zmq.Frame) -> dict[str, Any]:
+        """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client
+        sent under that name is never believed."""
+        info = dict(info)
+        info.pop("authenticated_principal", None)
+        if self._curve is not None:
+            # No ZAP verdict on this connection cannot happen with ZAP_DOMAIN set: then absent.
+            with contextlib.suppress(zmq.ZMQError):
+                info["authenticated_principal"] = frame.get("User-Id")
+        return info
 
     def _on_connect(self, rid: bytes, info: dict[str, Any], frame: zmq.Frame, now: float) -> None:
         old = self._peers.get(rid)
@@ -388,9 +429,6 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             self._enqueue(p, ack, None)
         if rid in self._peers:
             p.announced = True
-            # Only the transport may say who authenticated (CURVE's ZAP User-Id): a client
-            # writing this key into its CONNECT info must not be believed.
-            info.pop("authenticated_principal", None)
             try:
                 self._handler.on_peer_connected(rid, info)
             except Exception:
@@ -403,6 +441,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             except zmq.Again:
                 return
             event, fd = common.decode_monitor_event(raw)
+            if event in _GARBAGE_HANDSHAKE:
+                # A peer that is not a CURVE client of ours (plain, garbage, wrong server key);
+                # libzmq dropped it already, so it is only counted.
+                self._handshake_failures += 1
+                continue
             if event != zmq.EVENT_DISCONNECTED:
                 continue
             rid = self._by_fd.get(fd)
@@ -477,6 +520,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for p in list(self._peers.values()):
             self._drop(p, CLOSED_LOCALLY)
         self._close_mailbox()
+        if self._zap is not None:
+            self._zap.close()
         if self._router is not None:
             linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))
             common.close_monitored(self._router, self._monitor, linger)
