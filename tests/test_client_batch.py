@@ -364,3 +364,41 @@ def test_one_failing_message_does_not_cost_the_rest_of_its_batch(
     with pytest.raises(RuntimeError, match="a bug in delivery"):
         on_messages(transport)(1, batch)
     assert drain(good) == [(1, 0), (2, 0), (3, 0)]
+
+
+def test_zmq_client_copies_small_frames_out_and_keeps_big_ones_zero_copy() -> None:
+    # No no_thread_leak here: sending the big frame without a copy starts pyzmq's own
+    # process-wide garbage-collector thread, which lives on by design.
+    import zmq
+
+    from rda.transport.zmq_client import ZmqClientTransport
+    from rda.transport.zmq_server import ZmqServerTransport
+
+    def echo(peer: bytes, message: Message) -> None:
+        h = message.header
+        header = Header(RequestType.REPLY, h.id, h.device, h.property)
+        server.send(peer, encode_message(Kind.REPLY, header, message.body))
+
+    srec = RecordingServerHandler(on_message=echo)
+    server = ZmqServerTransport("tcp://127.0.0.1:0", srec, TransportSettings())
+    server.start()
+    rec = RecordingClientHandler()
+    client = ZmqClientTransport(rec, TransportSettings())
+    client.start()
+    try:
+        conn = client.connect(server.endpoint)
+        rec.wait_for(lambda: rec.is_connected(conn), WAIT, "connected")
+        big = bytes(range(256)) * 256  # 64 KiB: the size from which a copy is avoided
+        for rid, body in ((1, b"small"), (2, big)):
+            header = Header(RequestType.GET, rid, "DEV", "Prop")
+            client.send(conn, encode_message(Kind.REQUEST, header, [(BodyKind.DATA, body)]))
+        rec.wait_for(lambda: len(rec.messages) == 2, WAIT, "both replies")
+        (_, small_reply), (_, big_reply) = rec.messages
+        small_frame, big_frame = small_reply.body[0][1], big_reply.body[0][1]
+        assert isinstance(small_frame, memoryview) and isinstance(big_frame, memoryview)
+        assert isinstance(small_frame.obj, bytes)  # copied: no zmq.Frame kept alive
+        assert isinstance(big_frame.obj, zmq.Frame)  # libzmq's buffer, not copied
+        assert bytes(small_frame) == b"small" and bytes(big_frame) == big
+    finally:
+        client.close()
+        server.close()

@@ -69,6 +69,9 @@ log = logging.getLogger("rda.transport.client")
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
+# Received frames below this size are copied out of libzmq's message (pyzmq's send-side
+# copy_threshold: the size from which avoiding the copy pays).
+_COPY_BELOW = 65536
 _HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ (CURVE on one side only?)",
@@ -357,7 +360,10 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             if raw is None:
                 self._poller.settle(sock)
                 return
-            frames = [f.buffer for f in raw]
+            # Small frames leave their zmq.Frame at once (a memoryview over a copied bytes):
+            # a Frame kept alive behind every queued notification cost more than the copy,
+            # in allocation and in garbage-collector work; big ones stay zero-copy.
+            frames = [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
             self._messages_in += 1
             self._bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
