@@ -117,6 +117,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         super().__init__("client", settings, context, clock, log)
         self._handler = handler
         self._on_messages = batch_receiver(handler)
+        self._bursty = False  # the last drain found more than one message
         self._curve = curve
         self._info = default_client_info()
         if client_info:
@@ -336,13 +337,19 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     def _drain_dealer(self, c: _Connection) -> None:
         # A handler that takes batches (api.BatchClientHandler) gets every REPLY of this
         # drain in one call after the last receive: consumers are woken once per batch, and
-        # not while this thread still makes GIL-releasing receive calls.
+        # not while this thread still makes GIL-releasing receive calls. Only while messages
+        # come faster than they are handled (seed 000, "Batching"): after a drain that found
+        # one message, the first reply of the next is handed over at once, before the receive
+        # that ends the drain, so a caller woken by it can send its next request meanwhile
+        # (with the reply held back, the dispatcher went to sleep first: 2 polls per get, not 1).
         batch: list[Message] | None = [] if self._on_messages is not None else None
+        received = 0
         try:
-            self._drain_into(c, batch)
+            received = self._drain_into(c, batch)
         finally:
             if batch:
                 self._deliver_batch(c, batch)
+        self._bursty = received > 1
 
     def _deliver_batch(self, c: _Connection, batch: list[Message]) -> None:
         assert self._on_messages is not None
@@ -351,15 +358,17 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         except Exception:
             self._handler_failed("on_messages")
 
-    def _drain_into(self, c: _Connection, batch: list[Message] | None) -> None:
+    def _drain_into(self, c: _Connection, batch: list[Message] | None) -> int:
+        """Receive up to BATCH messages; returns how many."""
         sock = c.sock
         max_size = self._settings.max_message_size
         now = self._clock()
-        for _ in range(common.BATCH):
+        bursty = self._bursty
+        for n in range(common.BATCH):
             raw = common.recv_frames(sock)
             if raw is None:
                 self._poller.settle(sock)
-                return
+                return n
             # Small frames leave their zmq.Frame at once (a memoryview over a copied bytes):
             # a Frame kept alive behind every queued notification cost more than the copy,
             # in allocation and in garbage-collector work; big ones stay zero-copy.
@@ -376,7 +385,13 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             if type(event) is Incoming:
                 if c.state is ConnState.CONNECTED:
                     if batch is not None:
-                        batch.append(event.message)
+                        if bursty:
+                            batch.append(event.message)
+                        else:
+                            # Sparse flow: hand the first one over now; any more found in
+                            # this drain are a burst and are batched.
+                            self._deliver_batch(c, [event.message])
+                            bursty = True
                     else:
                         try:
                             self._handler.on_message(c.id, event.message)
@@ -390,7 +405,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             elif type(event) is not Heartbeat:
                 self._decode_errors += 1
             if self._closing or c.id not in self._conns:
-                return
+                return n + 1
+        return common.BATCH
 
     def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
         if c.state is not ConnState.CONNECTING:
