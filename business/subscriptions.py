@@ -46,6 +46,7 @@ from rda.serialization._header import (
 )
 from rda.serialization._message import BodyKind, encode_exception
 from rda.transport.api import Buffer, PeerStatistics, ServerTransport
+from rda.transport.protocol import encode_tail
 
 __all__ = ["SourceKey", "SubscriptionRegistry", "SubscriptionSource"]
 
@@ -57,8 +58,13 @@ SourceKey = tuple[str, str, str, bytes]
 # Looked up at call time (not bound at import) so that tests can count encodings.
 _encode_data = _binary.encode
 
-_DATA_TAIL = bytes([BodyKind.DATA, BodyKind.DATA_CONTEXT])
-_EXC_TAIL = bytes([BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT])
+_DATA_TAIL = (BodyKind.DATA, BodyKind.DATA_CONTEXT)
+_EXC_TAIL = (BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT)
+
+
+def _tail(kinds: tuple[BodyKind, BodyKind], body: Buffer, context: bytes) -> list[Buffer]:
+    """The notification after its header, encoded once for every subscriber of one seq."""
+    return encode_tail(((kinds[0], body), (kinds[1], context)))
 
 
 def filters_key(filters: Data | None) -> bytes:
@@ -150,7 +156,7 @@ class SubscriptionSource:
         rtype: RequestType,
         update_type: UpdateType,
         body: Buffer,
-        descriptor: bytes,
+        descriptor: tuple[BodyKind, BodyKind],
         context: DataContext,
     ) -> None:
         conflatable = update_type is UpdateType.NORMAL
@@ -169,7 +175,7 @@ class SubscriptionSource:
                         group.append(target)
                 self._count(rtype, sum(len(g) for g in groups.values()))
             for seq, targets in groups.items():
-                tail = (body, encode_context(context, seq), descriptor)
+                tail = _tail(descriptor, body, encode_context(context, seq))
                 self._publish(targets, tail, conflatable)
 
     def _send_first(
@@ -204,7 +210,7 @@ class SubscriptionSource:
                 target = (sub.peer, sub.id, self._header(sub, rtype, UpdateType.FIRST))
                 self._count(rtype, 1)
                 seq = sub.seq
-            self._publish([target], (body, encode_context(context, seq), descriptor), False)
+            self._publish([target], _tail(descriptor, body, encode_context(context, seq)), False)
         return True
 
     def _header(self, sub: _Subscriber, rtype: RequestType, update_type: UpdateType) -> bytes:

@@ -5,7 +5,7 @@ predictable, tiny amount of time per message (RDA3 paper, "Header and body").
 
 Header layout, little-endian, 18 fixed bytes then the strings::
 
-    u8  protocol version (1)
+    u8  protocol version (2)
     u8  request type   (RequestType)
     u8  update type    (UpdateType)
     u8  flags          (HeaderFlags)
@@ -40,7 +40,7 @@ __all__ = [
     "encode_header",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HEADER_FIXED = struct.Struct("<BBBBQHHH")
 CONTEXT_FIXED = struct.Struct("<QqqH")
 _MAX_NAME = 0xFFFF

@@ -50,7 +50,7 @@ def test_header_round_trip(
 def test_header_golden_bytes() -> None:
     frame = encode_header(Header(RequestType.GET, 7, "PS1", "Acq", "", UpdateType.NORMAL))
     assert (
-        frame.hex() == "01000000" + "0700000000000000" + "0300" + "0300" + "0000" + b"PS1Acq".hex()
+        frame.hex() == "02000000" + "0700000000000000" + "0300" + "0300" + "0000" + b"PS1Acq".hex()
     )
 
 
@@ -59,11 +59,11 @@ def test_header_golden_bytes() -> None:
     [
         (b"", "shorter than"),
         (b"\x01\x00", "shorter than"),
-        (bytes([2]) + bytes(17), "unsupported protocol version 2"),
-        (bytes([1, 99]) + bytes(16), "unknown request type 99"),
-        (bytes([1, 0, 7]) + bytes(15), "unknown update type 7"),
-        (bytes([1, 0, 0, 0]) + bytes(8) + b"\xff\xff\x00\x00\x00\x00", "declares 65535 bytes"),
-        (bytes([1, 0, 0, 0]) + bytes(8) + b"\x02\x00\x00\x00\x00\x00" + b"\xff\xfe", "UTF-8"),
+        (bytes([1]) + bytes(17), "unsupported protocol version 1"),
+        (bytes([2, 99]) + bytes(16), "unknown request type 99"),
+        (bytes([2, 0, 7]) + bytes(15), "unknown update type 7"),
+        (bytes([2, 0, 0, 0]) + bytes(8) + b"\xff\xff\x00\x00\x00\x00", "declares 65535 bytes"),
+        (bytes([2, 0, 0, 0]) + bytes(8) + b"\x02\x00\x00\x00\x00\x00" + b"\xff\xfe", "UTF-8"),
     ],
 )
 def test_bad_header_raises_decode_error(frame: bytes, fragment: str) -> None:

@@ -8,8 +8,14 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from rda.serialization._header import Header, HeaderFlags, RequestType, decode_header
-from rda.serialization._message import BodyKind, Message, decode_exception
+from rda.serialization._header import (
+    PROTOCOL_VERSION,
+    Header,
+    HeaderFlags,
+    RequestType,
+    encode_header,
+)
+from rda.serialization._message import BodyKind, Message
 from rda.testing import (
     CONFORMANCE_CHECKS,
     FakeClock,
@@ -26,7 +32,15 @@ from rda.transport.api import (
     ClientTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Kind, encode_connect, encode_message
+from rda.transport.protocol import (
+    Incoming,
+    Kind,
+    decode_frames,
+    encode_connect,
+    encode_heartbeat,
+    encode_message,
+    encode_tail,
+)
 
 
 @pytest.mark.parametrize("check", CONFORMANCE_CHECKS)
@@ -132,14 +146,22 @@ def notification(sub: int, payload: bytes) -> list[Buffer]:
     return encode_message(Kind.REPLY, header, [(BodyKind.DATA, payload)])
 
 
+def note_header(sub: int) -> bytes:
+    return encode_header(Header(RequestType.NOTIFICATION_DATA, sub, "PS1", "Acquisition"))
+
+
+def tail(payload: bytes) -> list[Buffer]:
+    return encode_tail([(BodyKind.DATA, payload)])
+
+
 def test_silent_peer_is_dropped_exactly_at_the_timeout(world: World) -> None:
     raw = world.net.raw_peer(world.server.endpoint)
     raw.send(encode_connect({"application": "silent"}))
-    assert raw.recv()[0] == bytes([Kind.CONNECT_ACK])
+    assert raw.recv()[0][:1] == bytes([Kind.CONNECT_ACK])
     world.net.settle()
     world.advance(9.5)
     assert world.srec.disconnected == []
-    assert raw.recv() == [bytes([Kind.SERVER_HEARTBEAT])]  # the server was idle for 1 s
+    assert raw.recv() == encode_heartbeat(from_server=True)  # the server was idle for 1 s
     world.advance(0.5)
     assert world.srec.disconnected == [(raw.peer, "heartbeat timeout")]
     assert world.server.statistics().heartbeat_timeouts == 1
@@ -231,8 +253,8 @@ def test_stalled_client_gets_conflated_notifications_in_order(world: World) -> N
     for i in range(5):
         world.server.send(peer, notification(1, b"v%d" % i), conflate_key=1)
     world.server.send(peer, reply(9))  # never conflated
-    world.server.publish([(peer, 2, notification(2, b"")[1])], [b"a", b"\x01"], conflatable=True)
-    world.server.publish([(peer, 2, notification(2, b"")[1])], [b"b", b"\x01"], conflatable=True)
+    world.server.publish([(peer, 2, note_header(2))], [*tail(b"a")], conflatable=True)
+    world.server.publish([(peer, 2, note_header(2))], [*tail(b"b")], conflatable=True)
     world.net.settle()
     s = world.server.statistics()
     assert (s.notifications_conflated, s.peer_queue_depth) == (5, 3), s
@@ -294,19 +316,22 @@ def test_bad_input_is_counted_and_answered_and_others_are_unaffected(world: Worl
     raw = world.net.raw_peer("demo")
     raw.send([b"\x99", b"garbage"])  # unknown kind
     raw.send([])  # 0 frames
-    raw.send([bytes([Kind.REPLY])])  # a server kind from a client
+    raw.send([bytes([Kind.REPLY, PROTOCOL_VERSION])])  # a server kind from a client
     raw.send(request(4))  # REQUEST before CONNECT: answered
     reply = raw.recv()
-    assert reply[0] == bytes([Kind.REPLY]) and reply[-1] == bytes([BodyKind.EXCEPTION])
-    v2 = request(77)
-    v2[1] = bytes([2]) + bytes(v2[1])[1:]
-    raw.send(v2)  # another protocol version: answered with the request id
-    answer = raw.recv()
-    assert decode_header(answer[1]).id == 77
-    assert decode_exception(answer[2])[0] == "ProtocolError"
-    raw.send([bytes([Kind.CONNECT]), b"\x05{}"])  # handshake of another version: refused
+    event = decode_frames(reply, from_server=True)
+    assert isinstance(event, Incoming)
+    assert [k for k, _ in event.message.body] == [BodyKind.EXCEPTION]
+    first = bytes(request(77)[0])
+    v3 = [first[:1] + bytes([PROTOCOL_VERSION + 1]) + first[2:]]
+    raw.send(v3)  # another protocol version: answered with the request id
+    answer = decode_frames(raw.recv(), from_server=True)
+    assert isinstance(answer, Incoming) and answer.message.header.id == 77
+    assert answer.message.exception is not None
+    assert answer.message.exception[0] == "ProtocolError"
+    raw.send([bytes([Kind.CONNECT, 5]) + b"{}"])  # handshake of another version: refused
     ack = raw.recv()
-    assert ack[0] == bytes([Kind.CONNECT_ACK]) and b"error" in ack[1]
+    assert ack[0][:1] == bytes([Kind.CONNECT_ACK]) and b"error" in ack[0]
     world.net.settle()
     s = world.server.statistics()
     assert (s.decode_errors, s.protocol_errors) == (6, 4), s

@@ -1,4 +1,4 @@
-"""Wire protocol v1: the golden corpus pins the bytes, property tests pin the failure modes.
+"""Wire protocol v2: the golden corpus pins the bytes, property tests pin the failure modes.
 
 The corpus lives in ``tests/golden/*.json`` (one message per file, frames as hex). Encoding the
 message described in :data:`CASES` must give exactly those bytes and decoding those bytes must
@@ -23,6 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rda.serialization._header import (
+    HEADER_FIXED,
+    PROTOCOL_VERSION,
     DataContext,
     Header,
     HeaderFlags,
@@ -35,6 +37,7 @@ from rda.serialization._header import (
 from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.transport.protocol import (
+    LARGE_BODY,
     Buffer,
     Connect,
     ConnectAck,
@@ -48,6 +51,9 @@ from rda.transport.protocol import (
     encode_connect_ack,
     encode_heartbeat,
     encode_message,
+    encode_refusal,
+    encode_tail,
+    join_tail,
 )
 from rda.transport.state import state_diagram, update_document
 
@@ -188,8 +194,18 @@ def test_docs_state_diagram_is_the_generated_one() -> None:
 
 # --- malformed input ---------------------------------------------------------------------------
 
-GET_FRAMES = [bytes(f) for f in CASES["get_request"].frames]  # == the golden file
-VERSION2_HEADER = bytes([2]) + GET_FRAMES[1][1:]
+GET_FRAME = bytes(CASES["get_request"].frames[0])  # == the golden file
+GET_HEADER_END = 1 + HEADER_FIXED.size + len("PS1AcquisitionCPS.USER.ALL")
+GET_HEADER = GET_FRAME[:GET_HEADER_END]  # kind byte + header, without the body table
+V = bytes([PROTOCOL_VERSION])
+
+
+def _request(table_and_bodies: bytes) -> list[bytes]:
+    return [GET_HEADER + table_and_bodies]
+
+
+def _table(kinds: Sequence[int], sizes: Sequence[int]) -> bytes:
+    return struct.pack(f"<B{len(kinds)}B{len(sizes)}I", len(kinds), *kinds, *sizes)
 
 
 @pytest.mark.parametrize(
@@ -198,31 +214,34 @@ VERSION2_HEADER = bytes([2]) + GET_FRAMES[1][1:]
         ([], False, DecodeError, "0 frames"),
         ([b"\x99"], False, DecodeError, "unknown kind byte"),
         ([b""], False, DecodeError, "unknown kind byte"),
-        ([b"\x21\x21"], False, DecodeError, "unknown kind byte"),
-        ([b"\x22", b""], False, DecodeError, "HEARTBEAT has 2 frames"),
-        ([b"\x03", b"x"], True, DecodeError, "HEARTBEAT has 2 frames"),
-        ([b"\x02"], False, ProtocolError, "REPLY may not be sent by a client"),
-        ([b"\x21", GET_FRAMES[1], b""], True, ProtocolError, "REQUEST may not be sent by a server"),
-        ([b"\x22"], True, ProtocolError, "HEARTBEAT may not be sent by a server"),
-        ([b"\x20"], False, DecodeError, "CONNECT has 1 frames"),
-        ([b"\x20", b"\x01{}", b""], False, DecodeError, "CONNECT has 3 frames"),
-        ([b"\x20", b""], False, DecodeError, "info frame is empty"),
-        ([b"\x20", b"\x01[1]"], False, DecodeError, "not an object"),
-        ([b"\x20", b"\x01{nope"], False, DecodeError, "not a JSON object"),
-        ([b"\x20", b"\x01\xff\xfe"], False, DecodeError, "not a JSON object"),
-        ([b"\x20", b"\x01" + b"[" * 60000], False, DecodeError, "not a JSON object"),
-        ([b"\x20", b"\x01" + b" " * 70000], False, DecodeError, "exceeds"),
-        ([b"\x01", b"\x01{}", b"\x00"], True, DecodeError, "CONNECT_ACK has 3 frames"),
-        ([b"\x21", GET_FRAMES[1]], False, DecodeError, "needs kind, header and descriptor"),
-        ([b"\x21", b"\x01\x00", b""], False, DecodeError, "shorter than the 18-byte"),
-        ([b"\x21", GET_FRAMES[1] + b"x", b""], False, DecodeError, "header declares"),
-        ([b"\x21", GET_FRAMES[1][:-1], b""], False, DecodeError, "header declares"),
-        ([b"\x21", b"\x01\x63" + bytes(16), b""], False, DecodeError, "unknown request type 99"),
-        ([b"\x21", GET_FRAMES[1], b"\x03"], False, DecodeError, "descriptor lists 1"),
-        ([b"\x21", GET_FRAMES[1], b"body", b""], False, DecodeError, "descriptor lists 0"),
-        ([b"\x21", GET_FRAMES[1], b"a", b"b", b"\x01"], False, DecodeError, "descriptor lists 1"),
-        ([b"\x21", GET_FRAMES[1], b"body", b"\x09"], False, DecodeError, "body frame kind 9"),
-        ([b"\x21", GET_FRAMES[1], b"body", b"\x00"], False, DecodeError, "body frame kind 0"),
+        ([b"\x99" + V], False, DecodeError, "unknown kind byte"),
+        ([b"\x22" + V, b""], False, DecodeError, "HEARTBEAT is 2 frame"),
+        ([b"\x03" + V + b"x"], True, DecodeError, "HEARTBEAT is 1 frame"),
+        ([b"\x02" + V], False, ProtocolError, "REPLY may not be sent by a client"),
+        ([GET_FRAME], True, ProtocolError, "REQUEST may not be sent by a server"),
+        ([b"\x22" + V], True, ProtocolError, "HEARTBEAT may not be sent by a server"),
+        ([b"\x20" + V + b"{}", b""], False, DecodeError, "CONNECT has 2 frames"),
+        ([b"\x20" + V], False, DecodeError, "not a JSON object"),
+        ([b"\x20" + V + b"[1]"], False, DecodeError, "not an object"),
+        ([b"\x20" + V + b"{nope"], False, DecodeError, "not a JSON object"),
+        ([b"\x20" + V + b"\xff\xfe"], False, DecodeError, "not a JSON object"),
+        ([b"\x20" + V + b"[" * 60000], False, DecodeError, "not a JSON object"),
+        ([b"\x20" + V + b" " * 70000], False, DecodeError, "exceeds"),
+        ([b"\x01" + V + b"{}", b"\x00"], True, DecodeError, "CONNECT_ACK has 2 frames"),
+        ([b"\x21" + V + b"\x00"], False, DecodeError, "shorter than kind"),
+        ([GET_HEADER], False, DecodeError, "run past"),
+        ([GET_HEADER[:-1] + b"\x00"], False, DecodeError, "run past"),
+        ([b"\x21" + V + b"\x63" + bytes(16) + b"\x00"], False, DecodeError, "request type 99"),
+        (_request(b"\x02\x03\x01"), False, DecodeError, "body table of 2 entries runs past"),
+        (_request(_table([3], [5]) + b"body"), False, DecodeError, "runs past the frame"),
+        (_request(_table([3], [3]) + b"body"), False, DecodeError, "1 bytes after the last body"),
+        (_request(b"\x00body"), False, DecodeError, "4 bytes after the last body"),
+        (_request(_table([9], [1]) + b"a"), False, DecodeError, "unknown body kind 9"),
+        (_request(_table([0], [1]) + b"a"), False, DecodeError, "unknown body kind 0"),
+        (_request(_table([0x81], [1])), False, DecodeError, "own frame but it is missing"),
+        ([*_request(_table([129], [2])), b"a"], False, DecodeError, "announced as 2 bytes"),
+        ([*_request(b"\x00"), b"extra"], False, DecodeError, "body table announces 1"),
+        ([*_request(_table([1], [1]) + b"a"), b"b"], False, DecodeError, "announces 1"),
     ],
 )
 def test_malformed_message_raises_a_typed_error(
@@ -232,15 +251,16 @@ def test_malformed_message_raises_a_typed_error(
         decode_frames(frames, from_server=from_server)
 
 
-def test_a_missing_descriptor_is_a_count_mismatch() -> None:
-    # Without its descriptor, the last body frame is read as the descriptor.
-    frames = _load("get_reply")[:-1]
-    with pytest.raises(DecodeError, match="descriptor lists"):
-        decode_frames(frames, from_server=True)
+def test_a_lost_external_body_frame_is_an_error() -> None:
+    body = [(BodyKind.DATA, bytes(LARGE_BODY)), (BodyKind.DATA_CONTEXT, b"ctx")]
+    frames = encode_message(Kind.REPLY, Header(RequestType.REPLY, 1), body)
+    assert len(frames) == 2
+    with pytest.raises(DecodeError, match="missing"):
+        decode_frames(frames[:1], from_server=True)
 
 
 def test_over_max_size_is_refused_before_parsing() -> None:
-    frames = [b"\x21", GET_FRAMES[1], b"x" * 100, b"\x01"]
+    frames = _request(_table([1], [100]) + b"x" * 100)
     assert isinstance(decode_frames(frames, from_server=False, max_size=200), Incoming)
     with pytest.raises(DecodeError, match="exceeds the maximum of 99"):
         decode_frames(frames, from_server=False, max_size=99)
@@ -250,24 +270,96 @@ def test_over_max_size_is_refused_before_parsing() -> None:
 
 
 def test_unknown_version_in_a_request_carries_the_request_id() -> None:
+    other = GET_FRAME[:1] + bytes([PROTOCOL_VERSION + 1]) + GET_FRAME[2:]
     with pytest.raises(UnsupportedVersion) as info:
-        decode_frames([b"\x21", VERSION2_HEADER, GET_FRAMES[2], b"\x03"], from_server=False)
-    assert info.value.version == 2
+        decode_frames([other], from_server=False)
+    assert info.value.version == PROTOCOL_VERSION + 1
     assert info.value.request_id == 7
     assert isinstance(info.value, ProtocolError)
+    assert f"version {PROTOCOL_VERSION + 1}" in str(info.value)
+    assert f"speaks {PROTOCOL_VERSION}" in str(info.value)
 
 
 def test_unknown_version_in_a_handshake_has_no_request_id() -> None:
     with pytest.raises(UnsupportedVersion) as info:
-        decode_frames([b"\x20", b"\x07{}"], from_server=False)
+        decode_frames([b"\x20\x07{}"], from_server=False)
     assert (info.value.version, info.value.request_id) == (7, None)
 
 
-def test_encode_message_passes_body_buffers_through_without_copy() -> None:
+# Version 1 sent the kind byte alone in frame 0 and the version first in frame 1.
+V1_MESSAGES = {
+    "connect": [b"\x20", b"\x01{}"],
+    "heartbeat": [b"\x22"],
+    "request": [b"\x21", b"\x01" + GET_HEADER[2:], b"", b"\x03"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(V1_MESSAGES))
+def test_version_1_framing_is_an_unsupported_version_naming_both(name: str) -> None:
+    with pytest.raises(UnsupportedVersion) as info:
+        decode_frames(V1_MESSAGES[name], from_server=False)
+    assert info.value.version == 1
+    assert "version 1" in str(info.value) and f"speaks {PROTOCOL_VERSION}" in str(info.value)
+
+
+def test_a_version_1_peer_is_refused_in_its_own_framing() -> None:
+    with pytest.raises(UnsupportedVersion) as info:
+        decode_frames(V1_MESSAGES["connect"], from_server=False)
+    kind, handshake = encode_refusal(info.value)
+    assert kind == bytes([Kind.CONNECT_ACK]) and handshake[0] == 1
+    assert "version 1" in json.loads(handshake[1:])["error"]
+    # A peer of a later version gets this version's framing, which it can parse.
+    (frame,) = encode_refusal(UnsupportedVersion(PROTOCOL_VERSION + 1))
+    event = decode_frames([frame], from_server=True)
+    assert isinstance(event, ConnectAck) and "error" in event.info
+
+
+def test_small_bodies_are_packed_and_stay_slices_of_the_received_frame() -> None:
     body = memoryview(bytearray(b"payload"))
     frames = encode_message(Kind.REPLY, Header(RequestType.REPLY, 1), [(BodyKind.DATA, body)])
-    assert frames[2] is body
-    assert frames[3] == b"\x01"
+    assert len(frames) == 1
+    received = memoryview(bytes(frames[0]))
+    event = decode_frames([received], from_server=True)
+    assert isinstance(event, Incoming)
+    ((kind, frame),) = event.message.body
+    assert kind is BodyKind.DATA and bytes(frame) == b"payload"
+    assert isinstance(frame, memoryview) and frame.obj is received.obj  # a slice, not a copy
+
+
+def test_large_bodies_travel_as_their_own_frames_without_copy() -> None:
+    big = memoryview(bytearray(LARGE_BODY))
+    exactly_small = b"s" * (LARGE_BODY - 1)
+    body: list[tuple[BodyKind, Buffer]] = [
+        (BodyKind.DATA, big),
+        (BodyKind.DATA_CONTEXT, exactly_small),
+    ]
+    frames = encode_message(Kind.REPLY, Header(RequestType.REPLY, 1), body)
+    assert len(frames) == 2 and frames[1] is big
+    event = decode_frames(frames, from_server=True)
+    assert isinstance(event, Incoming)
+    assert [(k, bytes(f)) for k, f in event.message.body] == [(k, bytes(f)) for k, f in body]
+    assert event.message.body[0][1] is big
+
+
+def test_a_float64_view_is_measured_in_bytes() -> None:
+    import numpy as np
+
+    arr = np.arange(10000, dtype=np.float64)  # 80,000 bytes, 10,000 items
+    frames = encode_message(Kind.REPLY, Header(RequestType.REPLY, 1), [(BodyKind.DATA, arr.data)])
+    assert len(frames) == 2
+    event = decode_frames(frames, from_server=True)
+    assert isinstance(event, Incoming)
+    assert bytes(event.message.body[0][1]) == arr.tobytes()
+
+
+def test_a_shared_tail_joined_to_a_header_is_the_encoded_message() -> None:
+    header = Header(RequestType.NOTIFICATION_DATA, 3, "PS1", "Acquisition")
+    for payload in (b"small", bytes(LARGE_BODY)):
+        body = [(BodyKind.DATA, payload), (BodyKind.DATA_CONTEXT, b"ctx")]
+        joined = join_tail(encode_header(header), encode_tail(body))
+        assert [bytes(f) for f in joined] == [
+            bytes(f) for f in encode_message(Kind.REPLY, header, body)
+        ]
 
 
 # --- properties --------------------------------------------------------------------------------
@@ -336,7 +428,8 @@ def test_any_handshake_info_round_trips(info: dict[str, int | str]) -> None:
 def test_fixed_header_layout_matches_the_docs() -> None:
     # docs/protocol.md: 18 fixed bytes = 4 x u8, u64 id, 3 x u16 lengths, little-endian.
     frame = encode_header(Header(RequestType.GET, 0x0102030405060708, "ab", "c", ""))
-    assert struct.unpack_from("<BBBBQHHH", frame) == (1, 0, 0, 0, 0x0102030405060708, 2, 1, 0)
+    fixed = (PROTOCOL_VERSION, 0, 0, 0, 0x0102030405060708, 2, 1, 0)
+    assert struct.unpack_from("<BBBBQHHH", frame) == fixed
     assert frame[18:] == b"abc"
     assert decode_context(encode_context(ACQ_CONTEXT, 9))[1] == 9
     assert decode_exception(encode_exception("T", "m")) == ("T", "m")

@@ -37,7 +37,7 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
+from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message, join_tail
 
 PEER = b"\x00peer-1"
 PEER2 = b"\x00peer-2"
@@ -99,7 +99,7 @@ class RecordingTransport:
     ) -> None:
         self.publishes += 1
         for peer, _, header in targets:
-            self._record(peer, [bytes([Kind.REPLY]), header, *tail])
+            self._record(peer, join_tail(header, tail))
 
     def disconnect(self, peer: bytes) -> None:
         self.handler.on_peer_disconnected(peer, "closed locally")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,15 +12,23 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import HEADER_FIXED, Header, RequestType, encode_header
+from rda.serialization._header import (
+    HEADER_FIXED,
+    PROTOCOL_VERSION,
+    Header,
+    RequestType,
+    encode_header,
+)
 from rda.serialization._message import BodyKind, Message
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
+    EXTERNAL,
     ConnectAck,
     Incoming,
     Kind,
     decode_frames,
     encode_connect,
+    encode_heartbeat,
     encode_message,
 )
 from rda.transport.zmq_server import ZmqServerTransport
@@ -95,36 +105,51 @@ def echo_works(d: zmq.Socket[bytes], rid: int) -> bool:
 
 
 GOOD_HEADER = encode_header(Header(RequestType.GET, 5, "D", "P"))
-DATA = bytes([BodyKind.DATA])
+REQ = bytes([Kind.REQUEST])
+V = bytes([PROTOCOL_VERSION])
+
+
+def table(kinds: list[int], sizes: list[int]) -> bytes:
+    """A v2 body table: u8 count, the kind bytes, the u32 lengths."""
+    return struct.pack(f"<B{len(kinds)}B{len(sizes)}I", len(kinds), *kinds, *sizes)
+
+
+DATA = int(BodyKind.DATA)
+LARGE = DATA | EXTERNAL
 
 BAD: dict[str, tuple[list[bytes], bool]] = {
     # name: (frames, is a protocol error rather than undecodable bytes)
     "empty single frame": ([b""], False),
-    "wrong kind byte": ([b"\x99", GOOD_HEADER, b""], False),
-    "two-byte kind": ([b"\x21\x21", GOOD_HEADER, b""], False),
-    "server kind from a client": ([bytes([Kind.REPLY]), GOOD_HEADER, b""], True),
-    "short header": ([bytes([Kind.REQUEST]), GOOD_HEADER[:10], b""], False),
-    "header longer than its names": ([bytes([Kind.REQUEST]), GOOD_HEADER + b"zz", b""], False),
+    "wrong kind byte": ([b"\x99" + GOOD_HEADER + b"\x00"], False),
+    "server kind from a client": ([bytes([Kind.REPLY]) + GOOD_HEADER + b"\x00"], True),
+    "short header": ([REQ + GOOD_HEADER[:10]], False),
+    "header longer than its names": ([REQ + GOOD_HEADER + b"zz"], False),
     "name lengths past the frame": (
-        [bytes([Kind.REQUEST]), HEADER_FIXED.pack(1, 0, 0, 0, 5, 999, 0, 0) + b"D", b""],
+        [REQ + HEADER_FIXED.pack(PROTOCOL_VERSION, 0, 0, 0, 5, 999, 0, 0) + b"D\x00"],
         False,
     ),
     "unknown request type": (
-        [bytes([Kind.REQUEST]), HEADER_FIXED.pack(1, 99, 0, 0, 5, 0, 0, 0), b""],
+        [REQ + HEADER_FIXED.pack(PROTOCOL_VERSION, 99, 0, 0, 5, 0, 0, 0) + b"\x00"],
         False,
     ),
-    "missing descriptor": ([bytes([Kind.REQUEST]), GOOD_HEADER], False),
-    "descriptor count mismatch": (
-        [bytes([Kind.REQUEST]), GOOD_HEADER, b"body", DATA + DATA],
+    "missing body table": ([REQ + GOOD_HEADER], False),
+    "body table count mismatch": (
+        [REQ + GOOD_HEADER + table([DATA, DATA], [4, 4]) + b"body"],
         False,
     ),
-    "extra frames": ([bytes([Kind.REQUEST]), GOOD_HEADER, b"a", b"b", DATA], False),
-    "unknown body kind": ([bytes([Kind.REQUEST]), GOOD_HEADER, b"a", b"\x09"], False),
-    "heartbeat with frames": ([bytes([Kind.HEARTBEAT]), b"x"], False),
-    "connect with junk info": ([bytes([Kind.CONNECT]), b"\x01{not json"], False),
-    "connect info not an object": ([bytes([Kind.CONNECT]), b"\x01[1,2]"], False),
+    "body longer than announced": ([REQ + GOOD_HEADER + table([DATA], [3]) + b"body"], False),
+    "extra frames": ([REQ + GOOD_HEADER + table([DATA], [1]) + b"a", b"b"], False),
+    "missing large body frame": ([REQ + GOOD_HEADER + table([LARGE], [70000])], False),
+    "unknown body kind": ([REQ + GOOD_HEADER + table([9], [1]) + b"a"], False),
+    "heartbeat with frames": ([bytes([Kind.HEARTBEAT]) + V, b"x"], False),
+    "connect with junk info": ([bytes([Kind.CONNECT]) + V + b"{not json"], False),
+    "connect info not an object": ([bytes([Kind.CONNECT]) + V + b"[1,2]"], False),
     "over max_message_size in parts": (
-        [bytes([Kind.REQUEST]), GOOD_HEADER, b"a" * (MAX // 2), b"b" * (MAX // 2), DATA + DATA],
+        [
+            REQ + GOOD_HEADER + table([LARGE, LARGE], [MAX // 2, MAX // 2]),
+            b"a" * (MAX // 2),
+            b"b" * (MAX // 2),
+        ],
         False,
     ),
 }
@@ -160,7 +185,7 @@ def test_unknown_protocol_version_gets_an_explicit_error_reply(
     d = dealer(ctx, srv.endpoint, b"future")
     try:
         header = HEADER_FIXED.pack(7, 0, 0, 0, 4242, 0, 0, 0)
-        d.send_multipart([bytes([Kind.REQUEST]), header, b""])
+        d.send_multipart([REQ + header + b"\x00"])
         assert d.poll(WAIT_MS)
         event = decode_frames(d.recv_multipart(), from_server=True)
         assert isinstance(event, Incoming)
@@ -183,14 +208,44 @@ def test_connect_of_another_version_is_refused_in_the_ack(
     d.setsockopt(zmq.LINGER, 0)
     d.connect(srv.endpoint)
     try:
-        d.send_multipart([bytes([Kind.CONNECT]), b"\x02{}"])
+        d.send_multipart([bytes([Kind.CONNECT, 7]) + b"{}"])
         assert d.poll(WAIT_MS)
-        kind, info = d.recv_multipart()
-        assert kind == bytes([Kind.CONNECT_ACK])
-        assert b"error" in info and b"version 2" in info
+        event = decode_frames(d.recv_multipart(), from_server=True)
+        assert isinstance(event, ConnectAck)
+        assert "version 7" in event.info["error"]
         assert srv.statistics().peers == 0
     finally:
         d.close(0)
+
+
+def test_a_version_1_client_is_told_both_versions_and_the_server_keeps_serving(
+    env: tuple[ZmqServerTransport, Echo, Ctx],
+) -> None:
+    srv, handler, ctx = env
+    old = ctx.socket(zmq.DEALER)
+    old.setsockopt(zmq.LINGER, 0)
+    old.connect(srv.endpoint)
+    good = dealer(ctx, srv.endpoint, b"good")
+    try:
+        # Exactly what an rda 1.x client sends: the kind byte, then version 1 + client info.
+        old.send_multipart([bytes([Kind.CONNECT]), b"\x01" + json.dumps({"pid": 1}).encode()])
+        assert old.poll(WAIT_MS)
+        # The refusal comes in version 1's framing, which that client's decoder parses.
+        kind, handshake = old.recv_multipart()
+        assert kind == bytes([Kind.CONNECT_ACK]) and handshake[:1] == b"\x01"
+        error = json.loads(handshake[1:])["error"]
+        assert "version 1" in error and f"speaks {PROTOCOL_VERSION}" in error
+        # A version 1 request that follows anyway is dropped and counted, never handled.
+        old.send_multipart([REQ, b"\x01" + GOOD_HEADER[1:], b""])
+        old.send_multipart([bytes([Kind.HEARTBEAT])])
+        assert wait_for(lambda: srv.statistics().protocol_errors == 3)
+        stats = srv.statistics()
+        assert (stats.decode_errors, stats.peers) == (3, 1)
+        assert handler.requests == 0 and old.poll(100) == 0
+        assert echo_works(good, 4)
+    finally:
+        old.close(0)
+        good.close(0)
 
 
 def test_giant_frame_is_cut_off_by_libzmq_and_others_unaffected(
@@ -201,7 +256,8 @@ def test_giant_frame_is_cut_off_by_libzmq_and_others_unaffected(
     good = dealer(ctx, srv.endpoint, b"good")
     try:
         # One frame above MAXMSGSIZE: libzmq closes that connection without handing it over.
-        bad.send_multipart([bytes([Kind.REQUEST]), GOOD_HEADER, b"x" * (MAX * 4), DATA])
+        big = table([LARGE], [MAX * 4])
+        bad.send_multipart([REQ + GOOD_HEADER + big, b"x" * (MAX * 4)])
         assert wait_for(lambda: b"giant" in handler.gone)
         assert handler.gone[b"giant"] == "peer gone"
         assert handler.requests == 0
@@ -223,9 +279,9 @@ def test_random_garbage_never_kills_the_dispatcher(
             n = rng.randint(1, 5)
             frames = [rng.randbytes(rng.randint(0, 40)) for _ in range(n)]
             if rng.random() < 0.5:
-                frames[0] = bytes([rng.choice([0x20, 0x21, 0x22])])
+                frames[0] = bytes([rng.choice([0x20, 0x21, 0x22]), PROTOCOL_VERSION]) + frames[0]
             bad.send_multipart(frames)
-        bad.send_multipart([bytes([Kind.HEARTBEAT])])
+        bad.send_multipart(encode_heartbeat(from_server=False))
         assert echo_works(good, 9)
         assert wait_for(lambda: srv.statistics().decode_errors > 100)
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import Header, RequestType
+from rda.serialization._header import PROTOCOL_VERSION, Header, RequestType
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
 from rda.transport.api import TransportSettings
@@ -168,8 +168,8 @@ def test_requests_sent_before_ack_wait_for_it_then_flush_in_order(
         for i in range(3):
             cl.send(conn, request(i))
         assert router.poll(WAIT_MS)
-        rid, kind, _info = router.recv_multipart()
-        assert kind == bytes([Kind.CONNECT])
+        rid, connect = router.recv_multipart()
+        assert connect[:2] == bytes([Kind.CONNECT, PROTOCOL_VERSION])
         # Nothing else may arrive before the ACK.
         assert router.poll(300) == 0
         router.send_multipart([rid, *encode_connect_ack({"name": "raw"})])
@@ -177,9 +177,9 @@ def test_requests_sent_before_ack_wait_for_it_then_flush_in_order(
         for _ in range(3):
             assert router.poll(WAIT_MS)
             frames = router.recv_multipart()
-            assert frames[1] == bytes([Kind.REQUEST])
+            assert len(frames) == 2 and frames[1][:1] == bytes([Kind.REQUEST])
             got.append(frames)
-        ids = [int.from_bytes(f[2][4:12], "little") for f in got]
+        ids = [int.from_bytes(f[1][5:13], "little") for f in got]  # kind byte, then the header
         assert ids == [0, 1, 2]
         assert wait_for(lambda: conn in rec.connected)
         assert cl.statistics().queued_until_connected == 3
@@ -252,7 +252,7 @@ def test_silent_server_is_dropped_by_the_client_heartbeat() -> None:
     try:
         conn = cl.connect(endpoint)
         assert router.poll(WAIT_MS)
-        rid, _, _ = router.recv_multipart()
+        rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
         assert wait_for(lambda: conn in rec.disconnected)
         assert rec.disconnected[conn] == "heartbeat timeout"
@@ -360,7 +360,7 @@ def test_client_heartbeat_expiry_with_a_fake_clock() -> None:
     try:
         conn = cl.connect(endpoint)
         assert router.poll(WAIT_MS)
-        rid, _, _ = router.recv_multipart()
+        rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
         assert wait_for(lambda: conn in rec.connected)
         clock.advance(10.5)
@@ -383,7 +383,7 @@ def test_a_full_dealer_pipe_loses_nothing_and_keeps_order(
         cl, rec = client
         conn = cl.connect(endpoint)
         assert router.poll(WAIT_MS)
-        rid, _, _ = router.recv_multipart()
+        rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
         assert wait_for(lambda: conn in rec.connected)
         n = 1500
@@ -393,8 +393,8 @@ def test_a_full_dealer_pipe_loses_nothing_and_keeps_order(
         ids: list[int] = []
         while len(ids) < n and router.poll(WAIT_MS):
             frames = router.recv_multipart()
-            if frames[1] == bytes([Kind.REQUEST]):
-                ids.append(int.from_bytes(frames[2][4:12], "little"))
+            if frames[1][:1] == bytes([Kind.REQUEST]):
+                ids.append(int.from_bytes(frames[1][5:13], "little"))
         assert ids == list(range(n))
     finally:
         router.close(0)
@@ -409,7 +409,7 @@ def test_refusing_ack_and_bad_server_messages(
         cl, rec = client
         refused = cl.connect(endpoint)
         assert router.poll(WAIT_MS)
-        rid, _, _ = router.recv_multipart()
+        rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({"error": "no room"})])
         assert wait_for(lambda: refused in rec.disconnected)
         assert rec.disconnected[refused] == "refused by the server: no room"
@@ -417,13 +417,13 @@ def test_refusing_ack_and_bad_server_messages(
 
         conn = cl.connect(endpoint)
         assert router.poll(WAIT_MS)
-        rid, _, _ = router.recv_multipart()
+        rid, _ = router.recv_multipart()
         reply = Header(RequestType.REPLY, 5)
         # A REPLY before the ACK, garbage, a client-only kind: all dropped and counted.
         router.send_multipart([rid, *encode_message(Kind.REPLY, reply)])
         router.send_multipart([rid, *encode_connect_ack({})])
         router.send_multipart([rid, b"\x99", b"junk"])
-        router.send_multipart([rid, bytes([Kind.REQUEST]), b"x", b""])
+        router.send_multipart([rid, *encode_message(Kind.REQUEST, reply)])
         router.send_multipart([rid, *encode_message(Kind.REPLY, reply)])
         assert wait_for(lambda: len(rec.messages) == 1)
         assert rec.messages[0][0] == conn and rec.messages[0][1].header.id == 5

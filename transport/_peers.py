@@ -36,7 +36,7 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Kind, UnsupportedVersion, encode_connect_ack, encode_message
+from rda.transport.protocol import Kind, UnsupportedVersion, encode_message, encode_refusal
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
 
 __all__ = [
@@ -62,8 +62,6 @@ __all__ = [
     "reject_request_before_connect",
     "reject_undecodable",
 ]
-
-_CONNECT_KIND = bytes([Kind.CONNECT])
 
 
 class Counters:
@@ -214,8 +212,9 @@ def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer
     if isinstance(exc, UnsupportedVersion):
         if exc.request_id is not None:
             return BadInput(exc, True, _exception_reply(exc.request_id, exc))
-        if bytes(frames[0]) == _CONNECT_KIND:
-            return BadInput(exc, True, list(encode_connect_ack({"error": str(exc)})))
+        first = frames[0]
+        if len(first) and first[0] == Kind.CONNECT:
+            return BadInput(exc, True, list(encode_refusal(exc)))
         return BadInput(exc, True)
     return BadInput(exc, isinstance(exc, ProtocolError))
 

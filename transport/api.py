@@ -207,8 +207,9 @@ class ServerTransport(Protocol):
         """Fan one notification out with a single hand-off to the dispatcher.
 
         ``targets`` are ``(peer, subscription_id, header_frame)``; each peer gets
-        ``[REPLY kind byte, header_frame, *tail]``, where ``tail`` (body frames and descriptor)
-        was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
+        ``protocol.join_tail(header_frame, tail)`` (one packed frame: REPLY kind byte, its
+        header, the shared tail), where ``tail`` (``protocol.encode_tail``: body table and
+        bodies) was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
         conflation key, as in ``send``.
         """
         ...

@@ -1,19 +1,27 @@
-"""Wire protocol v1, sans-I/O: frames in, events out; events in, frames out.
+"""Wire protocol v2, sans-I/O: frames in, events out; events in, frames out.
 
-No zmq here (docs/protocol.md has the byte layouts). A message is a list of ZeroMQ frames:
+No zmq here (docs/protocol.md has the byte layouts). A message is one packed ZeroMQ frame,
+plus one frame per large body. Frame 0 always starts with the kind byte (:class:`Kind`) and
+the protocol version (u8, 2):
 
-* frame 0: one kind byte (:class:`Kind`);
-* ``CONNECT`` / ``CONNECT_ACK``: frame 1 = u8 protocol version + a UTF-8 JSON object
-  (client info / server info);
-* ``HEARTBEAT``: no further frames;
-* ``REQUEST`` / ``REPLY``: frame 1 = header (``rda.serialization`` ``encode_header``), then the
-  body frames, then one descriptor frame holding one :class:`BodyKind` byte per body frame.
+* ``CONNECT`` / ``CONNECT_ACK``: kind, version, then a UTF-8 JSON object (client info /
+  server info);
+* ``HEARTBEAT``: kind and version only;
+* ``REQUEST`` / ``REPLY``: kind, the header (``rda.serialization`` ``encode_header``, whose
+  first byte is the version), the body table (u8 count, one kind byte per body, one u32 length
+  per body), then the small bodies back to back; each body of ``LARGE_BODY`` bytes or more is
+  marked ``EXTERNAL`` in the table and follows as its own frame (zero-copy).
+
+One frame per small message means one pyzmq send/receive (one GIL release) per message on
+each side, instead of one per frame; the receiver parses the fixed header and the body table
+and keeps the bodies as ``memoryview`` slices of the received frame (no copy).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +39,8 @@ from rda.serialization.errors import DecodeError, ProtocolError
 __all__ = [
     "CLIENT_KINDS",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "EXTERNAL",
+    "LARGE_BODY",
     "SERVER_KINDS",
     "Connect",
     "ConnectAck",
@@ -44,6 +54,9 @@ __all__ = [
     "encode_connect_ack",
     "encode_heartbeat",
     "encode_message",
+    "encode_refusal",
+    "encode_tail",
+    "join_tail",
 ]
 
 Buffer = bytes | memoryview
@@ -65,25 +78,29 @@ class Kind(enum.IntEnum):
 
 CLIENT_KINDS = frozenset({Kind.CONNECT, Kind.REQUEST, Kind.HEARTBEAT})
 SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT})
-_KIND_BYTES = {bytes([k]): k for k in Kind}
+_KINDS = {int(k): k for k in Kind}
 _KIND_FRAMES = {k: bytes([k]) for k in Kind}
-# The descriptor frames of the messages this library sends (encode_message's lookup).
-_DESCRIPTORS = {
-    tuple(kinds): bytes(kinds)
-    for kinds in (
-        (),
-        (BodyKind.DATA,),
-        (BodyKind.EXCEPTION,),
-        (BodyKind.REQUEST_CONTEXT,),
-        (BodyKind.DATA, BodyKind.DATA_CONTEXT),
-        (BodyKind.DATA, BodyKind.REQUEST_CONTEXT),
-        (BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT),
-    )
+_REPLY_FRAME = bytes([Kind.REPLY])
+_HEARTBEATS = {
+    True: bytes([Kind.SERVER_HEARTBEAT, PROTOCOL_VERSION]),
+    False: bytes([Kind.HEARTBEAT, PROTOCOL_VERSION]),
 }
+# Version 1 put a version byte first in frame 1 of every kind but the heartbeats.
+_VERSIONED_V1 = frozenset(Kind) - {Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT}
 _BODY_KINDS = {int(k): k for k in BodyKind}
-# Descriptor bytes -> body kinds, filled as layouts are seen (bounded: a peer cannot grow it).
-_LAYOUTS: dict[bytes, tuple[BodyKind, ...]] = {}
-_LAYOUTS_MAX = 256
+
+# A body of this many bytes or more travels as its own frame after the packed one: copying it
+# into the packed frame would cost more than the extra pyzmq call (pyzmq's zero-copy threshold
+# is the same 64 KiB).
+LARGE_BODY = 65536
+# Bit 7 of a body kind byte: "this body is the next frame, not a slice of the packed frame".
+EXTERNAL = 0x80
+_MAX_BODIES = 255
+_BODY_LAYOUTS: dict[int, struct.Struct] = {}
+_NO_BODY = b"\x00"
+_HEADER_END = 1 + HEADER_FIXED.size  # kind byte + fixed header
+_NAME_LENGTHS = struct.Struct("<HHH")
+_NAME_LENGTHS_AT = _HEADER_END - _NAME_LENGTHS.size
 _new = object.__new__
 
 
@@ -128,11 +145,11 @@ ProtocolEvent = Connect | ConnectAck | Heartbeat | Incoming
 
 
 def encode_heartbeat(from_server: bool) -> list[bytes]:
-    return [bytes([Kind.SERVER_HEARTBEAT if from_server else Kind.HEARTBEAT])]
+    return [_HEARTBEATS[from_server]]
 
 
 def _encode_handshake(kind: Kind, info: dict[str, Any]) -> list[bytes]:
-    return [bytes([kind]), bytes([PROTOCOL_VERSION]) + json.dumps(info).encode()]
+    return [bytes([kind, PROTOCOL_VERSION]) + json.dumps(info).encode()]
 
 
 def encode_connect(info: dict[str, Any]) -> list[bytes]:
@@ -143,76 +160,159 @@ def encode_connect_ack(info: dict[str, Any]) -> list[bytes]:
     return _encode_handshake(Kind.CONNECT_ACK, info)
 
 
+def encode_refusal(exc: UnsupportedVersion) -> list[bytes]:
+    """The refusing CONNECT_ACK for a peer of another version, framed so that it can read it.
+
+    A version-1 peer gets the version-1 framing (kind byte, then version 1 + JSON in a second
+    frame): its decoder accepts that and reports the connection refused with our message,
+    instead of dropping an ACK it cannot parse and waiting for its connect timeout.
+    """
+    info = json.dumps({"error": str(exc)}).encode()
+    if exc.version == 1:
+        return [bytes([Kind.CONNECT_ACK]), b"\x01" + info]
+    return [bytes([Kind.CONNECT_ACK, PROTOCOL_VERSION]) + info]
+
+
+def _nbytes(buf: Any) -> int:
+    # len() of a memoryview counts items, not bytes (a view of a float64 array).
+    return len(buf) if type(buf) is bytes else memoryview(buf).nbytes
+
+
+def _body_layout(n: int) -> struct.Struct:
+    """u8 count, ``n`` body kind bytes, ``n`` u32 lengths; cached per count."""
+    layout = _BODY_LAYOUTS.get(n)
+    if layout is None:
+        layout = struct.Struct(f"<B{n}B{n}I")
+        _BODY_LAYOUTS[n] = layout  # n is a u8: at most 256 entries
+    return layout
+
+
+def _split_body(
+    body: Sequence[tuple[BodyKind, Buffer]],
+) -> tuple[bytes, list[Buffer], list[Buffer]]:
+    """(body table, bodies packed into the frame, bodies sent as their own frames)."""
+    n = len(body)
+    if n > _MAX_BODIES:
+        raise ValueError(f"a message carries at most {_MAX_BODIES} body frames, not {n}")
+    kinds: list[int] = []
+    sizes: list[int] = []
+    inline: list[Buffer] = []
+    external: list[Buffer] = []
+    for body_kind, buf in body:
+        size = _nbytes(buf)
+        if size >= LARGE_BODY:
+            # Its own frame: pyzmq hands it to libzmq without a copy.
+            kinds.append(body_kind | EXTERNAL)
+            external.append(buf)
+        else:
+            kinds.append(body_kind)
+            inline.append(buf)
+        sizes.append(size)
+    return _body_layout(n).pack(n, *kinds, *sizes), inline, external
+
+
 def encode_message(
     kind: Kind, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()
 ) -> list[Buffer]:
-    """REQUEST or REPLY frames. Body buffers are passed through untouched (no copy)."""
-    frames: list[Buffer] = [_KIND_FRAMES[kind], encode_header(header)]
-    kinds = []
-    for body_kind, buf in body:
-        frames.append(buf)
-        kinds.append(body_kind)
-    descriptor = _DESCRIPTORS.get(tuple(kinds))
-    frames.append(descriptor if descriptor is not None else bytes(kinds))
-    return frames
+    """REQUEST or REPLY: one packed frame, then one frame per large body (passed untouched)."""
+    if not body:
+        return [b"".join((_KIND_FRAMES[kind], encode_header(header), _NO_BODY))]
+    table, inline, external = _split_body(body)
+    packed = b"".join((_KIND_FRAMES[kind], encode_header(header), table, *inline))
+    return [packed, *external] if external else [packed]
+
+
+def encode_tail(body: Sequence[tuple[BodyKind, Buffer]]) -> list[Buffer]:
+    """The part of a REPLY after its header, encoded once and shared by every subscriber of a
+    notification (``ServerTransport.publish``): the body table and the small bodies as one
+    ``bytes``, then the large bodies. :func:`join_tail` puts a header in front."""
+    table, inline, external = _split_body(body)
+    return [b"".join((table, *inline)), *external]
+
+
+def join_tail(header: Buffer, tail: Sequence[Buffer]) -> list[Buffer]:
+    """One subscriber's REPLY frames: kind byte + its ``header`` + the shared ``tail``."""
+    return [b"".join((_REPLY_FRAME, header, tail[0])), *tail[1:]]
 
 
 def _decode_handshake(frames: Sequence[Buffer], kind: Kind) -> dict[str, Any]:
-    if len(frames) != 2:
-        raise DecodeError(f"{kind.name} has {len(frames)} frames, expected 2")
-    frame = frames[1]
-    if len(frame) < 1:
-        raise DecodeError(f"{kind.name} info frame is empty", 0)
+    if len(frames) != 1:
+        raise DecodeError(f"{kind.name} has {len(frames)} frames, expected 1")
+    frame = frames[0]
     if len(frame) > _MAX_HANDSHAKE:
-        raise DecodeError(f"{kind.name} info frame of {len(frame)} bytes exceeds {_MAX_HANDSHAKE}")
-    version = frame[0]
-    if version != PROTOCOL_VERSION:
-        raise UnsupportedVersion(version)
+        raise DecodeError(f"{kind.name} frame of {len(frame)} bytes exceeds {_MAX_HANDSHAKE}")
     try:
-        info = json.loads(bytes(frame[1:]))
+        info = json.loads(bytes(frame[2:]))
     # RecursionError: 64 KiB of "[[[[..." nests deeper than the JSON parser allows.
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise DecodeError(f"{kind.name} info is not a JSON object: {exc}", 1) from exc
+        raise DecodeError(f"{kind.name} info is not a JSON object: {exc}", 2) from exc
     if not isinstance(info, dict):
-        raise DecodeError(f"{kind.name} info is a JSON {type(info).__name__}, not an object", 1)
+        raise DecodeError(f"{kind.name} info is a JSON {type(info).__name__}, not an object", 2)
     return info
 
 
 def _decode_message(frames: Sequence[Buffer]) -> Message:
-    n_frames = len(frames)
-    if n_frames < 3:
-        raise DecodeError(f"message has {n_frames} frames; needs kind, header and descriptor")
-    header_frame = frames[1]
-    # Version first, so a peer of another version gets an explicit answer with its request id.
-    if len(header_frame) >= HEADER_FIXED.size and header_frame[0] != PROTOCOL_VERSION:
-        request_id = HEADER_FIXED.unpack_from(header_frame)[4]
-        raise UnsupportedVersion(header_frame[0], request_id)
-    header = decode_header(header_frame)
-    descriptor = frames[-1]
-    n_body = n_frames - 3
-    if len(descriptor) != n_body:
+    first = frames[0]
+    view = first if type(first) is memoryview else memoryview(first)
+    size = len(view)
+    if size < _HEADER_END:
         raise DecodeError(
-            f"descriptor lists {len(descriptor)} body frames but the message carries {n_body}"
+            f"message of {size} bytes is shorter than kind + the {HEADER_FIXED.size}-byte header", 1
         )
-    # The descriptor's bytes as a key: one lookup gives every frame's kind (a handful of
-    # layouts ever occur), instead of one lookup per body frame.
-    kinds = _LAYOUTS.get(bytes(descriptor))
-    if kinds is None:
-        kinds = _layout(descriptor)
-    return Message(header, tuple(zip(kinds, frames[2:-1], strict=True)))
-
-
-def _layout(descriptor: Buffer) -> tuple[BodyKind, ...]:
-    kinds = []
-    for i in range(len(descriptor)):
-        kind = _BODY_KINDS.get(descriptor[i])
+    ld, lp, ls = _NAME_LENGTHS.unpack_from(view, _NAME_LENGTHS_AT)
+    end = _HEADER_END + ld + lp + ls
+    if end >= size:
+        raise DecodeError(
+            f"header names ({ld + lp + ls} bytes) and the body count run past the "
+            f"{size}-byte frame",
+            _HEADER_END,
+        )
+    # Only the fixed header and the body table are parsed here (dispatcher thread); the
+    # bodies stay memoryview slices of the received frame, decoded by the worker.
+    header = decode_header(view[1:end])
+    n = view[end]
+    layout = _BODY_LAYOUTS.get(n) or _body_layout(n)
+    pos = end + layout.size
+    if pos > size:
+        raise DecodeError(f"body table of {n} entries runs past the {size}-byte frame", end)
+    fields = layout.unpack_from(view, end)
+    body: list[tuple[BodyKind, Buffer]] = []
+    n_frames = len(frames)
+    next_frame = 1
+    for i in range(n):
+        raw_kind, length = fields[1 + i], fields[1 + n + i]
+        kind = _BODY_KINDS.get(raw_kind & ~EXTERNAL)
         if kind is None:
-            raise DecodeError(f"unknown body frame kind {descriptor[i]}", i)
-        kinds.append(kind)
-    layout = tuple(kinds)
-    if len(_LAYOUTS) < _LAYOUTS_MAX and len(layout) <= 8:
-        _LAYOUTS[bytes(descriptor)] = layout
-    return layout
+            raise DecodeError(f"unknown body kind {raw_kind}", end + 1 + i)
+        if raw_kind & EXTERNAL:
+            if next_frame >= n_frames:
+                raise DecodeError(f"body {i} is announced in its own frame but it is missing")
+            frame = frames[next_frame]
+            next_frame += 1
+            if _nbytes(frame) != length:
+                raise DecodeError(
+                    f"body {i} is announced as {length} bytes but its frame has {_nbytes(frame)}"
+                )
+            body.append((kind, frame))
+        else:
+            if pos + length > size:
+                raise DecodeError(f"body {i} of {length} bytes runs past the frame", pos)
+            body.append((kind, view[pos : pos + length]))
+            pos += length
+    if pos != size:
+        raise DecodeError(f"{size - pos} bytes after the last body", pos)
+    if next_frame != n_frames:
+        raise DecodeError(
+            f"message has {n_frames} frames but its body table announces {next_frame}"
+        )
+    return Message(header, tuple(body))
+
+
+def _version_one(kind: Kind, frames: Sequence[Buffer]) -> UnsupportedVersion:
+    """A kind byte alone in frame 0 is version 1's framing: name the version it carries."""
+    second = frames[1] if len(frames) > 1 else b""
+    version = second[0] if len(second) and kind in _VERSIONED_V1 else 1
+    return UnsupportedVersion(version)
 
 
 def decode_frames(
@@ -232,11 +332,20 @@ def decode_frames(
     size = sum(map(len, frames))
     if size > max_size:
         raise DecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
-    # Check the length before indexing: a huge bogus frame 0 must not be copied.
     first = frames[0]
-    kind = _KIND_BYTES.get(bytes(first)) if len(first) == 1 else None
+    kind = _KINDS.get(first[0]) if len(first) else None
     if kind is None:
-        raise DecodeError(f"unknown kind byte {bytes(first[:8])!r}", 0)
+        raise DecodeError(f"unknown kind byte {bytes(first[:1])!r}", 0)
+    if len(first) == 1:
+        raise _version_one(kind, frames)
+    # Every kind carries the version right after the kind byte (the header's first byte for
+    # REQUEST/REPLY): checked first, so that a peer of another version is told so.
+    version = first[1]
+    if version != PROTOCOL_VERSION:
+        request_id = None
+        if kind is Kind.REQUEST and len(first) >= _HEADER_END:
+            request_id = HEADER_FIXED.unpack_from(first, 1)[4]
+        raise UnsupportedVersion(version, request_id)
     # REQUEST at the server, REPLY at the client: the message path, tested first.
     if kind is (Kind.REPLY if from_server else Kind.REQUEST):
         return _incoming(_decode_message(frames))
@@ -245,8 +354,10 @@ def decode_frames(
         side = "a server" if from_server else "a client"
         raise ProtocolError(f"{kind.name} may not be sent by {side}")
     if kind in (Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT):
-        if len(frames) != 1:
-            raise DecodeError(f"HEARTBEAT has {len(frames)} frames, expected 1")
+        if len(frames) != 1 or len(first) != 2:
+            raise DecodeError(
+                f"HEARTBEAT is {len(frames)} frame(s) of {size} bytes, expected 1 of 2"
+            )
         return Heartbeat()
     if kind is Kind.CONNECT:
         return Connect(_decode_handshake(frames, kind))

@@ -56,10 +56,10 @@ from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
-    Kind,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
+    join_tail,
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
@@ -73,7 +73,6 @@ log = logging.getLogger("rda.transport.server")
 # (_PUBLISH, targets, tail, conflatable), (_DISCONNECT, routing id, None, None).
 _SEND, _PUBLISH, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
-_REPLY_KIND = bytes([Kind.REPLY])
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
 _PROBE_FIRST, _PROBES = 0.001, 8
 # Monitor events of a handshake that failed before ZAP could judge it (ZAP denials count there).
@@ -185,7 +184,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             return
         if self._on_dispatcher():
             for peer, sub, header in targets:
-                self._deliver(peer, [_REPLY_KIND, header, *tail], sub if conflatable else None)
+                self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
             return
         mailbox = self._mailbox
         if mailbox is not None:
@@ -273,7 +272,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                     self._deliver(target, frames, key)
                 elif op == _PUBLISH:
                     for peer, sub, header in target:
-                        self._deliver(peer, [_REPLY_KIND, header, *frames], sub if key else None)
+                        self._deliver(peer, join_tail(header, frames), sub if key else None)
                 elif op == _DISCONNECT:
                     self._drop_rid(target, CLOSED_LOCALLY)
                 if self._closing:

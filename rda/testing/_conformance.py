@@ -61,7 +61,7 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Kind, encode_message
+from rda.transport.protocol import Kind, encode_message, encode_tail
 
 __all__ = ["CONFORMANCE_CHECKS", "MakePair", "TransportPair", "check_transport", "transport_pair"]
 
@@ -319,7 +319,8 @@ def check_publish(pair: TransportPair) -> None:
     srec.wait_for(lambda: len(srec.messages) == 3, WAIT, "subscriptions")
     subs = [(peer, m.header.id) for peer, m in srec.messages]
     context = encode_context(DataContext("CPS.USER.SFT", 5, 6), 1)
-    tail = [b"shared data frame", context, bytes([BodyKind.DATA, BodyKind.DATA_CONTEXT])]
+    data = b"shared data frame"
+    tail = encode_tail([(BodyKind.DATA, data), (BodyKind.DATA_CONTEXT, context)])
     for round_, conflatable in enumerate((False, True)):
         targets: list[tuple[bytes, int, Buffer]] = [
             (peer, sub, encode_header(Header(RequestType.NOTIFICATION_DATA, sub, "PS1", "N")))
@@ -333,7 +334,7 @@ def check_publish(pair: TransportPair) -> None:
         for note in rec.messages_on(conn)[1:]:
             assert note.header.request_type is RequestType.NOTIFICATION_DATA
             assert note.header.id == 100 + k, "each peer gets its own header"
-            assert _body(note) == [(BodyKind.DATA, tail[0]), (BodyKind.DATA_CONTEXT, context)]
+            assert _body(note) == [(BodyKind.DATA, data), (BodyKind.DATA_CONTEXT, context)]
 
 
 def check_client_disconnect(pair: TransportPair) -> None:

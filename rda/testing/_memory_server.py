@@ -43,10 +43,10 @@ from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
-    Kind,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
+    join_tail,
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
@@ -61,7 +61,6 @@ AUTHENTICATED_PRINCIPAL = "authenticated_principal"
 
 log = logging.getLogger("rda.testing")
 _HEARTBEAT = encode_heartbeat(from_server=True)
-_REPLY_KIND = bytes([Kind.REPLY])
 _instances = itertools.count(1)
 
 
@@ -206,7 +205,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         elif isinstance(item, _Publish):
             for peer, sub, header in item.targets:
                 key = sub if item.conflatable else None
-                self._send_to(peer, [_REPLY_KIND, header, *item.tail], key)
+                self._send_to(peer, join_tail(header, item.tail), key)
         elif isinstance(item, _Kick):
             p = self._peers.get(item.peer)
             if p is not None:
