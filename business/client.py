@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -101,11 +101,12 @@ def _zmq_transport(
 class _Handler:
     """The transport's view of the service: bound methods, no extra call per message."""
 
-    __slots__ = ("on_connected", "on_disconnected", "on_message")
+    __slots__ = ("on_connected", "on_disconnected", "on_message", "on_messages")
 
     def __init__(self, service: ClientService) -> None:
         self.on_connected = service._on_connected
         self.on_message = service._on_message
+        self.on_messages = service._on_messages
         self.on_disconnected = service._on_disconnected
 
 
@@ -615,6 +616,38 @@ class ClientService:
             )
 
     def _on_message(self, connection: int, message: Message) -> None:
+        self._handle(message, None)
+
+    def _on_messages(self, connection: int, messages: Sequence[Message]) -> None:
+        """A drained batch (api.BatchClientHandler): notifications are staged per
+        subscription and each subscription's queue is filled, and its consumer woken, once at
+        the end; replies complete as they come. One message's failure does not cost the
+        others: the first is re-raised afterwards (the transport counts it), later ones are
+        logged."""
+        staged: list[Subscription] = []
+        failed: Exception | None = None
+        handle = self._handle
+        for message in messages:
+            try:
+                handle(message, staged)
+            except Exception as exc:
+                failed = self._batch_failure(failed, exc)
+        for sub in staged:
+            try:
+                sub.flush()
+            except Exception as exc:
+                failed = self._batch_failure(failed, exc)
+        if failed is not None:
+            raise failed
+
+    @staticmethod
+    def _batch_failure(first: Exception | None, exc: Exception) -> Exception:
+        if first is None:
+            return exc
+        log.error("handling a message of a batch failed", exc_info=exc)
+        return first
+
+    def _handle(self, message: Message, staged: list[Subscription] | None) -> None:
         header = message.header
         if header.request_type in _NOTIFICATIONS:
             sub = self._subs.get(header.id)
@@ -623,7 +656,7 @@ class ClientService:
                 return
             if header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
                 self._forget(sub)
-            sub.deliver_message(message)
+            sub.deliver_message(message, staged)
             return
         p = self._pending.pop(header.id, None)
         if p is None:

@@ -206,6 +206,35 @@ class _Inbox:
         if was_empty and self.waker is not None:
             self.waker()
 
+    def put_many(self, entries: list[Entry]) -> None:
+        """Dispatcher thread, once per subscription per drained batch: what ``put`` does for
+        each entry, in order, under one lock; then one ``notify`` for the waiting pollers and
+        at most one waker call (if the queue was empty before the first entry, the consumer
+        may be asleep; otherwise it has not drained the queue yet and needs no signal)."""
+        dropped = 0
+        with self._lock:
+            if self._closed:
+                return
+            items = self._items
+            was_empty = not items
+            room = self.capacity - len(items)
+            if len(entries) <= room:
+                items.extend(entries)
+            else:
+                # Drop oldest, exactly as the same entries put one by one would.
+                for entry in entries:
+                    if len(items) >= self.capacity:
+                        _, old_gap, _ = items.popleft()
+                        self._carry += old_gap + 1
+                        dropped += 1
+                    items.append(entry)
+            if self._waiting:
+                self._cond.notify(len(entries))
+        if dropped:
+            self._counters.add_dropped(dropped)
+        if was_empty and self.waker is not None:
+            self.waker()
+
     def get(self, timeout: float | None) -> Entry | None:
         """The oldest entry, waiting up to ``timeout`` (None: forever); None if closed or none."""
         with self._lock:
@@ -283,6 +312,9 @@ class Subscription:
         self._ended = False  # no more notifications will come
         self._closed = False  # closed by the user or the service: discard what is queued
         self._in_outage = False  # a disconnection was reported and nothing came since
+        # Notifications of the transport's current batch not yet delivered (dispatcher only;
+        # None between batches, so an idle subscription holds no list).
+        self._batch: list[Entry] | None = None
         self.received = 0
         # The connection the SUBSCRIBE was last sent on; owned by the client service.
         self.connection: int | None = None
@@ -361,8 +393,13 @@ class Subscription:
 
     # -- dispatcher side (the client service calls these) ----------------------------------
 
-    def deliver_message(self, message: Message) -> None:
-        """A NOTIFICATION_* or SUBSCRIBE_EXCEPTION for this subscription (dispatcher thread)."""
+    def deliver_message(self, message: Message, staged: list[Subscription] | None = None) -> None:
+        """A NOTIFICATION_* or SUBSCRIBE_EXCEPTION for this subscription (dispatcher thread).
+
+        With ``staged`` (a batch, see ``ClientService._on_messages``) the notification waits
+        in this subscription's batch, and the subscription is added to ``staged`` once, until
+        the service calls :meth:`flush` at the end of the batch; gaps and counters are
+        counted here either way."""
         if self._ended:
             return
         self._in_outage = False
@@ -381,9 +418,31 @@ class Subscription:
             self._expected = seq + 1
         self.received += 1
         self._counters.notifications += 1
-        self._deliver((message, gap, seq))
+        if staged is None:
+            self._deliver((message, gap, seq))
+        else:
+            batch = self._batch
+            if batch is None:
+                self._batch = batch = []
+                staged.append(self)
+            batch.append((message, gap, seq))
         if header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+            self.flush()  # what came before the end is delivered before it
             self.end()
+
+    def flush(self) -> None:
+        """Deliver the staged batch (dispatcher thread): into the queue under one lock with
+        one wake-up, or to the scheduler in order, one task each (the first wakes a worker;
+        the rest normally queue behind it in the subscription's group without a wake-up)."""
+        batch = self._batch
+        if batch is None:
+            return
+        self._batch = None
+        if self.listener is None:
+            self._inbox.put_many(batch)
+            return
+        for entry in batch:
+            self._deliver(entry)
 
     def deliver_error(self, error: RdaError) -> None:
         """A locally detected problem (e.g. disconnection); the subscription lives on."""

@@ -40,7 +40,6 @@ __all__ = [
     "close_socket",
     "decode_monitor_event",
     "open_monitor",
-    "readable",
     "recv_frames",
     "send_frames",
     "send_routed",
@@ -129,12 +128,6 @@ def recv_frames(sock: zmq.Socket[bytes]) -> list[zmq.Frame] | None:
         frame = _backend_recv(sock, _NOBLOCK, False)
         frames.append(frame)
     return frames
-
-
-def readable(sock: zmq.Socket[bytes]) -> bool:
-    """Whether ``sock`` holds a message (``EVENTS``): like a receive, it processes the
-    socket's pending commands, but it raises nothing when there is no message."""
-    return bool(_backend_get(sock, _EVENTS) & POLLIN)
 
 
 class Selector:
@@ -256,9 +249,9 @@ class Selector:
                 continue
             wanted = flags.get(sock, 0)
             if wanted == POLLIN:
-                # Reported without an ``EVENTS`` check: the handler receives until EAGAIN
-                # (or ``readable`` says no more), which processes the same commands, and
-                # ``settle`` s it; a receive that finds nothing is as cheap as the check.
+                # Reported without an ``EVENTS`` check: the handler receives until EAGAIN,
+                # which processes the same commands, and ``settle`` s it; a receive that
+                # finds nothing is as cheap as the check.
                 ready.append((sock, POLLIN))
                 dirty.add(sock)
             elif wanted:

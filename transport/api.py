@@ -12,13 +12,14 @@ transport (those are safe from any thread, the dispatcher included).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rda.serialization._message import Message
 
 __all__ = [
+    "BatchClientHandler",
     "Buffer",
     "ClientHandler",
     "ClientTransport",
@@ -28,6 +29,7 @@ __all__ = [
     "ServerTransport",
     "ServerTransportStatistics",
     "TransportSettings",
+    "batch_receiver",
 ]
 
 Buffer = bytes | memoryview
@@ -105,7 +107,12 @@ class ClientHandler(Protocol):
         """CONNECT_ACK arrived: requests queued for ``connection`` are now being sent."""
 
     def on_message(self, connection: int, message: Message) -> None:
-        """A REPLY arrived (header parsed, body undecoded)."""
+        """A REPLY arrived (header parsed, body undecoded).
+
+        A handler may also define ``on_messages(connection, messages)`` (see
+        :class:`BatchClientHandler`): a transport that finds it hands over every REPLY of one
+        drained batch in one call, in arrival order, instead of one ``on_message`` each.
+        """
 
     def on_disconnected(self, connection: int, reason: str) -> None:
         """The connection is gone (server closed, heartbeat timeout, refused, closed locally).
@@ -113,6 +120,29 @@ class ClientHandler(Protocol):
         The connection id is dead afterwards; the business layer reconnects by calling
         ``connect`` again. Never called twice for one connection.
         """
+
+
+class BatchClientHandler(ClientHandler, Protocol):
+    """A :class:`ClientHandler` that takes the replies of one drained batch at once.
+
+    Seed 000, "Batching": when messages arrive faster than they are handled, the transport
+    receives every waiting message first (up to its batch size) and then calls
+    ``on_messages`` once, so the business layer can wake each waiting consumer once per batch
+    instead of once per message, and no consumer thread competes for the GIL with the
+    dispatcher's receive calls. The messages of one call come from one connection, in
+    arrival order; ``on_connected``/``on_disconnected`` are never reordered against them.
+    When messages come one at a time, a batch is one message: no added latency.
+    """
+
+    def on_messages(self, connection: int, messages: Sequence[Message]) -> None: ...
+
+
+def batch_receiver(
+    handler: ClientHandler,
+) -> Callable[[int, Sequence[Message]], None] | None:
+    """The handler's ``on_messages`` if it takes batches, else None (use ``on_message``)."""
+    on_messages = getattr(handler, "on_messages", None)
+    return on_messages if callable(on_messages) else None
 
 
 class ClientTransport(Protocol):

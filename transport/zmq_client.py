@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._curve import ClientCurve, apply_client
@@ -47,6 +48,7 @@ from rda.transport.api import (
     ClientHandler,
     ClientTransportStatistics,
     TransportSettings,
+    batch_receiver,
 )
 from rda.transport.protocol import (
     ConnectAck,
@@ -67,6 +69,9 @@ log = logging.getLogger("rda.transport.client")
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
+# Received frames below this size are copied out of libzmq's message (pyzmq's send-side
+# copy_threshold: the size from which avoiding the copy pays).
+_COPY_BELOW = 65536
 _HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ (CURVE on one side only?)",
@@ -111,6 +116,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
     ) -> None:
         super().__init__("client", settings, context, clock, log)
         self._handler = handler
+        self._on_messages = batch_receiver(handler)
+        self._bursty = False  # the last drain found more than one message
         self._curve = curve
         self._info = default_client_info()
         if client_info:
@@ -356,74 +363,78 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._poller.watch_mailbox(True)
 
     def _drain_dealer(self, c: _Connection) -> None:
-        """Receive what the DEALER holds; each message is handed on only once the *next*
-        one was looked for.
-
-        Handing a reply on releases the caller waiting for it; the receive or ``EVENTS``
-        check that ends the batch releases the GIL, and a caller woken just before that has
-        to wait for the GIL and be woken a second time (per get, about one context switch
-        more in each of the two threads). Looking ahead first makes the hand-off the last
-        thing before the dispatcher polls (and sleeps). A lone reply is followed by an
-        ``EVENTS`` check rather than a receive that fails: the same system call, without
-        pyzmq raising ``zmq.Again``.
-        """
-        sock = c.sock
-        now = self._clock()
-        raw = common.recv_frames(sock)
-        if raw is None:
-            self._poller.settle(sock)
-            return
-        if not common.readable(sock):
-            self._poller.settle(sock)
-            self._deliver(c, raw, now)
-            return
-        for _ in range(common.BATCH - 1):
-            ahead = common.recv_frames(sock)
-            if ahead is None:
-                # Settled by that receive, not after the hand-on: a handler that sends on this
-                # socket marks it for a new check (a send may process, and so consume, the
-                # signal of a reply that already arrived).
-                self._poller.settle(sock)
-                self._deliver(c, raw, now)
-                return
-            self._deliver(c, raw, now)
-            raw = ahead
-            if self._closing or c.id not in self._conns:
-                return
-        self._deliver(c, raw, now)
-
-    def _deliver(self, c: _Connection, raw: list[zmq.Frame], now: float) -> None:
-        frames = [f.buffer for f in raw]
-        # Only the frames the decoded message keeps (its body) may outlive the decoding:
-        # pyzmq releases the GIL to free a frame, and a frame freed after the handler woke a
-        # caller makes that caller wait for the GIL and be woken once more.
-        raw.clear()
-        self._messages_in += 1
-        self._bytes_in += sum(map(len, frames))
-        c.heartbeat.last_received = now
+        # A handler that takes batches (api.BatchClientHandler) gets every REPLY of this
+        # drain in one call after the last receive: consumers are woken once per batch, and
+        # not while this thread still makes GIL-releasing receive calls. Only while messages
+        # come faster than they are handled (seed 000, "Batching"): after a drain that found
+        # one message, the first reply of the next is handed over at once, before the receive
+        # that ends the drain, so a caller woken by it can send its next request meanwhile
+        # (with the reply held back, the dispatcher went to sleep first: 2 polls per get, not 1).
+        batch: list[Message] | None = [] if self._on_messages is not None else None
+        received = 0
         try:
-            event = decode_frames(
-                frames, from_server=True, max_size=self._settings.max_message_size
-            )
-        except (DecodeError, ProtocolError) as exc:
-            self._decode_errors += 1
-            log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
-            return
+            received = self._drain_into(c, batch)
         finally:
-            del frames
-        if type(event) is Incoming:
-            if c.state is ConnState.CONNECTED:
-                try:
-                    self._handler.on_message(c.id, event.message)
-                except Exception:
-                    self._handler_failed("on_message")
-            else:
+            if batch:
+                self._deliver_batch(c, batch)
+        self._bursty = received > 1
+
+    def _deliver_batch(self, c: _Connection, batch: list[Message]) -> None:
+        assert self._on_messages is not None
+        try:
+            self._on_messages(c.id, batch)
+        except Exception:
+            self._handler_failed("on_messages")
+
+    def _drain_into(self, c: _Connection, batch: list[Message] | None) -> int:
+        """Receive up to BATCH messages; returns how many."""
+        sock = c.sock
+        max_size = self._settings.max_message_size
+        now = self._clock()
+        bursty = self._bursty
+        for n in range(common.BATCH):
+            raw = common.recv_frames(sock)
+            if raw is None:
+                self._poller.settle(sock)
+                return n
+            # Small frames leave their zmq.Frame at once (a memoryview over a copied bytes):
+            # a Frame kept alive behind every queued notification cost more than the copy,
+            # in allocation and in garbage-collector work; big ones stay zero-copy.
+            frames = [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
+            self._messages_in += 1
+            self._bytes_in += sum(map(len, frames))
+            c.heartbeat.last_received = now
+            try:
+                event = decode_frames(frames, from_server=True, max_size=max_size)
+            except (DecodeError, ProtocolError) as exc:
                 self._decode_errors += 1
-                log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
-        elif type(event) is ConnectAck:
-            self._on_ack(c, event.info)
-        elif type(event) is not Heartbeat:
-            self._decode_errors += 1
+                log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
+                continue
+            if type(event) is Incoming:
+                if c.state is ConnState.CONNECTED:
+                    if batch is not None:
+                        if bursty:
+                            batch.append(event.message)
+                        else:
+                            # Sparse flow: hand the first one over now; any more found in
+                            # this drain are a burst and are batched.
+                            self._deliver_batch(c, [event.message])
+                            bursty = True
+                    else:
+                        try:
+                            self._handler.on_message(c.id, event.message)
+                        except Exception:
+                            self._handler_failed("on_message")
+                else:
+                    self._decode_errors += 1
+                    log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
+            elif type(event) is ConnectAck:
+                self._on_ack(c, event.info)
+            elif type(event) is not Heartbeat:
+                self._decode_errors += 1
+            if self._closing or c.id not in self._conns:
+                return n + 1
+        return common.BATCH
 
     def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
         if c.state is not ConnState.CONNECTING:

@@ -219,6 +219,8 @@ class Dispatcher(ABC):
                     if not isinstance(item, Barrier) and (is_command or not self._inbox.closed):
                         self._handle(item)
                         self._run_local()
+                self._end_batch()
+                self._run_local()
                 if not self._inbox.closed:
                     self._check_timers(self._clock())
                     self._run_local()
@@ -255,6 +257,11 @@ class Dispatcher(ABC):
 
     @abstractmethod
     def _handle(self, item: object) -> None: ...
+
+    def _end_batch(self) -> None:
+        """Every item of the batch taken from the inbox was handled (a client delivers the
+        replies it held back for a batch-taking handler here)."""
+        return
 
     @abstractmethod
     def _check_timers(self, now: float) -> None: ...

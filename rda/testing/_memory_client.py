@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
 from rda.transport._peers import (
@@ -26,7 +27,13 @@ from rda.transport._peers import (
     lost_reason,
     refused_reason,
 )
-from rda.transport.api import Buffer, ClientHandler, ClientTransportStatistics, TransportSettings
+from rda.transport.api import (
+    Buffer,
+    ClientHandler,
+    ClientTransportStatistics,
+    TransportSettings,
+    batch_receiver,
+)
 from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
@@ -114,6 +121,10 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         self._ids = itertools.count(1)
         self._conns: dict[int, _Connection] = {}
         self._routing: dict[int, bytes] = {}
+        self._on_messages = batch_receiver(handler)
+        # Replies held back for ``on_messages`` until the end of the batch (one connection).
+        self._arrived: list[Message] = []
+        self._arrived_conn = 0
         ClientCounters.__init__(self)
 
     # --- api.ClientTransport (any thread) ---
@@ -204,6 +215,14 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
                 self._decode_errors += 1
                 log.warning("REPLY before CONNECT_ACK on connection %d dropped", c.id)
                 return
+            if self._on_messages is not None:
+                # As the ZeroMQ client: a batch-taking handler gets the replies of one batch
+                # (of one connection) in one call, after the batch.
+                if self._arrived_conn != c.id:
+                    self._end_batch()
+                    self._arrived_conn = c.id
+                self._arrived.append(event.message)
+                return
             try:
                 self._handler.on_message(c.id, event.message)
             except Exception:
@@ -213,7 +232,19 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         elif isinstance(event, Heartbeat) and c.state is not ConnState.CONNECTED:
             self._decode_errors += 1
 
+    def _end_batch(self) -> None:
+        arrived = self._arrived
+        if not arrived:
+            return
+        self._arrived = []
+        assert self._on_messages is not None
+        try:
+            self._on_messages(self._arrived_conn, arrived)
+        except Exception:
+            self._handler_failed("on_messages")
+
     def _on_ack(self, c: _Connection, info: dict[str, Any], stamp: float) -> None:
+        self._end_batch()  # replies held back are older than this connection event
         if c.state is not ConnState.CONNECTING:
             self._decode_errors += 1  # a second ACK: ignore it
             return
@@ -259,6 +290,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         return min(deadlines, default=None)
 
     def _drop(self, c: _Connection, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
+        self._end_batch()  # replies held back arrived before the connection was lost
         del self._conns[c.id]
         self._routing.pop(c.id, None)
         c.state = next_state(c.state, event)
