@@ -394,6 +394,9 @@ def check_statistics(pair: TransportPair) -> None:
     for frames in sent:
         client.send(conn, frames)
     crec.wait_for(lambda: len(crec.messages_on(conn)) == 10, WAIT, "replies")
+    # A dispatcher counts a message once its send returned, and the peer may act on it before
+    # that: wait until the sender's books include the last reply (the figures stay exact).
+    crec.wait_for(lambda: server.statistics().messages_out >= 11, WAIT, "server books")
     c, s = client.statistics(), server.statistics()
     size = sum(_size(f) for f in sent)
     assert c.messages_out >= 11 and c.bytes_out >= size, c  # CONNECT + 10 requests
