@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import zmq
+from _in_flight import gets_in_flight
 
 from rda.business.client import ClientService
 from rda.business.config import Config
@@ -150,27 +151,7 @@ class _RdaPair:
         self.ap.get()
 
     def in_flight(self, seconds: float) -> float:
-        ap, done = self.ap, 0
-        lock, finished = threading.Lock(), threading.Event()
-        end = time.perf_counter() + seconds
-
-        def again(fut: Any) -> None:
-            nonlocal done
-            fut.result()
-            with lock:
-                done += 1
-            if time.perf_counter() < end:
-                ap.get_async().add_done_callback(again)
-            else:
-                finished.set()
-
-        t0 = time.perf_counter()
-        for _ in range(64):
-            ap.get_async().add_done_callback(again)
-        finished.wait(seconds + 30)
-        elapsed = time.perf_counter() - t0
-        time.sleep(0.2)  # let the other 63 land before the next set-up runs
-        return done / elapsed
+        return gets_in_flight(self.ap, seconds)
 
     def close(self) -> None:
         self.client.close()

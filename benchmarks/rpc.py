@@ -44,6 +44,7 @@ from typing import Any
 import _structure
 import numpy as np
 import zmq
+from _in_flight import gets_in_flight
 
 from rda.business.client import ClientService
 from rda.business.config import Config
@@ -319,29 +320,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 
 
 def rda_in_flight(client: ClientService, seconds: float) -> float:
-    ap = client.access_point("SCALAR", "Acquisition")
-    done = 0
-    lock = threading.Lock()
-    finished = threading.Event()
-    end = time.perf_counter() + seconds
-
-    def again(fut: Any) -> None:
-        nonlocal done
-        fut.result()  # decode in the completing thread, as a caller would
-        with lock:
-            done += 1
-        if time.perf_counter() < end:
-            ap.get_async().add_done_callback(again)
-        else:
-            finished.set()
-
-    t0 = time.perf_counter()
-    for _ in range(64):
-        ap.get_async().add_done_callback(again)
-    finished.wait(seconds + 30)
-    elapsed = time.perf_counter() - t0
-    time.sleep(0.2)  # let the other 63 land
-    return done / elapsed
+    return gets_in_flight(client.access_point("SCALAR", "Acquisition"), seconds)
 
 
 def rda_subscribers(
