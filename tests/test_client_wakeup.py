@@ -49,6 +49,17 @@ def in_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
+def waiting_on(wakeup: Wakeup) -> tuple[threading.Thread, threading.Event]:
+    """A thread blocked in ``wakeup.wait()``, and the event it sets once that returns."""
+    woken = threading.Event()
+
+    def wait() -> None:
+        wakeup.wait()
+        woken.set()
+
+    return in_thread(wait), woken
+
+
 def a_message(rid: int = 1) -> Message:
     return Message(Header(RequestType.REPLY, rid, "DEV", "Prop", ""), ())
 
@@ -67,13 +78,7 @@ def test_a_set_before_the_wait_ends_it_at_once() -> None:
 
 def test_a_set_from_another_thread_wakes_the_waiter() -> None:
     wakeup = Wakeup()
-    woken = threading.Event()
-
-    def wait() -> None:
-        wakeup.wait()
-        woken.set()
-
-    thread = in_thread(wait)
+    thread, woken = waiting_on(wakeup)
     try:
         wakeup.set()
         thread.join(WAIT)
@@ -217,13 +222,7 @@ def test_wake_later_on_the_dispatcher_sets_before_it_polls_again(
         client.wake_later(wakeup)
 
     rec.on_reply = reply
-    woken = threading.Event()
-
-    def wait() -> None:
-        wakeup.wait()
-        woken.set()
-
-    thread = in_thread(wait)
+    thread, woken = waiting_on(wakeup)
     try:
         client.send(conn, request(1))
         thread.join(WAIT)
@@ -243,13 +242,7 @@ def test_a_wake_deferred_by_a_handler_that_closes_the_transport_still_happens(
         client.close()  # on the dispatcher: it stops after this handler, without polling
 
     rec.on_reply = reply
-    woken = threading.Event()
-
-    def wait() -> None:
-        wakeup.wait()
-        woken.set()
-
-    thread = in_thread(wait)
+    thread, woken = waiting_on(wakeup)
     try:
         client.send(conn, request(1))
         thread.join(WAIT)
