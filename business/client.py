@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rda.business.client_access import AccessPoint, build_request_context, to_data
 from rda.business.client_connections import ClientConnections
 from rda.business.client_endpoints import Endpoint
+from rda.business.client_lanes import NO_LANE, LaneCalls
 from rda.business.client_replies import (
     Completion,
     Pending,
@@ -110,7 +111,7 @@ class _Handler:
         self.on_disconnected = service._on_disconnected
 
 
-class ClientService(ClientConnections):
+class ClientService(ClientConnections, LaneCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
@@ -181,6 +182,7 @@ class ClientService(ClientConnections):
         self._wake_later: Callable[[Wakeup], None] | None = getattr(
             self._transport, "wake_later", None
         )
+        self._init_lanes(self.config.direct_calls)
         try:
             self._transport.start()
         except BaseException:
@@ -249,7 +251,7 @@ class ClientService(ClientConnections):
             requests=self._requests_made(),
             replies=c.replies,
             errors=c.errors,
-            pending=len(self._pending),
+            pending=len(self._pending) + len(self._lane_pending),
             timeouts=c.timeouts,
             late_replies=c.late_replies,
             disconnected_requests=c.disconnected_requests,
@@ -271,8 +273,9 @@ class ClientService(ClientConnections):
             if self._closing:
                 return
             self._closing = True
-            pending = list(self._pending.values())
+            pending = [*self._pending.values(), *self._lane_pending.values()]
             self._pending.clear()
+            self._lane_pending.clear()
             subs = list(self._subs.values())
             self._subs.clear()
             for ep in self._endpoints.values():
@@ -323,7 +326,21 @@ class ClientService(ClientConnections):
         timeout: float | None,
         convert: Callable[[Message], Any],
     ) -> Any:
-        """``request(...).result()`` for a caller that blocks anyway, without a Future."""
+        """``request(...).result()`` for a caller that blocks anyway, without a Future: on the
+        calling thread's own lane where it may take one (client_lanes)."""
+        if self._lanes_on:
+            result = self._lane_call(
+                op,
+                endpoint,
+                device,
+                prop,
+                selector,
+                body,
+                self.config.request_timeout if timeout is None else timeout,
+                convert,
+            )
+            if result is not NO_LANE:
+                return result
         waiter = ReplyWaiter(convert, self._wake_later)
         self._send_request(waiter, op, endpoint, device, prop, selector, body, timeout)
         return waiter.result()
@@ -389,7 +406,7 @@ class ClientService(ClientConnections):
         return int(repr(self._request_count)[6:-1])
 
     def _expire(self, rid: int) -> None:
-        p = self._pending.pop(rid, None)
+        p = self._take_pending(rid)
         if p is None:
             return
         self._counters.add_timeout()
@@ -404,7 +421,7 @@ class ClientService(ClientConnections):
             p.timer.cancel()
 
     def _disconnected(self, rid: int, address: str, reason: str) -> None:
-        p = self._pending.pop(rid, None)
+        p = self._take_pending(rid)
         if p is not None:
             self._fail(p, self._disconnect_error(p, address, reason))
 

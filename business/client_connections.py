@@ -45,6 +45,7 @@ class ClientConnections:
     _timer: Timer
     _counters: ClientCounters
     _pending: dict[int, Pending]
+    _lane_pending: dict[int, Pending]
     _endpoints: dict[str, Endpoint]
     _device_endpoints: dict[str, str]
     _by_connection: dict[int, Endpoint]
@@ -229,7 +230,12 @@ class ClientConnections:
             ep.connection = None
             ep.acked = False
             ep.last_reason = reason
-            lost = [rid for rid, p in self._pending.items() if p.connection == connection]
+            lost = [
+                rid
+                for table in (self._pending, self._lane_pending)
+                for rid, p in table.items()
+                if p.connection == connection
+            ]
             subs = list(ep.subs.values())
             # Subscriptions and access points get the connection back in the background (so
             # the first get after a server restart finds it up); an endpoint only admin

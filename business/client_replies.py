@@ -29,6 +29,7 @@ from rda.serialization.errors import ProtocolError
 from rda.transport._mailbox import Wakeup
 
 __all__ = [
+    "LaneCompletion",
     "Pending",
     "ReplyFuture",
     "ReplyWaiter",
@@ -137,7 +138,28 @@ class ReplyWaiter:
         return self._convert(outcome)
 
 
-Completion = ReplyFuture | ReplyWaiter
+class LaneCompletion:
+    """How a request on a lane is ended by someone else (timer, disconnection, close): the
+    outcome is only recorded; the caller sees it within one ``WAIT_SLICE``."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: Message | BaseException | None = None
+
+    def set_result(self, message: Message) -> None:
+        if self.outcome is None:
+            self.outcome = message
+
+    def set_exception(self, error: BaseException) -> None:
+        if self.outcome is None:
+            self.outcome = error
+
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+
+Completion = ReplyFuture | ReplyWaiter | LaneCompletion
 
 
 class Pending:

@@ -97,6 +97,11 @@ class Config(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; None: off."
     )
+    direct_calls: bool = Field(
+        True,
+        description="Blocking get/set go out on the calling thread's own connection (a "
+        "lane), not through the client's dispatcher thread.",
+    )
     max_message_size: int = Field(
         DEFAULT_MAX_MESSAGE_SIZE, ge=1024, description="Largest accepted message, bytes."
     )

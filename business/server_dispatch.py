@@ -94,6 +94,9 @@ class PeerState:
     client: ClientInfo
     connected_since: float
     last_heard: float
+    # A client's direct lane (its blocking calls' own connection): a session for requests,
+    # not another client, so not listed or counted as one.
+    lane: bool = False
 
 
 class Dispatch:
@@ -146,8 +149,9 @@ class Dispatch:
         self._registry = registry
 
     def peers(self) -> list[tuple[bytes, PeerState]]:
+        """The connected clients (lanes left out)."""
         with self._peers_lock:
-            return list(self._peers.items())
+            return [(peer, state) for peer, state in self._peers.items() if not state.lane]
 
     # -- ServerHandler: the dispatcher thread ------------------------------------------------
 
@@ -162,7 +166,9 @@ class Dispatch:
     def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
         now = time.time()
         client = ClientInfo.from_info(peer, client_info, self._trust_declared)
-        state = PeerState(_with_roles(client, self.policy), now, now)
+        state = PeerState(
+            _with_roles(client, self.policy), now, now, client_info.get("lane") is True
+        )
         with self._peers_lock:
             self._peers[peer] = state
         if self._registry is not None:

@@ -44,6 +44,7 @@ __all__ = [
     "HANDSHAKE_REFUSED",
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
+    "LANE_IDLE",
     "NO_CONNECT_ACK",
     "PEER_GONE",
     "RECONNECTED",
@@ -114,7 +115,7 @@ class ServerCounters(Counters):
         self._queue_depth += 1
         return True
 
-    def _statistics(self, peers: int) -> ServerTransportStatistics:
+    def _statistics(self, peers: int, lanes: int = 0) -> ServerTransportStatistics:
         return ServerTransportStatistics(
             messages_in=self._messages_in,
             messages_out=self._messages_out,
@@ -129,6 +130,7 @@ class ServerCounters(Counters):
             messages_dropped=self._dropped,
             handler_errors=self._handler_errors,
             auth_failures=self._auth_failures,
+            lanes=lanes,
         )
 
 
@@ -161,6 +163,7 @@ class ClientCounters(Counters):
 # the business layer and the tests compare them), defined once for every transport.
 CLOSED_LOCALLY = "closed locally"
 HEARTBEAT_TIMEOUT = "heartbeat timeout"
+LANE_IDLE = "lane idle"  # server: a client's direct lane was silent for the heartbeat timeout
 PEER_GONE = "peer gone"  # server: the client's connection closed
 RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
@@ -242,6 +245,10 @@ class Peer:
     state: ConnState = ConnState.CONNECTED
     # on_peer_connected was delivered (so on_peer_disconnected is due when it goes).
     announced: bool = False
+    # A client's direct lane (CONNECT with "lane": True, transport/zmq_lane.py): its owner
+    # cannot answer heartbeats between calls, so it gets none and, silent for the heartbeat
+    # timeout, is forgotten quietly (the lane introduces itself again before that).
+    lane: bool = False
     outbox: Outbox = field(default_factory=Outbox)
 
 
@@ -281,11 +288,17 @@ def heartbeat_round(
     next_check = float("inf")
     for p in list(peers.values()):
         action = p.heartbeat.check(now)
-        if action is HeartbeatAction.EXPIRED:
+        if p.lane:
+            if action is HeartbeatAction.EXPIRED:
+                drop(p, LANE_IDLE, ConnEvent.HEARTBEAT_TIMEOUT)
+                continue
+            if action is HeartbeatAction.SEND:
+                p.heartbeat.last_sent = now
+        elif action is HeartbeatAction.EXPIRED:
             counters._heartbeat_timeouts += 1
             drop(p, HEARTBEAT_TIMEOUT, ConnEvent.HEARTBEAT_TIMEOUT)
             continue
-        if action is HeartbeatAction.SEND:
+        elif action is HeartbeatAction.SEND:
             if p.outbox or not ping(p):
                 # A full pipe takes no heartbeat: the peer is busy, not idle; calling it sent
                 # keeps the next round from pinging it again at once.

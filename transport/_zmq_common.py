@@ -112,15 +112,17 @@ def send_routed(sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any]) -> N
         _backend_send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK, False)
 
 
-def recv_frames(sock: zmq.Socket[bytes]) -> list[zmq.Frame] | None:
+def recv_frames(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[zmq.Frame] | None:
     """One whole message as ``zmq.Frame`` objects (no copy), or None when none is waiting.
 
     No ``ZMQ_EVENTS`` check first: libzmq answers it with a system call every time, while a
     receive that finds a message makes none; the one failed receive that ends a drained batch
-    is cheaper than a check per message.
+    is cheaper than a check per message. With ``flags=0`` it waits up to the socket's
+    ``RCVTIMEO``: raw pyzmq's own way to wait (libzmq sleeps on the socket's signal descriptor
+    inside the call, with no ``zmq_poll`` and its ``EVENTS`` checks around it).
     """
     try:
-        frame: zmq.Frame = _backend_recv(sock, _NOBLOCK, False)
+        frame: zmq.Frame = _backend_recv(sock, flags, False)
     except zmq.Again:
         return None
     frames = [frame]

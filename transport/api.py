@@ -24,6 +24,7 @@ __all__ = [
     "ClientHandler",
     "ClientTransport",
     "ClientTransportStatistics",
+    "DirectLane",
     "PeerStatistics",
     "ServerHandler",
     "ServerTransport",
@@ -65,6 +66,10 @@ class ClientTransportStatistics:
     queued_until_connected: int = 0
     # Handler calls that raised (logged; the dispatcher carries on).
     handler_errors: int = 0
+    # Direct lanes open (zmq_lane: blocking callers' own connections), and replies they read
+    # for requests already abandoned (deadline passed) and dropped.
+    lanes: int = 0
+    lane_stale_replies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,8 @@ class ServerTransportStatistics:
     handler_errors: int = 0
     # Connections refused in the ZeroMQ handshake (CURVE/ZAP: no or unknown key, garbage).
     auth_failures: int = 0
+    # Clients' direct lanes (transport/zmq_lane.py) connected now; not counted in ``peers``.
+    lanes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +178,23 @@ class ClientTransport(Protocol):
         ...
 
     def statistics(self) -> ClientTransportStatistics: ...
+
+
+class DirectLane(Protocol):
+    """A calling thread's own connection to one server (``rda.transport.zmq_lane.Lane``),
+    offered by a client transport that has a ``lane(connection) -> DirectLane | None``
+    method (optional: the in-memory transport has none)."""
+
+    def call(
+        self,
+        frames: Sequence[Buffer],
+        request_id: int,
+        ended: Callable[[], bool],
+        now: float,
+    ) -> Message | None:
+        """Send one REQUEST and wait on this thread for the REPLY with ``request_id``; None
+        once ``ended()`` is true first. Raises ``TransportError`` when the lane failed."""
+        ...
 
 
 class ServerHandler(Protocol):

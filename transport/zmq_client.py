@@ -15,6 +15,7 @@ through ``on_disconnected`` and its DEALER closed; the business layer calls ``co
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -59,6 +60,7 @@ from rda.transport.protocol import (
     encode_heartbeat,
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+from rda.transport.zmq_lane import Lane, Lanes
 
 _DEFAULT_SETTINGS = TransportSettings()
 
@@ -94,6 +96,8 @@ class _Connection:
     connect_deadline: float
     state: ConnState = ConnState.CONNECTING
     connect_sent: bool = False
+    # The server's heartbeat timeout (its CONNECT_ACK): how long it remembers a silent lane.
+    server_timeout: float = 10.0
     # Messages waiting for CONNECT_ACK, or for the DEALER's pipe to drain (EAGAIN).
     backlog: deque[Sequence[Any]] = field(default_factory=deque)
 
@@ -133,11 +137,13 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         self._connected = 0
         # Wake-ups handed to ``wake_later`` on the dispatcher, set before it polls again.
         self._wakes: list[Wakeup] = []
+        self._lanes: Lanes | None = None
 
     # ----------------------------------------------------------------- public, any thread
 
     def start(self) -> None:
-        self._begin_start()
+        context = self._begin_start()
+        self._lanes = Lanes(context, self._settings, self._info, self._curve)
         self._open_mailbox()
         self._start_thread()
 
@@ -166,7 +172,29 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._mailbox.put((_DISCONNECT, connection, None))
 
     def statistics(self) -> ClientTransportStatistics:
-        return self._statistics(self._connected)
+        stats = self._statistics(self._connected)
+        if self._lanes is None:
+            return stats
+        lanes, (m_in, m_out, b_in, b_out, errors, stale) = self._lanes.counts()
+        return dataclasses.replace(
+            stats,
+            messages_in=stats.messages_in + m_in,
+            messages_out=stats.messages_out + m_out,
+            bytes_in=stats.bytes_in + b_in,
+            bytes_out=stats.bytes_out + b_out,
+            decode_errors=stats.decode_errors + errors,
+            lanes=lanes,
+            lane_stale_replies=stale,
+        )
+
+    def lane(self, connection: int) -> Lane | None:
+        """The calling thread's own lane (zmq_lane) to the server of ``connection``, while
+        that connection is established; None otherwise (then use :meth:`send`)."""
+        c = self._conns.get(connection)  # a dict read: safe from any thread under the GIL
+        lanes = self._lanes
+        if c is None or c.state is not ConnState.CONNECTED or lanes is None or self._closing:
+            return None
+        return lanes.of_thread(c.endpoint, connection, c.server_timeout * 0.5)
 
     def wake_later(self, wakeup: Wakeup) -> None:
         """Set ``wakeup`` (a caller waits on it for a reply) once the dispatcher is done with
@@ -445,6 +473,9 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             self._drop(c, refused_reason(error))
             return
         c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
+        timeout = info.get("heartbeat_timeout")
+        if isinstance(timeout, int | float) and timeout > 0:
+            c.server_timeout = float(timeout)
         self._next_timer = min(self._next_timer, c.heartbeat.next_deadline())
         self._connected += 1
         try:
@@ -537,5 +568,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         self._set_wakes()
         for c in list(self._conns.values()):
             self._drop(c, CLOSED_LOCALLY)
+        if self._lanes is not None:
+            # Callers in a lane were woken by the failure of their requests (business layer).
+            self._lanes.close(self._settings.close_timeout)
         self._close_mailbox()
         self._term_context()

@@ -113,6 +113,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._router: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
         self._peers: dict[bytes, Peer] = {}
+        self._lanes = 0  # peers that are clients' direct lanes
         self._by_fd: dict[int, bytes] = {}
         self._blocked: dict[bytes, Peer] = {}
         self._pollout = False
@@ -199,7 +200,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def statistics(self) -> ServerTransportStatistics:
         denied = 0 if self._zap is None else self._zap.denied
         self._auth_failures = denied + self._handshake_failures
-        return self._statistics(len(self._peers))
+        lanes = self._lanes
+        return self._statistics(len(self._peers) - lanes, lanes)
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:
         return peer_statistics(self._peers)
@@ -417,9 +419,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             fd = -1
         s = self._settings
         hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now)
-        p = Peer(rid, info, hb, fd)
+        p = Peer(rid, info, hb, fd, lane=info.get("lane") is True)
         p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
         self._peers[rid] = p
+        if p.lane:
+            self._lanes += 1
         if fd >= 0:
             self._by_fd[fd] = rid
         self._next_check = min(self._next_check, p.heartbeat.next_deadline())
@@ -498,6 +502,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if self._peers.get(p.rid) is not p:
             return
         del self._peers[p.rid]
+        if p.lane:
+            self._lanes -= 1
         p.state = next_state(p.state, event)
         if self._by_fd.get(p.fd) == p.rid:
             del self._by_fd[p.fd]
