@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from rda.business.client_access import AccessPoint, build_request_context, to_data
 from rda.business.client_connections import ClientConnections
-from rda.business.client_endpoints import Endpoint
+from rda.business.client_endpoints import Endpoint, admin_endpoint
 from rda.business.client_lanes import NO_LANE, LaneCalls
 from rda.business.client_replies import (
     Completion,
@@ -48,7 +48,7 @@ from rda.business.client_stats import ClientCounters, ClientStatistics
 from rda.business.client_subscription import Notification, Subscription
 from rda.business.client_timer import Timer
 from rda.business.config import Config
-from rda.business.directory import ChainDirectory, Directory, default_directory, server_key_of
+from rda.business.directory import Directory, default_directory, server_key_of
 from rda.business.reconnect import BackoffPolicy
 from rda.business.scheduler import GroupTaskScheduler
 from rda.serialization import _binary
@@ -584,25 +584,4 @@ class ClientService(ClientConnections, LaneCalls):
     # -- admin target --------------------------------------------------------------------
 
     def _admin_endpoint(self, target: str) -> str:
-        if "://" in target:
-            return target
-        try:
-            return self.directory.resolve(target)
-        except NoSuchDeviceError as exc:
-            for directory in _flatten(self.directory):
-                servers = getattr(directory, "servers", None)
-                if servers is None:
-                    continue
-                for entry in servers():
-                    if entry.name == target:
-                        return str(entry.endpoint)
-            raise NoSuchDeviceError(
-                f"admin target {target!r} is neither an endpoint, a known device nor a "
-                f"registered server ({exc})"
-            ) from exc
-
-
-def _flatten(directory: Directory) -> list[Directory]:
-    if isinstance(directory, ChainDirectory):
-        return [d for inner in directory.directories for d in _flatten(inner)]
-    return [directory]
+        return admin_endpoint(self.directory, target)

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 
 from rda.business.client_stats import ServerConnectionStatistics
 from rda.business.client_timer import TimerHandle
-from rda.business.directory import Directory
+from rda.business.directory import ChainDirectory, Directory
 from rda.business.reconnect import Backoff
 from rda.serialization.errors import NoSuchDeviceError
 
 if TYPE_CHECKING:
     from rda.business.client_subscription import Subscription
 
-__all__ = ["Endpoint", "resolve_again"]
+__all__ = ["Endpoint", "admin_endpoint", "resolve_again"]
 
 log = logging.getLogger("rda.business.client")
 
@@ -118,3 +118,30 @@ def resolve_again(
         else:
             moves[device] = resolved
     return dial, moves
+
+
+def admin_endpoint(directory: Directory, target: str) -> str:
+    """Where admin commands for ``target`` go: an endpoint as given, a device's server, or
+    a server registered under that name."""
+    if "://" in target:
+        return target
+    try:
+        return directory.resolve(target)
+    except NoSuchDeviceError as exc:
+        for d in _flatten(directory):
+            servers = getattr(d, "servers", None)
+            if servers is None:
+                continue
+            for entry in servers():
+                if entry.name == target:
+                    return str(entry.endpoint)
+        raise NoSuchDeviceError(
+            f"admin target {target!r} is neither an endpoint, a known device nor a "
+            f"registered server ({exc})"
+        ) from exc
+
+
+def _flatten(directory: Directory) -> list[Directory]:
+    if isinstance(directory, ChainDirectory):
+        return [inner for d in directory.directories for inner in _flatten(d)]
+    return [directory]
