@@ -81,6 +81,7 @@ class DeviceProperty:
         getter: Getter,
         schema: type[BaseModel] | None = None,
         setter: Setter | None = None,
+        blocking: bool = True,
     ) -> None:
         if not name:
             raise ValueError("a device property needs a non-empty name")
@@ -88,6 +89,9 @@ class DeviceProperty:
         self.getter = getter
         self.schema = schema
         self.set_function = setter
+        # False: getter and setter never block (a cached value, a computation), so the
+        # server may run them on its dispatcher (ServerBuilder.inline_properties).
+        self.blocking = blocking
         self.__doc__ = getter.__doc__
 
     def __repr__(self) -> str:
@@ -113,11 +117,15 @@ class DeviceProperty:
             raise PropertyValidationError(f"{device}/{self.name}: {problems}") from None
 
 
-def prop(name: str, schema: type[BaseModel] | None = None) -> Callable[[Getter], DeviceProperty]:
-    """Declare a device property from its getter (``Device.property`` is the same function)."""
+def prop(
+    name: str, schema: type[BaseModel] | None = None, *, blocking: bool = True
+) -> Callable[[Getter], DeviceProperty]:
+    """Declare a device property from its getter (``Device.property`` is the same function).
+    ``blocking=False`` promises that its getter and setter never block: the server then runs
+    them on its dispatcher when the device is idle (no worker hop, docs/server.md)."""
 
     def decorate(getter: Getter) -> DeviceProperty:
-        return DeviceProperty(name, getter, schema)
+        return DeviceProperty(name, getter, schema, blocking=blocking)
 
     return decorate
 

@@ -33,12 +33,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from types import TracebackType
 from typing import Literal, get_args
 
-__all__ = ["GroupTaskScheduler", "OverflowPolicy", "SchedulerStatistics"]
+__all__ = ["GroupTaskScheduler", "InlineRule", "OverflowPolicy", "SchedulerStatistics"]
 
 log = logging.getLogger(__name__)
 
@@ -350,3 +351,56 @@ def _call_on_drop(on_drop: Callable[[], None], group: str) -> None:
         on_drop()
     except Exception:
         log.exception("on_drop callback of a task in group %r raised", group)
+
+
+class InlineRule:
+    """Which gets and sets a server may run on its dispatcher when their device group is idle
+    (``GroupTaskScheduler.run_inline``): all of them (``ServerBuilder.inline_handlers``) or
+    those whose ``device/property`` matches a glob pattern (``inline_properties``, and the
+    properties a ``Device`` declares ``blocking=False``). Only handlers that never block may
+    be named: while one runs, the server receives nothing.
+    """
+
+    __slots__ = ("_cache", "_patterns", "everything")
+
+    # Verdicts remembered per (device, property): a bounded cache, since clients choose names.
+    CACHE_LIMIT = 4096
+
+    def __init__(self, everything: bool = False, patterns: Iterable[str] = ()) -> None:
+        self.everything = everything
+        self._patterns: tuple[tuple[str, str], ...] = tuple(
+            _split_pattern(pattern) for pattern in patterns
+        )
+        self._cache: dict[tuple[str, str], bool] = {}
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self._patterns)
+
+    def allows(self, device: str, prop: str) -> bool:
+        if self.everything:
+            return True
+        key = (device, prop)
+        verdict = self._cache.get(key)
+        if verdict is None:
+            verdict = any(
+                fnmatchcase(device, d) and fnmatchcase(prop, p) for d, p in self._patterns
+            )
+            if len(self._cache) < self.CACHE_LIMIT:
+                self._cache[key] = verdict
+        return verdict
+
+    def describe(self) -> bool | list[str]:
+        """For the server's settings: True/False, or the patterns."""
+        if self.everything or not self._patterns:
+            return self.everything
+        return [f"{d}/{p}" for d, p in self._patterns]
+
+
+def _split_pattern(pattern: str) -> tuple[str, str]:
+    device, sep, prop = pattern.partition("/")
+    if not sep or not device or not prop:
+        raise ValueError(
+            f"inline property pattern {pattern!r} is not DEVICE/PROPERTY (globs allowed, "
+            "e.g. 'PS*/Acquisition')"
+        )
+    return device, prop

@@ -16,7 +16,7 @@ from rda.business.config import Config
 from rda.business.device import Device, DeviceRouter
 from rda.business.directory import FileDirectory
 from rda.business.policy import Policy
-from rda.business.scheduler import OverflowPolicy
+from rda.business.scheduler import InlineRule, OverflowPolicy
 from rda.business.server_dispatch import AdminHandler
 from rda.business.server_requests import RequestReplyCallback, SubscriptionCallback
 from rda.business.server_runtime import Hook, Server, TransportFactory
@@ -50,6 +50,7 @@ class ServerBuilder:
         self._overrides: dict[str, Any] = {}
         self._immediate = True
         self._inline = False
+        self._inline_patterns: list[str] = []
         self._directory: FileDirectory | None = _UNSET
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -80,6 +81,11 @@ class ServerBuilder:
         if name in self._devices:
             raise ValueError(f"device {name!r} is already served by this builder")
         self._devices[name] = device
+        self._inline_patterns.extend(
+            f"{_glob_escape(name)}/{_glob_escape(p.name)}"
+            for p in type(device).properties().values()
+            if not p.blocking
+        )
         return self
 
     def devices(self, *names: str) -> ServerBuilder:
@@ -114,6 +120,16 @@ class ServerBuilder:
         nothing queued or running (no worker hop: lower latency). Only for handlers that never
         block: while one runs, the server receives nothing, admin requests included."""
         self._inline = enabled
+        return self
+
+    def inline_properties(self, *patterns: str) -> ServerBuilder:
+        """As :meth:`inline_handlers`, for some properties only: those whose
+        ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs, e.g. ``"PS*/Acquisition"``).
+        For servers where some handlers return a cached value and others wait on hardware.
+        A :class:`~rda.business.device.Device` property declared ``blocking=False`` is added
+        by :meth:`device` itself."""
+        InlineRule(patterns=patterns)  # a malformed pattern fails here, at the call
+        self._inline_patterns.extend(patterns)
         return self
 
     def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
@@ -216,7 +232,7 @@ class ServerBuilder:
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
             immediate_updates=self._immediate,
-            inline_handlers=self._inline,
+            inline_handlers=InlineRule(self._inline, self._inline_patterns),
             directory=directory,
             transport_factory=self._transport,
             clock=self._clock,
@@ -229,3 +245,8 @@ class ServerBuilder:
             on_stop=list(self._on_stop),
             curve=curve,
         )
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` as a glob that matches only itself (``[*]`` for ``*``, as glob.escape)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

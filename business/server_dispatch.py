@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from rda.business.common import AcquiredData
 from rda.business.device import PropertyValidationError
 from rda.business.policy import Authorizer, DenialLog
-from rda.business.scheduler import GroupTaskScheduler
+from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server_requests import (
     SERVER_CLIENT,
     ClientInfo,
@@ -117,7 +117,7 @@ class Dispatch:
         immediate_updates: bool,
         policy: Authorizer | None = None,
         trust_declared: bool = False,
-        inline_handlers: bool = False,
+        inline_handlers: InlineRule | None = None,
     ) -> None:
         self._server = server
         self._scheduler = scheduler
@@ -130,8 +130,8 @@ class Dispatch:
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
         # Gets and sets run on the transport's dispatcher when their device group is idle
-        # (ServerBuilder.inline_handlers): the handlers promised never to block.
-        self._inline = inline_handlers
+        # (ServerBuilder.inline_handlers / inline_properties): those handlers never block.
+        self._inline = inline_handlers if inline_handlers else None
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
         # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
@@ -208,9 +208,11 @@ class Dispatch:
                 message, client, received_at, self._respond, self._counters.late_completion
             )
             run = partial(self._run, request)
+            inline = self._inline
             if (
-                self._inline
+                inline is not None
                 and rtype is not RequestType.SUBSCRIBE
+                and inline.allows(header.device, header.property)
                 and self._scheduler.run_inline(header.device, run)
             ):
                 return

@@ -24,7 +24,7 @@ from rda.business.config import Config
 from rda.business.device import Device
 from rda.business.directory import FileDirectory
 from rda.business.policy import Authorizer, Policy, reload_file
-from rda.business.scheduler import GroupTaskScheduler, SchedulerStatistics
+from rda.business.scheduler import GroupTaskScheduler, InlineRule, SchedulerStatistics
 from rda.business.server_dispatch import AdminHandler, Dispatch
 from rda.business.server_requests import (
     ClientInfo,
@@ -85,11 +85,11 @@ class Server:
         policy: Policy | None = None,
         policy_file: Path | None = None,
         trust_declared: bool = False,
-        inline_handlers: bool = False,
+        inline_handlers: InlineRule | None = None,
         curve: ServerCurve | None = None,
     ) -> None:
         self.name = name
-        self._inline = inline_handlers
+        self._inline = inline_handlers if inline_handlers is not None else InlineRule()
         self.config = config
         self.metrics_port = metrics_port
         self.started_at = 0.0
@@ -294,7 +294,7 @@ class Server:
             "heartbeat_timeout": c.heartbeat_timeout,
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
-            "inline_handlers": self._inline,
+            "inline_handlers": self._inline.describe(),
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }

@@ -13,6 +13,7 @@ import pytest
 import rda.admin
 from rda.business.client import ClientService
 from rda.business.config import Config
+from rda.business.device import Device
 from rda.business.directory import StaticDirectory
 from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server import Server, ServerBuilder
@@ -185,5 +186,70 @@ def test_inline_keeps_per_device_fifo_and_the_admin_group_independent() -> None:
         assert all(t.startswith("rda-server-Inline-") for t in handler.threads[1:])
     finally:
         release.set()
+        client.close()
+        server.stop()
+
+
+# -- some properties only (inline_properties, Device blocking=False) ---------------------------
+
+
+def test_inline_properties_run_only_the_matching_device_properties_inline() -> None:
+    handler = ThreadRecorder()
+    server = (
+        ServerBuilder("Some")
+        .request_reply(handler)
+        .devices("PS1", "BPM1")
+        .directory(None)
+        .inline_properties("PS*/Acquisition")
+        .build()
+        .start()
+    )
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    try:
+        client.access_point("PS1", "Acquisition").get()
+        client.access_point("PS1", "Setting").get()
+        client.access_point("BPM1", "Acquisition").get()
+        client.access_point("PS1", "Acquisition").set(Data(value=1.0))
+        on_dispatcher = [name == "rda-server-dispatcher" for name in handler.threads]
+        assert on_dispatcher == [True, False, False, True]
+        assert server.settings()["inline_handlers"] == ["PS*/Acquisition"]
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_an_inline_property_pattern_needs_a_device_and_a_property() -> None:
+    with pytest.raises(ValueError, match="DEVICE/PROPERTY"):
+        ServerBuilder("Bad").inline_properties("Acquisition")
+
+
+class Cached(Device):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    @Device.property("Cached", blocking=False)
+    def cached(self, request: GetRequest) -> Data:
+        self.threads.append(threading.current_thread().name)
+        return Data(value=1.0)
+
+    @Device.property("Hardware")
+    def hardware(self, request: GetRequest) -> Data:
+        self.threads.append(threading.current_thread().name)
+        return Data(value=2.0)
+
+
+def test_a_device_property_declared_non_blocking_runs_inline() -> None:
+    # A device name with glob characters matches only itself.
+    device = Cached()
+    server = ServerBuilder("Dev").device("PS[1]*", device).directory(None).build().start()
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    try:
+        assert client.access_point("PS[1]*", "Cached").get().data["value"] == 1.0
+        assert client.access_point("PS[1]*", "Hardware").get().data["value"] == 2.0
+        assert device.threads[0] == "rda-server-dispatcher"
+        assert device.threads[1].startswith("rda-server-Dev-")
+        assert server.settings()["inline_handlers"] == ["PS[[]1][*]/Cached"]
+    finally:
         client.close()
         server.stop()
