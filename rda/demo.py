@@ -87,7 +87,9 @@ class PowerConverter(Device):
         self.set_point = 0.0
         self.measured = 0.0
 
-    @prop("Setting", schema=SettingModel)
+    # The demo's handlers only read or write memory under a short lock: non-blocking, so the
+    # server answers them on its dispatcher (no worker hop) when the device is idle.
+    @prop("Setting", schema=SettingModel, blocking=False)
     def setting(self, request: GetRequest) -> Data:
         with self._lock:
             return Data(current=self.set_point)
@@ -97,7 +99,7 @@ class PowerConverter(Device):
         with self._lock:
             self.set_point = value.current
 
-    @prop("Acquisition")
+    @prop("Acquisition", blocking=False)
     def acquisition(self, request: GetRequest) -> AcquiredData:
         with self._lock:
             return self._acquired(request.selector or "CPS.USER.ALL", self.measured)
@@ -126,7 +128,7 @@ class BeamPositionMonitor(Device):
         self._lock = threading.Lock()
         self._orbit = self._measure(0)
 
-    @prop("Orbit")
+    @prop("Orbit", blocking=False)
     def orbit(self, request: GetRequest) -> AcquiredData:
         with self._lock:
             orbit = self._orbit
