@@ -3,10 +3,12 @@
 A mixin of :class:`rda.business.client.ClientService`. A blocking ``get``/``set`` whose thread
 may take its lane sends and receives there itself, with no hand-off to the dispatcher: the
 structure of a raw pyzmq round trip (issue 11; counts in docs/client.md). Everything else a
-request has stays as on the shared connection: its entry in a pending table, its deadline on
-the client's timer, failure when the shared connection to its server is lost or the client
-closes. Those owners end the request by completing its :class:`LaneCompletion`; the caller,
-waiting in its lane, looks at it every ``WAIT_SLICE``.
+request has stays as on the shared connection: its entry in a pending table, failure when the
+shared connection to its server is lost or the client closes (those owners end the request by
+completing its ``LaneCompletion``), and its deadline, on the client's clock. The caller,
+waiting in its lane, wakes every ``WAIT_SLICE`` while its reply is overdue: it looks at the
+completion and ends the request itself once its deadline has passed (no timer entry, which
+cost two lock round trips per call).
 
 When a call takes the lane (``Config.direct_calls``, on by default):
 
@@ -22,14 +24,12 @@ When a call takes the lane (``Config.direct_calls``, on by default):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rda.business.client_endpoints import Endpoint
 from rda.business.client_replies import LaneCompletion, Pending, op_name
 from rda.business.client_stats import ClientCounters
-from rda.business.client_timer import Timer
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import RdaError, TransportError
@@ -48,7 +48,6 @@ class LaneCalls:
 
     _closing: bool
     _transport: ClientTransport
-    _timer: Timer
     _counters: ClientCounters
     _clock: Callable[[], float]
     _endpoints: dict[str, Endpoint]
@@ -97,11 +96,16 @@ class LaneCalls:
         rid = next(self._ids)
         next(self._request_count)
         done = LaneCompletion()
-        pending = Pending(done, conn, op_name(op), device, prop, timeout)
-        self._lane_pending[rid] = pending
-        pending.timer = self._timer.call_at(
-            self._clock() + timeout, functools.partial(self._expire, rid)
-        )
+        self._lane_pending[rid] = Pending(done, conn, op_name(op), device, prop, timeout)
+        # No entry on the timer (two lock round trips per call): the caller, waking every
+        # WAIT_SLICE while its reply is overdue, ends the request itself at its deadline.
+        deadline = self._clock() + timeout
+
+        def ended() -> bool:
+            if done.outcome is None and self._clock() >= deadline:
+                self._expire(rid)
+            return done.outcome is not None
+
         if ep.connection != conn or self._closing:
             # Lost or closing between the check and the registration: the scan that fails
             # the requests of a lost connection may have missed our entry.
@@ -109,7 +113,7 @@ class LaneCalls:
         else:
             frames = encode_message(Kind.REQUEST, Header(op, rid, device, prop, selector), body)
             try:
-                message = lane.call(frames, rid, done.ended, self._clock())
+                message = lane.call(frames, rid, ended, self._clock())
             except TransportError as exc:
                 self._disconnected(rid, ep.address, str(exc))
             else:
@@ -127,8 +131,6 @@ class LaneCalls:
                 raise outcome
             assert outcome is not None
             return outcome
-        if p.timer is not None:
-            p.timer.cancel()
         if message.header.request_type is RequestType.EXCEPTION:
             self._counters.errors += 1
         else:

@@ -139,8 +139,9 @@ class ReplyWaiter:
 
 
 class LaneCompletion:
-    """How a request on a lane is ended by someone else (timer, disconnection, close): the
-    outcome is only recorded; the caller sees it within one ``WAIT_SLICE``."""
+    """How a request on a lane is ended by someone else (disconnection, close) or by its
+    caller at its deadline: the outcome is only recorded; the caller, waiting in its lane,
+    looks at it every ``WAIT_SLICE``."""
 
     __slots__ = ("outcome",)
 
