@@ -287,3 +287,36 @@ def test_heartbeat_round_neither_pings_nor_counts_lanes() -> None:
     heartbeat_round(peers, 6.0, counters, ping, drop)  # the lane was silent past 5 s
     assert dropped == [(b"lane", LANE_IDLE)]
     assert counters._heartbeat_timeouts == 0
+
+
+def test_a_restarted_server_gets_a_new_lane_once_the_connection_is_back(
+    handler: Recorder,
+) -> None:
+    server = serve(handler)
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    client = client_of(server, reconnect_initial=0.02, reconnect_max=0.2)
+    try:
+        ap = client.access_point("PS1", "Acquisition")
+        ap.get()
+        ap.get()
+        assert handler.lane_flags == [False, True]
+        server.stop()
+        wait_for(lambda: client.statistics().servers[0].state != "connected")
+        server = (
+            ServerBuilder("LANES")
+            .endpoint(f"tcp://127.0.0.1:{port}")
+            .request_reply(handler)
+            .devices("*")
+            .directory(None)
+            .build()
+            .start()
+        )
+        wait_for(lambda: client.statistics().servers[0].state == "connected")
+        ap.get()  # the old lane belonged to the lost connection: replaced, not reused
+        assert handler.lane_flags[-1] is True
+        stats = client.statistics().transport
+        assert stats.lanes == 1
+        assert server.statistics().transport.lanes == 1
+    finally:
+        client.close()
+        server.stop()
