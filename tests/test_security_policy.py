@@ -102,3 +102,16 @@ def test_a_forged_principal_beside_a_curve_key_counts_for_nothing(stand: Stand) 
     assert stand.supply.calls == []
     denied = stand.server.statistics().denied
     assert denied == {("carol", "get"): 1}
+
+
+def test_a_callers_lane_is_a_curve_session_of_the_same_identity(stand: Stand) -> None:
+    client = stand.client("alice")
+    alice = client.access_point("PS1", "Current")
+    alice.get()  # opens the shared connection
+    assert alice.get().data["value"] == 1.5  # on the caller's lane, its own CURVE handshake
+    with pytest.raises(NotAuthorizedError, match=r"alice .*operator.* may not set PS1/Current"):
+        alice.set(Data(value=2.0))
+    assert client.statistics().transport.lanes == 1
+    assert stand.server.statistics().transport.lanes == 1
+    assert stand.supply.calls == [("get", "alice", ("operator",))] * 2
+    assert stand.server.statistics().denied == {("alice", "set"): 1}
