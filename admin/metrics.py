@@ -234,6 +234,13 @@ def _transport_families(
             fam = CounterMetricFamily(f"{prefix}{metric}", help_text, labels=labels)
             fam.add_metric([name], value)
             yield fam
+    lanes = GaugeMetricFamily(
+        f"{prefix}lanes",
+        "Direct lanes open: blocking callers' own connections (docs/client.md).",
+        labels=labels,
+    )
+    lanes.add_metric([name], transport.lanes)
+    yield lanes
 
 
 def _error_families(stats: ServerStatistics, name: str) -> Iterator[Metric]:

@@ -72,6 +72,7 @@ class FakeServer:
                 notifications_conflated=6,
                 messages_dropped=7,
                 auth_failures=15,
+                lanes=16,
             ),
             scheduler=SchedulerStatistics(3, 1, 10, 0, 8, 1, 2, 2, 9),
             requests={("get", "ok"): self.gets, ("set", "overload"): 5},
@@ -126,6 +127,7 @@ def test_metrics_endpoint_serves_server_statistics(server: FakeServer) -> None:
     assert first[("rda_notifications_conflated_total", (("server", s),))] == 6
     assert first[("rda_messages_dropped_total", (("server", s),))] == 7
     assert first[("rda_auth_failures_total", (("server", s),))] == 15
+    assert first[("rda_lanes", (("server", s),))] == 16
     assert first[("rda_scheduler_queued_tasks", (("server", s),))] == 3
     assert (
         first[("rda_scheduler_tasks_dropped_total", (("reason", "rejected"), ("server", s)))] == 8
@@ -168,7 +170,10 @@ def test_start_twice_keeps_one_endpoint_and_stop_is_idempotent(server: FakeServe
 class FakeClient:
     def __init__(self) -> None:
         self.stats = ClientStatistics(
-            transport=ClientTransportStatistics(bytes_in=77), pending=2, gaps=3, reconnects=1
+            transport=ClientTransportStatistics(bytes_in=77, lanes=4),
+            pending=2,
+            gaps=3,
+            reconnects=1,
         )
 
     def statistics(self) -> ClientStatistics:
@@ -184,6 +189,7 @@ def test_client_collector() -> None:
         assert samples[("rda_client_gaps_total", labels)] == 3
         assert samples[("rda_client_reconnects_total", labels)] == 1
         assert samples[("rda_client_received_bytes_total", labels)] == 77
+        assert samples[("rda_client_lanes", labels)] == 4
         client.stats = ClientStatistics(gaps=5)
         assert scrape(ep.url)[("rda_client_gaps_total", labels)] == 5
     # Closed: the port no longer answers (bounded wait: the socket closes synchronously).
