@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ __all__ = [
     "encode_message",
     "encode_refusal",
     "encode_tail",
+    "frame_parser",
     "join_tail",
 ]
 
@@ -327,6 +329,12 @@ def decode_frames(
     Raises ``DecodeError`` for malformed input, ``UnsupportedVersion`` for another protocol
     version and ``ProtocolError`` for a kind the receiving side must not get.
     """
+    # The message path first, compiled: it returns None for anything it does not accept as
+    # it is, and the Python parser below takes the message again and names what is wrong.
+    if _parse_compiled is not None and type(frames) is list:
+        message = _parse_compiled(frames, _MESSAGE_KINDS[from_server], max_size)
+        if message is not None:
+            return _incoming(message)
     if not frames:
         raise DecodeError("empty message (0 frames)")
     size = sum(map(len, frames))
@@ -372,3 +380,21 @@ def _incoming(message: Message) -> Incoming:
     event: Incoming = _new(Incoming)
     _set_message(event, message)
     return event
+
+
+def _load_compiled_parser() -> Callable[[list[Any], int, int], Message | None] | None:
+    """``_cframe.parse_message`` when it was built and ``RDA_PURE_PYTHON`` is not set."""
+    if os.environ.get("RDA_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from rda.transport._cframe import parse_message
+    except ImportError:
+        return None
+    return parse_message
+
+
+# The kind byte of the message a side receives: REQUEST at a server, REPLY at a client.
+_MESSAGE_KINDS = (int(Kind.REQUEST), int(Kind.REPLY))  # indexed by from_server
+_parse_compiled = _load_compiled_parser()
+frame_parser: str = "python" if _parse_compiled is None else "compiled"
+"""Which parser takes REQUEST/REPLY frames first: "compiled" (``_cframe``) or "python"."""
