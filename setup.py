@@ -27,4 +27,8 @@ frame = Extension(
     "rda.transport._cframe", ["rda/transport/_cframe.pyx"], extra_compile_args=["-O2"]
 )
 
-setup(ext_modules=cythonize([codec, frame], language_level=3, quiet=True))
+# Non-blocking receives that keep the GIL (libzmq's functions are bound at import, through
+# ctypes, from the library pyzmq loaded: nothing to link here).
+czmq = Extension("rda.transport._czmq", ["rda/transport/_czmq.pyx"], extra_compile_args=["-O2"])
+
+setup(ext_modules=cythonize([codec, frame, czmq], language_level=3, quiet=True))

@@ -25,6 +25,7 @@ from typing import Any, cast
 import zmq
 
 from rda.serialization.errors import TransportError
+from rda.transport import _direct_zmq
 from rda.transport._mailbox import Mailbox
 from rda.transport._peers import Counters
 from rda.transport.api import TransportSettings
@@ -91,6 +92,24 @@ POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
 
 
+# Non-blocking sends and receives that keep the GIL (_direct_zmq; None when unavailable).
+# Module attributes, read at each call, so that benchmarks/_structure.py can count them.
+direct_recv = _direct_zmq.recv
+direct_send = _direct_zmq.send
+# pyzmq copies frames below this on send anyway (zmq.COPY_THRESHOLD); bigger ones go
+# zero-copy through pyzmq.
+_COPY_BELOW = 65536
+
+
+def _direct_error(errno: int) -> zmq.ZMQError:
+    """pyzmq's exception for a libzmq errno from a direct call."""
+    if errno == zmq.EAGAIN:
+        return zmq.Again()
+    if errno == zmq.ETERM:
+        return zmq.ContextTerminated()
+    return zmq.ZMQError(errno)
+
+
 def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = False) -> None:
     """``send_multipart(frames, copy=False)`` without the wrapper's overhead.
 
@@ -98,6 +117,12 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
     objects are handed to libzmq without a copy. Only the first frame can fail with EAGAIN or
     EHOSTUNREACH (ZeroMQ queues a multipart message whole), so a failure never sends half.
     """
+    if not block and direct_send is not None:
+        rc = direct_send(sock.underlying, None, frames, _COPY_BELOW)
+        if rc == 0:
+            return
+        if rc > 0:
+            raise _direct_error(rc)
     more = _MORE if block else _MORE_NOBLOCK
     last = len(frames) - 1
     for i, frame in enumerate(frames):
@@ -106,6 +131,12 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
 
 def send_routed(sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any]) -> None:
     """Non-blocking ROUTER send of ``[rid, *frames]`` without building a new list."""
+    if direct_send is not None:
+        rc = direct_send(sock.underlying, rid, frames, _COPY_BELOW)
+        if rc == 0:
+            return
+        if rc > 0:
+            raise _direct_error(rc)
     _backend_send(sock, rid, _MORE_NOBLOCK, True)
     last = len(frames) - 1
     for i, frame in enumerate(frames):

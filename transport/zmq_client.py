@@ -420,15 +420,24 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         max_size = self._settings.max_message_size
         now = self._clock()
         bursty = self._bursty
+        recv_direct, handle = common.direct_recv, sock.underlying
+        frames: list[Any] | int | None
         for n in range(common.BATCH):
-            raw = common.recv_frames(sock)
-            if raw is None:
+            # Small frames are copied out of libzmq's message at once: a zmq.Frame kept alive
+            # behind every queued notification cost more than the copy, in allocation and in
+            # garbage-collector work; big ones stay zero-copy.
+            if recv_direct is not None:
+                # Without a GIL hand-over per message (_direct_recv); on an error other than
+                # "nothing waiting" pyzmq receives again and raises its own exception.
+                frames = recv_direct(handle, _COPY_BELOW)
+                if type(frames) is int:
+                    frames = self._recv_pyzmq(sock)
+            else:
+                frames = self._recv_pyzmq(sock)
+            if frames is None:
                 self._poller.settle(sock)
                 return n
-            # Small frames leave their zmq.Frame at once (a memoryview over a copied bytes):
-            # a Frame kept alive behind every queued notification cost more than the copy,
-            # in allocation and in garbage-collector work; big ones stay zero-copy.
-            frames = [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
+            assert type(frames) is list
             self._messages_in += 1
             self._bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
@@ -463,6 +472,13 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             if self._closing or c.id not in self._conns:
                 return n + 1
         return common.BATCH
+
+    @staticmethod
+    def _recv_pyzmq(sock: zmq.Socket[bytes]) -> list[Any] | None:
+        raw = common.recv_frames(sock)
+        if raw is None:
+            return None
+        return [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
 
     def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
         if c.state is not ConnState.CONNECTING:

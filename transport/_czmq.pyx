@@ -1,0 +1,199 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Non-blocking receives and sends that keep the GIL: libzmq called directly, for dispatchers.
+
+pyzmq releases the GIL around every call into libzmq, because a call may block. A dispatcher's
+receive never blocks (``ZMQ_DONTWAIT``: a message is there or ``EAGAIN`` at once), so the
+release buys nothing, and it costs a GIL hand-over per message: when another thread of the
+process wants the GIL (a consumer woken by the previous message, a worker), the dispatcher
+gives it up inside the receive and waits to get it back, up to the switch interval. That
+convoy, not libzmq, was half of the client dispatcher's time per notification (py-spy:
+``recv_frames``' receive line). Seed 000 on the critical path: do not hand the CPU over on
+every message.
+
+libzmq is the library pyzmq loaded (``bind``: the addresses of its functions, found through
+ctypes by ``_zmq_common``), so the sockets and the library are the same. A frame below
+``copy_below`` bytes becomes ``bytes`` (one copy, the message closed at once); a larger one
+becomes a :class:`ReceivedFrame` that owns the libzmq message and exposes it through the
+buffer protocol (zero-copy, closed when the last view goes). Errors other than ``EAGAIN``
+are not interpreted here: ``recv`` returns the errno and the caller lets pyzmq raise its own
+exception for it.
+"""
+
+from cpython.buffer cimport (
+    PyBUF_SIMPLE,
+    PyBuffer_FillInfo,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport EAGAIN
+
+
+cdef extern from *:
+    """
+    /* libzmq's zmq_msg_t (zmq.h): 64 opaque bytes, pointer-aligned. */
+    typedef struct { unsigned char _[64]; } __attribute__((aligned(sizeof(void*)))) rda_zmq_msg_t;
+    """
+    ctypedef struct rda_zmq_msg_t:
+        pass
+
+ctypedef int (*f_msg_init)(rda_zmq_msg_t*) noexcept nogil
+ctypedef int (*f_msg_recv)(rda_zmq_msg_t*, void*, int) noexcept nogil
+ctypedef void* (*f_msg_data)(rda_zmq_msg_t*) noexcept nogil
+ctypedef size_t (*f_msg_size)(const rda_zmq_msg_t*) noexcept nogil
+ctypedef int (*f_msg_more)(const rda_zmq_msg_t*) noexcept nogil
+ctypedef int (*f_msg_close)(rda_zmq_msg_t*) noexcept nogil
+ctypedef int (*f_errno)() noexcept nogil
+ctypedef int (*f_msg_move)(rda_zmq_msg_t*, rda_zmq_msg_t*) noexcept nogil
+ctypedef int (*f_send)(void*, const void*, size_t, int) noexcept nogil
+
+cdef f_msg_init _msg_init = NULL
+cdef f_msg_recv _msg_recv = NULL
+cdef f_msg_data _msg_data = NULL
+cdef f_msg_size _msg_size = NULL
+cdef f_msg_more _msg_more = NULL
+cdef f_msg_close _msg_close = NULL
+cdef f_msg_move _msg_move = NULL
+cdef f_errno _errno = NULL
+cdef f_send _send = NULL
+
+DEF DONTWAIT = 1  # ZMQ_DONTWAIT
+DEF SNDMORE = 2  # ZMQ_SNDMORE
+
+
+def bind(dict addresses):
+    """Take libzmq's functions from ``{name: address}`` (ctypes); all of them, or raise."""
+    global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _errno
+    global _send
+    cdef size_t a
+    names = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
+             "zmq_msg_close", "zmq_msg_move", "zmq_errno", "zmq_send")
+    for name in names:
+        if not addresses.get(name):
+            raise ValueError(f"libzmq function {name} not found")
+    a = addresses["zmq_msg_init"]; _msg_init = <f_msg_init>a
+    a = addresses["zmq_msg_recv"]; _msg_recv = <f_msg_recv>a
+    a = addresses["zmq_msg_data"]; _msg_data = <f_msg_data>a
+    a = addresses["zmq_msg_size"]; _msg_size = <f_msg_size>a
+    a = addresses["zmq_msg_more"]; _msg_more = <f_msg_more>a
+    a = addresses["zmq_msg_close"]; _msg_close = <f_msg_close>a
+    a = addresses["zmq_msg_move"]; _msg_move = <f_msg_move>a
+    a = addresses["zmq_errno"]; _errno = <f_errno>a
+    a = addresses["zmq_send"]; _send = <f_send>a
+
+
+cdef class ReceivedFrame:
+    """A received libzmq message kept without a copy: a read-only buffer, closed on release."""
+
+    cdef rda_zmq_msg_t msg
+    cdef bint open
+
+    def __dealloc__(self):
+        if self.open:
+            _msg_close(&self.msg)
+
+    def __len__(self):
+        return _msg_size(&self.msg)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        PyBuffer_FillInfo(view, self, _msg_data(&self.msg), _msg_size(&self.msg), 1, flags)
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+
+cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below):
+    """The frame of ``msg`` as bytes (``msg`` closed) or as a ReceivedFrame (``msg`` moved)."""
+    cdef size_t size = _msg_size(msg)
+    cdef ReceivedFrame kept
+    if <Py_ssize_t>size < copy_below:
+        out = PyBytes_FromStringAndSize(<const char*>_msg_data(msg), size)
+        _msg_close(msg)
+        return out
+    kept = ReceivedFrame.__new__(ReceivedFrame)
+    _msg_init(&kept.msg)
+    _msg_move(&kept.msg, msg)
+    _msg_close(msg)
+    kept.open = True
+    return memoryview(kept)
+
+
+def recv(size_t handle, Py_ssize_t copy_below):
+    """One whole message from the socket at ``handle`` (``zmq.Socket.underlying``), without
+    waiting and without releasing the GIL: a list of frames (``bytes`` below ``copy_below``,
+    otherwise a read-only ``memoryview`` over the libzmq message); ``None`` when no message
+    is waiting; an ``int`` (libzmq's errno) on any other failure."""
+    cdef rda_zmq_msg_t msg
+    cdef void* sock = <void*>handle
+    cdef int more
+    _msg_init(&msg)
+    if _msg_recv(&msg, sock, DONTWAIT) < 0:
+        err = _errno()
+        _msg_close(&msg)
+        return None if err == EAGAIN else err
+    more = _msg_more(&msg)
+    frames = [_frame(&msg, copy_below)]
+    while more:
+        _msg_init(&msg)
+        if _msg_recv(&msg, sock, DONTWAIT) < 0:  # the rest of a message arrives with it
+            err = _errno()
+            _msg_close(&msg)
+            return err
+        more = _msg_more(&msg)
+        frames.append(_frame(&msg, copy_below))
+    return frames
+
+
+cdef Py_ssize_t _small_size(object frame, Py_ssize_t copy_below):
+    """The byte size of ``frame`` when it is a simple buffer below ``copy_below``, else -1."""
+    cdef Py_buffer buf
+    if type(frame) is bytes:
+        n = len(<bytes>frame)
+        return n if n < copy_below else -1
+    try:
+        PyObject_GetBuffer(frame, &buf, PyBUF_SIMPLE)
+    except (BufferError, TypeError):
+        return -1
+    cdef Py_ssize_t size = buf.len
+    PyBuffer_Release(&buf)
+    return size if size < copy_below else -1
+
+
+cdef int _send_one(void* sock, object frame, int flags):
+    """zmq_send of one frame (libzmq copies it); 0, or libzmq's errno."""
+    cdef Py_buffer buf
+    cdef int rc
+    PyObject_GetBuffer(frame, &buf, PyBUF_SIMPLE)
+    rc = _send(sock, buf.buf, buf.len, flags)
+    PyBuffer_Release(&buf)
+    return 0 if rc >= 0 else _errno()
+
+
+def send(size_t handle, object first, object frames, Py_ssize_t copy_below):
+    """Send ``[first, *frames]`` (``first`` may be None: then ``frames`` alone) without
+    waiting and without releasing the GIL; every frame is copied into libzmq's message, so
+    only frames below ``copy_below`` bytes go this way. Returns 0 when sent, -1 when a frame
+    is too big or not a simple buffer (nothing sent: pyzmq sends it, zero-copy), or libzmq's
+    errno (``EAGAIN``: the pipe is full, nothing sent; a multipart message is all or nothing
+    once its first part is accepted)."""
+    cdef void* sock = <void*>handle
+    cdef Py_ssize_t i, n = len(frames)
+    cdef int rc
+    if first is not None and _small_size(first, copy_below) < 0:
+        return -1
+    for i in range(n):
+        if _small_size(frames[i], copy_below) < 0:
+            return -1
+    if n == 0:
+        if first is None:
+            return 0
+        return _send_one(sock, first, DONTWAIT)
+    if first is not None:
+        rc = _send_one(sock, first, DONTWAIT | SNDMORE)
+        if rc:
+            return rc
+    for i in range(n):
+        rc = _send_one(sock, frames[i], DONTWAIT | (SNDMORE if i < n - 1 else 0))
+        if rc:
+            return rc
+    return 0
