@@ -11,8 +11,9 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Reinstall only when the package metadata or the compiled codec's sources change (the
-# editable install builds serialization/_cbinary.*.so and transport/_cframe.*.so in place).
-$(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx | $(BIN)/python
+# editable install builds serialization/_cbinary.*.so and transport/_cframe.*.so, _czmq.*.so
+# in place).
+$(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx transport/_czmq.pyx | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)
 
@@ -56,4 +57,4 @@ cluster-check: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
-	rm -f serialization/_cbinary.c serialization/_cbinary.*.so transport/_cframe.c transport/_cframe.*.so
+	rm -f serialization/_cbinary.c serialization/_cbinary.*.so transport/_cframe.c transport/_cframe.*.so transport/_czmq.c transport/_czmq.*.so
