@@ -21,6 +21,7 @@ from rda.serialization._header import (
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
+from rda.transport._peers import PEER_GONE
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     LARGE_BODY,
@@ -32,6 +33,7 @@ from rda.transport.protocol import (
     encode_message,
     encode_tail,
 )
+from rda.transport.state import ConnEvent
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 
@@ -461,4 +463,37 @@ def test_messages_queued_for_a_dropped_peer_are_counted_as_dropped(ctx: Ctx) -> 
         assert dropped > 0 and dropped + sent_meanwhile == before.peer_queue_depth
     finally:
         slow.close(0)
+        srv.close()
+
+
+def test_messages_read_after_the_peer_was_found_gone_are_dropped_not_answered(ctx: Ctx) -> None:
+    """The monitor's verdict (connection closed) can come before the peer's last messages are
+    read: those are counted as dropped, not answered as REQUEST before CONNECT."""
+    srv, rec = start_server()
+    rec.echo = False
+    plain_on_message = rec.on_message
+
+    def first_then_gone(peer: bytes, message: Message) -> None:
+        plain_on_message(peer, message)
+        if message.header.id == 1:  # as the monitor probe would, on the dispatcher
+            srv._drop(srv._peers[peer], PEER_GONE, ConnEvent.PEER_GONE)
+
+    rec.on_message = first_then_gone  # type: ignore[method-assign]
+    d = raw_dealer(ctx, srv.endpoint, b"leaver")
+    try:
+        for rid in range(1, 6):
+            d.send_multipart(request(rid))
+        assert wait_for(lambda: srv.statistics().messages_dropped == 4)
+        assert [m.header.id for _, m in rec.requests] == [1]
+        assert rec.gone == {b"leaver": "peer gone"}
+        stats = srv.statistics()
+        assert stats.protocol_errors == 0 and stats.decode_errors == 0
+        assert not d.poll(100)  # nothing answered
+        # The same routing id introducing itself again is a new session, served as usual.
+        d.send_multipart(encode_connect({"application": "raw"}))
+        d.send_multipart(request(6))
+        assert wait_for(lambda: [m.header.id for _, m in rec.requests] == [1, 6])
+        assert srv.statistics().messages_dropped == 4
+    finally:
+        d.close(0)
         srv.close()

@@ -81,6 +81,10 @@ _GARBAGE_HANDSHAKE = frozenset(
 )
 # Replies already handed to libzmq get this long to leave at close.
 _CLOSE_LINGER_MS = 100
+# Routing ids of peers whose connection was confirmed closed, remembered (oldest forgotten
+# first) so that their last messages, still in the ROUTER when the monitor's verdict came
+# first, are dropped and counted instead of answered as "REQUEST before CONNECT".
+_GONE_REMEMBERED = 4096
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -121,6 +125,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._backoff = RetryBackoff()
         self._next_check = float("inf")
         self._suspects: dict[bytes, int] = {}
+        self._gone: dict[bytes, None] = {}  # insertion-ordered: see _GONE_REMEMBERED
         self._probe_at: float | None = None
         self._curve = curve
         self._zap: ZapHandler | None = None
@@ -368,6 +373,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             except (DecodeError, ProtocolError) as exc:
                 self._reject(rid, reject_undecodable(exc, frames))
                 continue
+            if p is None and type(event) is not Connect and rid in self._gone:
+                # A message the peer sent before its connection closed, read after the
+                # monitor had us drop it: nobody is there to answer; not the peer's fault.
+                self._dropped += 1
+                continue
             if type(event) is Incoming:
                 if p is None:
                     self._reject(rid, reject_request_before_connect(event.message.header.id))
@@ -411,6 +421,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         return info
 
     def _on_connect(self, rid: bytes, info: dict[str, Any], frame: zmq.Frame, now: float) -> None:
+        self._gone.pop(rid, None)  # a client with a fixed routing id, back on a new connection
         old = self._peers.get(rid)
         if old is not None:
             # The same routing id introduced itself again: report the old session over.
@@ -504,6 +515,10 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if self._peers.get(p.rid) is not p:
             return
         del self._peers[p.rid]
+        if event is ConnEvent.PEER_GONE:
+            self._gone[p.rid] = None
+            if len(self._gone) > _GONE_REMEMBERED:
+                del self._gone[next(iter(self._gone))]
         if p.lane:
             self._lanes -= 1
         p.state = next_state(p.state, event)
