@@ -116,12 +116,16 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
     Frames below pyzmq's ``copy_threshold`` (64 KiB) are copied, bigger ones and ``zmq.Frame``
     objects are handed to libzmq without a copy. Only the first frame can fail with EAGAIN or
     EHOSTUNREACH (ZeroMQ queues a multipart message whole), so a failure never sends half.
+
+    Small frames go first through the GIL-keeping direct send, also when ``block`` (a
+    lane): a pipe with room takes them at once; only a full one (``EAGAIN``) makes a
+    blocking send wait in pyzmq, with the GIL released.
     """
-    if not block and direct_send is not None:
+    if direct_send is not None:
         rc = direct_send(sock.underlying, None, frames, _COPY_BELOW)
         if rc == 0:
             return
-        if rc > 0:
+        if rc > 0 and not (block and rc == zmq.EAGAIN):
             raise _direct_error(rc)
     more = _MORE if block else _MORE_NOBLOCK
     last = len(frames) - 1
