@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from threading import Lock
 
-from rda.business.common import AcquiredData, stamped
+from rda.business.common import AcquiredData
 from rda.business.server_requests import ClientInfo, describe_error
 from rda.business.server_stats import SourceSnapshot
 from rda.serialization import _binary
@@ -132,14 +132,17 @@ class SubscriptionSource:
         """Send a value to every subscriber (encoded once). NORMAL updates are conflatable.
 
         A value without an acquisition stamp is stamped with the time of this call."""
-        if isinstance(acquired, Data):
-            acquired = AcquiredData(acquired)
         if self._closed or not self._subscribers:
             return
-        body = _encode_data(acquired.data)
-        self._fan_out(
-            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, stamped(acquired).context
-        )
+        if isinstance(acquired, Data):
+            data, context = acquired, _NO_CONTEXT
+        else:
+            data, context = acquired.data, acquired.context
+        body = _encode_data(data)
+        # common.stamped's rule, without two new frozen objects per update (3 us of a
+        # notification's ~10 us on the server, py-spy): the stamp goes straight on the wire.
+        stamp = context.acq_stamp or time.time_ns()
+        self._fan_out(RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, context, stamp)
 
     def notify_error(
         self, error: BaseException | str, update_type: UpdateType = UpdateType.NORMAL
@@ -149,7 +152,9 @@ class SubscriptionSource:
             return
         exc = error if isinstance(error, BaseException) else RuntimeError(error)
         frame = encode_exception(*describe_error(exc))
-        self._fan_out(RequestType.NOTIFICATION_EXC, update_type, frame, _EXC_TAIL, _now_context())
+        self._fan_out(
+            RequestType.NOTIFICATION_EXC, update_type, frame, _EXC_TAIL, _NO_CONTEXT, time.time_ns()
+        )
 
     def _fan_out(
         self,
@@ -158,6 +163,7 @@ class SubscriptionSource:
         body: Buffer,
         descriptor: tuple[BodyKind, BodyKind],
         context: DataContext,
+        acq_stamp: int,
     ) -> None:
         conflatable = update_type is UpdateType.NORMAL
         with self._send_lock:
@@ -175,7 +181,7 @@ class SubscriptionSource:
                         group.append(target)
                 self._count(rtype, sum(len(g) for g in groups.values()))
             for seq, targets in groups.items():
-                tail = _tail(descriptor, body, encode_context(context, seq))
+                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp))
                 self._publish(targets, tail, conflatable)
 
     def _send_first(
@@ -282,6 +288,9 @@ class SubscriptionSource:
                 conflated=conflated,
                 dropped=dropped,
             )
+
+
+_NO_CONTEXT = DataContext()
 
 
 def _now_context() -> DataContext:

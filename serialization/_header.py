@@ -229,16 +229,18 @@ class DataContext:
     selector: str = ""
 
 
-def encode_context(context: DataContext, seq: int = 0) -> bytes:
+def encode_context(context: DataContext, seq: int = 0, acq_stamp: int | None = None) -> bytes:
     """Pack the DATA_CONTEXT body frame: u64 seq, i64 acq_stamp, i64 cycle_stamp, u16 + cycle name.
 
     The selector is not repeated here: it travels in the header. ``seq`` is the
-    per-subscription notification sequence number (0 for replies).
+    per-subscription notification sequence number (0 for replies). ``acq_stamp``, when given,
+    is sent instead of the context's (a value stamped as it is sent, without a new context).
     """
     name = context.cycle_name.encode()
     if len(name) > _MAX_NAME:
         raise ValueError("cycle name must be at most 65535 UTF-8 bytes")
-    return CONTEXT_FIXED.pack(seq, context.acq_stamp, context.cycle_stamp, len(name)) + name
+    stamp = context.acq_stamp if acq_stamp is None else acq_stamp
+    return CONTEXT_FIXED.pack(seq, stamp, context.cycle_stamp, len(name)) + name
 
 
 def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataContext, int]:
