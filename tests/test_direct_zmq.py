@@ -154,27 +154,3 @@ def test_messages_keep_their_order_across_direct_and_pyzmq_sends(
             continue
         got.append(int(frames[-1].bytes))
     assert got == list(range(50))
-
-
-def test_a_frame_of_the_kept_kind_keeps_its_message_properties(
-    pair: tuple[zmq.Socket[bytes], ...],
-) -> None:
-    from rda.transport._czmq import ReceivedFrame
-
-    router, dealer = pair
-    recv = _direct_zmq.recv
-    assert recv is not None
-    dealer.send(b"\x01connect")  # starts with the kept kind byte
-    dealer.send(b"\x03request")
-    wait_readable(router)
-    rid, kept = recv(router.underlying, BIG, 1)
-    assert rid == b"D1" and isinstance(kept, ReceivedFrame) and bytes(kept) == b"\x01connect"
-    fd = kept.get(zmq.SRCFD)
-    assert isinstance(fd, int) and fd >= 0  # the TCP connection's descriptor, as zmq.Frame.get
-    with pytest.raises(zmq.ZMQError):
-        kept.get("User-Id")  # no ZAP on this socket: no such property
-    deadline = time.monotonic() + 5
-    other = None
-    while other is None and time.monotonic() < deadline:
-        other = recv(router.underlying, BIG, 1)
-    assert other == [b"D1", b"\x03request"]  # another kind: plain bytes

@@ -46,8 +46,6 @@ ctypedef int (*f_msg_close)(rda_zmq_msg_t*) noexcept nogil
 ctypedef int (*f_errno)() noexcept nogil
 ctypedef int (*f_msg_move)(rda_zmq_msg_t*, rda_zmq_msg_t*) noexcept nogil
 ctypedef int (*f_send)(void*, const void*, size_t, int) noexcept nogil
-ctypedef const char* (*f_msg_gets)(const rda_zmq_msg_t*, const char*) noexcept nogil
-ctypedef int (*f_msg_get)(const rda_zmq_msg_t*, int) noexcept nogil
 
 cdef f_msg_init _msg_init = NULL
 cdef f_msg_recv _msg_recv = NULL
@@ -58,8 +56,6 @@ cdef f_msg_close _msg_close = NULL
 cdef f_msg_move _msg_move = NULL
 cdef f_errno _errno = NULL
 cdef f_send _send = NULL
-cdef f_msg_gets _msg_gets = NULL
-cdef f_msg_get _msg_get = NULL
 
 DEF DONTWAIT = 1  # ZMQ_DONTWAIT
 DEF SNDMORE = 2  # ZMQ_SNDMORE
@@ -68,11 +64,10 @@ DEF SNDMORE = 2  # ZMQ_SNDMORE
 def bind(dict addresses):
     """Take libzmq's functions from ``{name: address}`` (ctypes); all of them, or raise."""
     global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _errno
-    global _send, _msg_gets, _msg_get
+    global _send
     cdef size_t a
     names = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
-             "zmq_msg_close", "zmq_msg_move", "zmq_errno", "zmq_send", "zmq_msg_gets",
-             "zmq_msg_get")
+             "zmq_msg_close", "zmq_msg_move", "zmq_errno", "zmq_send")
     for name in names:
         if not addresses.get(name):
             raise ValueError(f"libzmq function {name} not found")
@@ -85,8 +80,6 @@ def bind(dict addresses):
     a = addresses["zmq_msg_move"]; _msg_move = <f_msg_move>a
     a = addresses["zmq_errno"]; _errno = <f_errno>a
     a = addresses["zmq_send"]; _send = <f_send>a
-    a = addresses["zmq_msg_gets"]; _msg_gets = <f_msg_gets>a
-    a = addresses["zmq_msg_get"]; _msg_get = <f_msg_get>a
 
 
 cdef class ReceivedFrame:
@@ -108,60 +101,28 @@ cdef class ReceivedFrame:
     def __releasebuffer__(self, Py_buffer* view):
         pass
 
-    def get(self, option):
-        """A message property, as ``zmq.Frame.get``: a metadata string by name (the ZAP
-        ``"User-Id"``), or an int property (``zmq.SRCFD``); ``ZMQError`` when it has none."""
-        cdef const char* value
-        cdef int number
-        if isinstance(option, str):
-            name = option.encode()
-            value = _msg_gets(&self.msg, name)
-            if value == NULL:
-                raise _zmq_error(_errno())
-            return value.decode()
-        number = _msg_get(&self.msg, option)
-        if number < 0:
-            raise _zmq_error(_errno())
-        return number
 
-
-def _zmq_error(int errno):
-    import zmq
-
-    return zmq.ZMQError(errno)
-
-
-cdef ReceivedFrame _keep(rda_zmq_msg_t* msg):
-    """A ReceivedFrame that takes ``msg`` over (``msg`` is left empty and closed)."""
-    cdef ReceivedFrame kept = ReceivedFrame.__new__(ReceivedFrame)
+cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below):
+    """The frame of ``msg`` as bytes (``msg`` closed) or as a ReceivedFrame (``msg`` moved)."""
+    cdef size_t size = _msg_size(msg)
+    cdef ReceivedFrame kept
+    if <Py_ssize_t>size < copy_below:
+        out = PyBytes_FromStringAndSize(<const char*>_msg_data(msg), size)
+        _msg_close(msg)
+        return out
+    kept = ReceivedFrame.__new__(ReceivedFrame)
     _msg_init(&kept.msg)
     _msg_move(&kept.msg, msg)
     _msg_close(msg)
     kept.open = True
-    return kept
+    return memoryview(kept)
 
 
-cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below, int keep_kind, bint second):
-    """The frame of ``msg``: bytes below ``copy_below`` (``msg`` closed), else a read-only
-    memoryview over a ReceivedFrame; the second frame of a message whose first byte is
-    ``keep_kind`` is the ReceivedFrame itself (its properties are wanted: ``get``)."""
-    cdef size_t size = _msg_size(msg)
-    cdef const unsigned char* data = <const unsigned char*>_msg_data(msg)
-    if second and keep_kind >= 0 and size > 0 and data[0] == keep_kind:
-        return _keep(msg)
-    if <Py_ssize_t>size < copy_below:
-        out = PyBytes_FromStringAndSize(<const char*>data, size)
-        _msg_close(msg)
-        return out
-    return memoryview(_keep(msg))
-
-
-def recv(size_t handle, Py_ssize_t copy_below, int keep_kind=-1):
+def recv(size_t handle, Py_ssize_t copy_below):
     """One whole message from the socket at ``handle`` (``zmq.Socket.underlying``), without
     waiting and without releasing the GIL: a list of frames (``bytes`` below ``copy_below``,
-    otherwise a read-only ``memoryview`` over the libzmq message; a second frame starting
-    with the byte ``keep_kind`` as a :class:`ReceivedFrame`, for its properties); ``None``
-    when no message is waiting; an ``int`` (libzmq's errno) on any other failure."""
+    otherwise a read-only ``memoryview`` over the libzmq message); ``None`` when no message
+    is waiting; an ``int`` (libzmq's errno) on any other failure."""
     cdef rda_zmq_msg_t msg
     cdef void* sock = <void*>handle
     cdef int more
@@ -171,7 +132,7 @@ def recv(size_t handle, Py_ssize_t copy_below, int keep_kind=-1):
         _msg_close(&msg)
         return None if err == EAGAIN else err
     more = _msg_more(&msg)
-    frames = [_frame(&msg, copy_below, keep_kind, False)]
+    frames = [_frame(&msg, copy_below)]
     while more:
         _msg_init(&msg)
         if _msg_recv(&msg, sock, DONTWAIT) < 0:  # the rest of a message arrives with it
@@ -179,7 +140,7 @@ def recv(size_t handle, Py_ssize_t copy_below, int keep_kind=-1):
             _msg_close(&msg)
             return err
         more = _msg_more(&msg)
-        frames.append(_frame(&msg, copy_below, keep_kind, len(frames) == 1))
+        frames.append(_frame(&msg, copy_below))
     return frames
 
 

@@ -37,8 +37,6 @@ _FUNCTIONS = (
     "zmq_msg_move",
     "zmq_errno",
     "zmq_send",
-    "zmq_msg_gets",
-    "zmq_msg_get",
 )
 
 
@@ -93,12 +91,10 @@ def _load() -> Any:
 
 _bound = _load()
 
-recv: Callable[..., Any] | None = None if _bound is None else _bound.recv
-"""``recv(socket.underlying, copy_below, keep_kind=-1)``: a list of frames (``bytes`` below
-``copy_below``, else a read-only ``memoryview`` over libzmq's message, no copy; a second frame
-that starts with the byte ``keep_kind`` as a ``_czmq.ReceivedFrame``, whose ``get`` reads the
-message's properties as ``zmq.Frame.get`` does), ``None`` when no message is waiting, or
-libzmq's errno (an ``int``) on another failure. None when not available."""
+recv: Callable[[int, int], Any] | None = None if _bound is None else _bound.recv
+"""``recv(socket.underlying, copy_below)``: a list of frames (``bytes`` below ``copy_below``,
+else a read-only ``memoryview`` over libzmq's message, no copy), ``None`` when no message is
+waiting, or libzmq's errno (an ``int``) on another failure. None when not available."""
 
 send: Callable[[int, Any, Any, int], int] | None = None if _bound is None else _bound.send
 """``send(socket.underlying, first_or_None, frames, copy_below)``: 0 when sent, -1 when a

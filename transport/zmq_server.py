@@ -56,7 +56,6 @@ from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
-    Kind,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
@@ -73,9 +72,6 @@ log = logging.getLogger("rda.transport.server")
 # Mailbox items: (_SEND, routing id, frames, conflation key or None),
 # (_PUBLISH, targets, tail, conflatable), (_DISCONNECT, routing id, None, None).
 _SEND, _PUBLISH, _DISCONNECT = 0, 1, 2
-# Frames below this are copied out of libzmq's message on receipt (as the client does).
-_COPY_BELOW = 65536
-_CONNECT_KIND = int(Kind.CONNECT)
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
 _PROBE_FIRST, _PROBES = 0.001, 8
@@ -360,26 +356,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
         max_size = self._settings.max_message_size
         now = self._clock()
-        recv_direct, handle = common.direct_recv, router.underlying
-        raw: list[Any] | int | None
         for _ in range(common.BATCH):
-            if recv_direct is not None:
-                # Without a GIL hand-over per message (_direct_zmq). A CONNECT frame comes
-                # as a _czmq.ReceivedFrame: _on_connect reads its properties (SRCFD, the
-                # ZAP User-Id) with .get, as from a zmq.Frame. On an error other than
-                # "nothing waiting", pyzmq receives again and raises its own exception.
-                raw = recv_direct(handle, _COPY_BELOW, _CONNECT_KIND)
-                if type(raw) is int:
-                    raw = self._recv_pyzmq(router)
-            else:
-                raw = self._recv_pyzmq(router)
+            raw = common.recv_frames(router)
             if raw is None:
                 self._poller.settle(router)
                 return
-            assert type(raw) is list
-            rid = raw[0]
-            # bytes (small, copied) as they are; zmq.Frame, ReceivedFrame: their buffers.
-            frames = [f if type(f) is bytes else memoryview(f) for f in raw[1:]]
+            rid = raw[0].bytes
+            frames = [f.buffer for f in raw[1:]]
             self._messages_in += 1
             self._bytes_in += sum(map(len, frames))
             p = self._peers.get(rid)
@@ -412,15 +395,6 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
             if self._closing:
                 return
-
-    @staticmethod
-    def _recv_pyzmq(router: zmq.Socket[bytes]) -> list[Any] | None:
-        """[routing id as bytes, then the zmq.Frame objects]: what the direct receive gives,
-        with frames that have ``.get`` and the buffer protocol."""
-        raw = common.recv_frames(router)
-        if raw is None:
-            return None
-        return [raw[0].bytes, *raw[1:]]
 
     def _reject(self, rid: bytes, bad: BadInput) -> None:
         """Drop a bad message: count, log, answer (best effort, never queued) if due."""
