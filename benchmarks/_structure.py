@@ -16,8 +16,9 @@ Wall-clock figures are noisy on a shared machine; these counts are not. Per proc
   separate pass over the same number of operations (strace slows the run, not the counts);
   absent when strace is missing or may not attach.
 
-Installed in both the benchmark process and the ``--serve`` child, which answers the line
-``counts`` on its stdin with one JSON line.
+Installed, for the structural passes only, in both the benchmark process and the ``--serve``
+child (``COUNT_ENV`` in its environment), which answers the line ``counts`` on its stdin with
+one JSON line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from rda.business.directory import StaticDirectory
 from rda.serialization._data import Data
 
 COUNTS: dict[str, int] = {"send": 0, "recv": 0, "events": 0, "poll": 0}
+# Set in the environment of a ``--serve`` child that must count (the structural passes only:
+# the counting wrappers would slow the timed passes).
+COUNT_ENV = "RDA_BENCH_COUNT"
 _installed = False
 
 
