@@ -99,6 +99,7 @@ LARGE_BODY = 65536
 EXTERNAL = 0x80
 _MAX_BODIES = 255
 _BODY_LAYOUTS: dict[int, struct.Struct] = {}
+_TWO_BODIES = struct.Struct("<BBBII")  # the body table of two bodies (_body_layout(2))
 _NO_BODY = b"\x00"
 _HEADER_END = 1 + HEADER_FIXED.size  # kind byte + fixed header
 _NAME_LENGTHS = struct.Struct("<HHH")
@@ -228,6 +229,13 @@ def encode_tail(body: Sequence[tuple[BodyKind, Buffer]]) -> list[Buffer]:
     """The part of a REPLY after its header, encoded once and shared by every subscriber of a
     notification (``ServerTransport.publish``): the body table and the small bodies as one
     ``bytes``, then the large bodies. :func:`join_tail` puts a header in front."""
+    if len(body) == 2:
+        # A notification (DATA or EXCEPTION, then DATA_CONTEXT), both small: the same bytes
+        # as below without the general loop (a third of the tail's cost per update).
+        (k0, b0), (k1, b1) = body
+        n0, n1 = _nbytes(b0), _nbytes(b1)
+        if n0 < LARGE_BODY and n1 < LARGE_BODY:
+            return [b"".join((_TWO_BODIES.pack(2, k0, k1, n0, n1), b0, b1))]
     table, inline, external = _split_body(body)
     return [b"".join((table, *inline)), *external]
 
