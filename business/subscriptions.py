@@ -168,18 +168,20 @@ class SubscriptionSource:
         conflatable = update_type is UpdateType.NORMAL
         with self._send_lock:
             groups: dict[int, list[tuple[bytes, int, Buffer]]] = {}
+            sent = 0
             with self._lock:
                 for sub in self._subscribers.values():
                     if not sub.active:
                         continue
                     sub.seq += 1
+                    sent += 1
                     target = (sub.peer, sub.id, self._header(sub, rtype, update_type))
                     group = groups.get(sub.seq)
                     if group is None:
                         groups[sub.seq] = [target]
                     else:
                         group.append(target)
-                self._count(rtype, sum(len(g) for g in groups.values()))
+                self._count(rtype, sent)
             for seq, targets in groups.items():
                 tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp))
                 self._publish(targets, tail, conflatable)
