@@ -10,6 +10,7 @@ checks that on fuzzed input; the golden corpus checks it on the documented bytes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,18 @@ def test_compiled_parser_survives_and_agrees_with_python_on_40k_fuzzed_messages(
     # The inputs reach both outcomes: messages accepted compiled and messages left to Python.
     assert counts["accepted"] > 4000 and counts["left_to_python"] > 20000
     assert proc.returncode == 0, proc.stderr
+
+
+def test_rda_pure_python_parses_every_message_in_python() -> None:
+    code = (
+        "from rda.transport import protocol as p\n"
+        "from rda.serialization import Header, RequestType\n"
+        "frames = p.encode_message(p.Kind.REPLY, Header(RequestType.REPLY, 5, 'D', 'P'))\n"
+        "event = p.decode_frames(list(frames), from_server=True)\n"
+        "print(p.frame_parser, p._parse_compiled, event.message.header.id)\n"
+    )
+    env = {**os.environ, "RDA_PURE_PYTHON": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.stdout.split() == ["python", "None", "5"], out.stderr
