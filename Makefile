@@ -10,9 +10,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall only when the package metadata or the compiled codec's sources change (the
-# editable install builds serialization/_cbinary.*.so and transport/_cframe.*.so, _czmq.*.so
-# in place).
+# Reinstall only when the package metadata or a compiled extension's source changes (the
+# editable install builds serialization/_cbinary.*.so, transport/_cframe.*.so and
+# transport/_czmq.*.so in place).
 $(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx transport/_czmq.pyx | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
 	touch $(STAMP)

@@ -1,10 +1,12 @@
-"""Build of the compiled binary codec (everything else is in pyproject.toml).
+"""Build of the compiled extensions (everything else is in pyproject.toml): the binary codec,
+the REQUEST/REPLY frame parser and the dispatchers' direct libzmq calls.
 
 The layer folders are reached through the committed symlinks ``rda/<layer> -> ../<layer>``,
-so the extensions are named and built as ``rda.serialization._cbinary`` and
-``rda.transport._cframe``: ``build_ext`` puts them in ``rda/serialization/`` (the real
-``serialization/``) and ``rda/transport/`` for an editable install, and inside the wheel
-otherwise. When they are missing, rda runs the pure-Python codec and frame parser
+so the extensions are named and built as ``rda.serialization._cbinary``,
+``rda.transport._cframe`` and ``rda.transport._czmq``: ``build_ext`` puts them in
+``rda/serialization/`` (the real ``serialization/``) and ``rda/transport/`` for an editable
+install, and inside the wheel otherwise. When they are missing, rda runs the pure-Python codec
+and frame parser and calls libzmq through pyzmq only
 (``rda.serialization.implementation == "python"``).
 """
 
@@ -27,7 +29,7 @@ frame = Extension(
     "rda.transport._cframe", ["rda/transport/_cframe.pyx"], extra_compile_args=["-O2"]
 )
 
-# Non-blocking receives that keep the GIL (libzmq's functions are bound at import, through
+# Non-blocking receives and sends that keep the GIL (libzmq's functions are bound at import, through
 # ctypes, from the library pyzmq loaded: nothing to link here).
 czmq = Extension("rda.transport._czmq", ["rda/transport/_czmq.pyx"], extra_compile_args=["-O2"])
 

@@ -46,8 +46,7 @@ cdef extern from "Python.h":
 # The fixed header: u8 version, u8 request type, u8 update type, u8 flags, u64 id, then the
 # u16 lengths of device, property and selector names (HEADER_FIXED, little-endian).
 assert HEADER_FIXED.format == "<BBBBQHHH" and HEADER_FIXED.size == 18
-DEF FIXED = 18
-DEF HEADER_END = 19  # kind byte + FIXED
+DEF HEADER_END = 19  # kind byte + the 18-byte fixed header
 DEF LENGTHS_AT = 13  # in the frame: kind byte + 12 bytes of the fixed header
 DEF EXTERNAL = 0x80
 

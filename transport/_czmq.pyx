@@ -25,7 +25,7 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.errno cimport EAGAIN
 
 
@@ -62,15 +62,11 @@ DEF SNDMORE = 2  # ZMQ_SNDMORE
 
 
 def bind(dict addresses):
-    """Take libzmq's functions from ``{name: address}`` (ctypes); all of them, or raise."""
+    """Take libzmq's functions from ``{name: address}`` (ctypes, every address non-zero:
+    ``_direct_zmq._addresses``); ``KeyError`` when one is missing."""
     global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _errno
     global _send
     cdef size_t a
-    names = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
-             "zmq_msg_close", "zmq_msg_move", "zmq_errno", "zmq_send")
-    for name in names:
-        if not addresses.get(name):
-            raise ValueError(f"libzmq function {name} not found")
     a = addresses["zmq_msg_init"]; _msg_init = <f_msg_init>a
     a = addresses["zmq_msg_recv"]; _msg_recv = <f_msg_recv>a
     a = addresses["zmq_msg_data"]; _msg_data = <f_msg_data>a
@@ -97,9 +93,6 @@ cdef class ReceivedFrame:
 
     def __getbuffer__(self, Py_buffer* view, int flags):
         PyBuffer_FillInfo(view, self, _msg_data(&self.msg), _msg_size(&self.msg), 1, flags)
-
-    def __releasebuffer__(self, Py_buffer* view):
-        pass
 
 
 cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below):
@@ -163,6 +156,9 @@ cdef int _send_one(void* sock, object frame, int flags):
     """zmq_send of one frame (libzmq copies it); 0, or libzmq's errno."""
     cdef Py_buffer buf
     cdef int rc
+    if type(frame) is bytes:  # most frames: no buffer to take and release
+        rc = _send(sock, PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame), flags)
+        return 0 if rc >= 0 else _errno()
     PyObject_GetBuffer(frame, &buf, PyBUF_SIMPLE)
     rc = _send(sock, buf.buf, buf.len, flags)
     PyBuffer_Release(&buf)
@@ -184,12 +180,8 @@ def send(size_t handle, object first, object frames, Py_ssize_t copy_below):
     for i in range(n):
         if _small_size(frames[i], copy_below) < 0:
             return -1
-    if n == 0:
-        if first is None:
-            return 0
-        return _send_one(sock, first, DONTWAIT)
     if first is not None:
-        rc = _send_one(sock, first, DONTWAIT | SNDMORE)
+        rc = _send_one(sock, first, DONTWAIT | (SNDMORE if n else 0))
         if rc:
             return rc
     for i in range(n):

@@ -8,8 +8,8 @@ library file is found in ``/proc/self/maps`` (pyzmq's wheels bundle ``libzmq-<ha
 is pyzmq's backend extension itself (a static build), opened with ctypes (``dlopen`` of a
 loaded file returns the loaded copy) to read the functions' addresses.
 
-``recv`` and ``send`` are None when any of that is missing (no extension, not Linux, another libzmq ABI,
-``RDA_PURE_PYTHON=1``): the transports then receive through pyzmq, as before.
+``recv`` and ``send`` are None when any of that is missing (no extension, not Linux, another
+libzmq ABI, ``RDA_PURE_PYTHON=1``): the transports then go through pyzmq, as before.
 """
 
 from __future__ import annotations
@@ -64,10 +64,17 @@ def _candidates() -> list[str]:
 def _addresses(path: str) -> dict[str, int] | None:
     try:
         lib = ctypes.CDLL(path)
-        out = {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS}
+        found = {
+            name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS
+        }
     except (OSError, AttributeError):
         return None
-    return {name: addr for name, addr in out.items() if addr} if all(out.values()) else None
+    out: dict[str, int] = {}
+    for name, addr in found.items():
+        if not addr:
+            return None
+        out[name] = addr
+    return out
 
 
 def _load() -> Any:

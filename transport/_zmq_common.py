@@ -32,6 +32,7 @@ from rda.transport.api import TransportSettings
 
 __all__ = [
     "BATCH",
+    "COPY_BELOW",
     "GONE_EVENTS",
     "POLLIN",
     "POLLOUT",
@@ -41,6 +42,7 @@ __all__ = [
     "close_socket",
     "decode_monitor_event",
     "open_monitor",
+    "recv_copied",
     "recv_frames",
     "send_frames",
     "send_routed",
@@ -96,9 +98,10 @@ POLLOUT = int(zmq.POLLOUT)
 # Module attributes, read at each call, so that benchmarks/_structure.py can count them.
 direct_recv = _direct_zmq.recv
 direct_send = _direct_zmq.send
-# pyzmq copies frames below this on send anyway (zmq.COPY_THRESHOLD); bigger ones go
-# zero-copy through pyzmq.
-_COPY_BELOW = 65536
+# Frames below this size are copied: on send (pyzmq's copy_threshold, zmq.COPY_THRESHOLD:
+# the size from which avoiding the copy pays; the direct send copies them too) and on receive
+# (no zmq.Frame kept alive behind a queued message); bigger ones travel zero-copy.
+COPY_BELOW = 65536
 
 
 def _direct_error(errno: int) -> zmq.ZMQError:
@@ -122,7 +125,7 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
     blocking send wait in pyzmq, with the GIL released.
     """
     if direct_send is not None:
-        rc = direct_send(sock.underlying, None, frames, _COPY_BELOW)
+        rc = direct_send(sock.underlying, None, frames, COPY_BELOW)
         if rc == 0:
             return
         if rc > 0 and not (block and rc == zmq.EAGAIN):
@@ -136,7 +139,7 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
 def send_routed(sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any]) -> None:
     """Non-blocking ROUTER send of ``[rid, *frames]`` without building a new list."""
     if direct_send is not None:
-        rc = direct_send(sock.underlying, rid, frames, _COPY_BELOW)
+        rc = direct_send(sock.underlying, rid, frames, COPY_BELOW)
         if rc == 0:
             return
         if rc > 0:
@@ -165,6 +168,17 @@ def recv_frames(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[zmq.Fram
         frame = _backend_recv(sock, _NOBLOCK, False)
         frames.append(frame)
     return frames
+
+
+def recv_copied(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[Any] | None:
+    """:func:`recv_frames` as buffers: a frame below ``COPY_BELOW`` leaves its ``zmq.Frame``
+    at once (a memoryview over a copied ``bytes``: a Frame kept alive behind every queued
+    notification cost more than the copy, in allocation and in garbage-collector work), a
+    bigger one stays zero-copy."""
+    raw = recv_frames(sock, flags)
+    if raw is None:
+        return None
+    return [memoryview(f.bytes) if len(f) < COPY_BELOW else f.buffer for f in raw]
 
 
 class Selector:

@@ -71,9 +71,6 @@ log = logging.getLogger("rda.transport.client")
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
-# Received frames below this size are copied out of libzmq's message (pyzmq's send-side
-# copy_threshold: the size from which avoiding the copy pays).
-_COPY_BELOW = 65536
 _HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ (CURVE on one side only?)",
@@ -421,23 +418,18 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         now = self._clock()
         bursty = self._bursty
         recv_direct, handle = common.direct_recv, sock.underlying
-        frames: list[Any] | int | None
+        frames: list[Any] | int | None = None
         for n in range(common.BATCH):
-            # Small frames are copied out of libzmq's message at once: a zmq.Frame kept alive
-            # behind every queued notification cost more than the copy, in allocation and in
-            # garbage-collector work; big ones stay zero-copy.
+            # Small frames copied, big ones zero-copy (common.COPY_BELOW). The direct receive
+            # keeps the GIL (_direct_zmq); on an error other than "nothing waiting" (an errno)
+            # pyzmq receives again and raises its own exception.
             if recv_direct is not None:
-                # Without a GIL hand-over per message (_direct_recv); on an error other than
-                # "nothing waiting" pyzmq receives again and raises its own exception.
-                frames = recv_direct(handle, _COPY_BELOW)
-                if type(frames) is int:
-                    frames = self._recv_pyzmq(sock)
-            else:
-                frames = self._recv_pyzmq(sock)
+                frames = recv_direct(handle, common.COPY_BELOW)
+            if recv_direct is None or isinstance(frames, int):
+                frames = common.recv_copied(sock)
             if frames is None:
                 self._poller.settle(sock)
                 return n
-            assert type(frames) is list
             self._messages_in += 1
             self._bytes_in += sum(map(len, frames))
             c.heartbeat.last_received = now
@@ -472,13 +464,6 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
             if self._closing or c.id not in self._conns:
                 return n + 1
         return common.BATCH
-
-    @staticmethod
-    def _recv_pyzmq(sock: zmq.Socket[bytes]) -> list[Any] | None:
-        raw = common.recv_frames(sock)
-        if raw is None:
-            return None
-        return [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
 
     def _on_ack(self, c: _Connection, info: dict[str, Any]) -> None:
         if c.state is not ConnState.CONNECTING:

@@ -50,8 +50,6 @@ WAIT_SLICE = 0.05
 # A server forgets a silent lane after its heartbeat timeout: a lane idle for this share of it
 # introduces itself again (a CONNECT just before the request, so no extra round trip).
 _REFRESH_SHARE = 0.5
-# Received frames below this size are copied (as in zmq_client: no zmq.Frame kept alive).
-_COPY_BELOW = 65536
 
 
 class Lane:
@@ -150,14 +148,13 @@ class Lane:
     ) -> Message | None:
         while True:
             try:
-                raw = common.recv_frames(sock, 0)  # waits up to RCVTIMEO
+                frames = common.recv_copied(sock, 0)  # waits up to RCVTIMEO
             except zmq.ZMQError as exc:
                 raise TransportError(f"receiving from {self.address} failed: {exc}") from exc
-            if raw is None:
+            if frames is None:
                 if ended():
                     return None
                 continue
-            frames = [memoryview(f.bytes) if len(f) < _COPY_BELOW else f.buffer for f in raw]
             self.messages_in += 1
             self.bytes_in += sum(map(len, frames))
             try:
