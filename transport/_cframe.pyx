@@ -35,6 +35,7 @@ from rda.serialization._header import (
     HEADER_FIXED,
     PROTOCOL_VERSION,
     Header,
+    RequestType,
 )
 from rda.serialization._message import BodyKind, Message
 
@@ -71,6 +72,16 @@ cdef object _A_SELECTOR = "selector"
 cdef object _A_UPDATE = "update_type"
 cdef object _A_FLAGS = "flags"
 cdef object _A_VERSION = "version"
+cdef object _A_HEADER = "header"
+cdef object _A_BODY = "_body"
+cdef object _A_FRAME = "_frame"
+cdef object _A_SPANS = "_spans"
+# Shared notification headers by their bytes (see _header); bounded like ``_NAMES``.
+cdef dict _headers = {}
+cdef Py_ssize_t _HEADERS_MAX = 4096
+cdef frozenset _notifications = frozenset(
+    {RequestType.NOTIFICATION_DATA, RequestType.NOTIFICATION_EXC, RequestType.SUBSCRIBE_EXCEPTION}
+)
 
 
 cdef inline uint16_t _u16(const uint8_t* p) noexcept nogil:
@@ -153,6 +164,8 @@ cdef object _parse(
 ):
     cdef Py_ssize_t total = size
     cdef Py_ssize_t i, n, end, pos, table, length, frame_len, next_frame
+    # Python objects: PyTuple_SET_ITEM steals a reference, so no temporaries converted from C.
+    cdef object start, stop
     cdef uint8_t raw_kind
     if size < HEADER_END or p[0] != kind or p[1] != _VERSION:
         return None
@@ -171,14 +184,17 @@ cdef object _parse(
     if names is None:
         return None
 
-    # Body table: u8 count, count kind bytes, count u32 lengths.
+    # Body table: u8 count, count kind bytes, count u32 lengths. Small bodies become offsets
+    # into the frame (Message makes the memoryview slices when ``body`` is first read); a
+    # message with a large body, rare, gets its body built here.
     n = p[end]
     table = end + 1
     pos = table + 5 * n
     if pos > size:
         return None
-    body = PyTuple_New(n)
+    spans = PyTuple_New(3 * n)
     next_frame = 1
+    external = False
     for i in range(n):
         raw_kind = p[table + i]
         body_kind = _body_kinds.get(raw_kind & ~EXTERNAL)
@@ -194,17 +210,50 @@ cdef object _parse(
             if frame_len != length:
                 return None
             total += frame_len
-            entry = (body_kind, frame)
+            external = True
+            start = next_frame - 1  # the frame's index, marked by stop = -1
+            stop = -1
         else:
             if length > size - pos:
                 return None
-            entry = (body_kind, PySequence_GetSlice(view, pos, pos + length))
+            start = pos
+            stop = pos + length
             pos += length
-        Py_INCREF(entry)
-        PyTuple_SET_ITEM(body, i, entry)
+        Py_INCREF(body_kind)
+        PyTuple_SET_ITEM(spans, 3 * i, body_kind)
+        Py_INCREF(start)
+        PyTuple_SET_ITEM(spans, 3 * i + 1, start)
+        Py_INCREF(stop)
+        PyTuple_SET_ITEM(spans, 3 * i + 2, stop)
     if pos != size or next_frame != n_frames or total > max_size:
         return None
 
+    message = _new(_Message)
+    PyObject_GenericSetAttr(message, _A_HEADER, _header(p, end, request_type, update_type, header_flags, names))
+    if external:
+        PyObject_GenericSetAttr(message, _A_BODY, _eager_body(frames, view, spans))
+        PyObject_GenericSetAttr(message, _A_FRAME, b"")
+        PyObject_GenericSetAttr(message, _A_SPANS, ())
+    else:
+        PyObject_GenericSetAttr(message, _A_BODY, None)
+        PyObject_GenericSetAttr(message, _A_FRAME, frames[0])
+        PyObject_GenericSetAttr(message, _A_SPANS, spans)
+    return message
+
+
+cdef object _header(
+    const uint8_t* p, Py_ssize_t end, object request_type, object update_type,
+    object header_flags, object names,
+):
+    """The frame's ``Header``. A notification's header bytes are the same for every update of
+    its subscription (the id is the subscription's), so those headers are cached by their
+    bytes and shared (``Header`` is frozen): no new object per update."""
+    key = None
+    if request_type in _notifications:
+        key = PyBytes_FromStringAndSize(<const char*>p, end)
+        header = _headers.get(key)
+        if header is not None:
+            return header
     header = _new(_Header)
     PyObject_GenericSetAttr(header, _A_TYPE, request_type)
     PyObject_GenericSetAttr(header, _A_ID, _u64(p + 5))
@@ -214,4 +263,22 @@ cdef object _parse(
     PyObject_GenericSetAttr(header, _A_UPDATE, update_type)
     PyObject_GenericSetAttr(header, _A_FLAGS, header_flags)
     PyObject_GenericSetAttr(header, _A_VERSION, _version_obj)
-    return _Message(header, body)
+    if key is not None and len(_headers) < _HEADERS_MAX:
+        _headers[key] = header
+    return header
+
+
+cdef tuple _eager_body(list frames, object view, tuple spans):
+    """``Message.body`` of a message with a large (external) body: small bodies as slices of
+    the first frame, large ones as their received frames."""
+    cdef Py_ssize_t i, n = len(spans) // 3
+    body = PyTuple_New(n)
+    for i in range(n):
+        stop = spans[3 * i + 2]
+        if stop == -1:
+            entry = (spans[3 * i], frames[spans[3 * i + 1]])
+        else:
+            entry = (spans[3 * i], PySequence_GetSlice(view, spans[3 * i + 1], stop))
+        Py_INCREF(entry)
+        PyTuple_SET_ITEM(body, i, entry)
+    return body
