@@ -18,7 +18,6 @@ never reports a gap.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -27,15 +26,13 @@ from typing import Any
 from rda.business.client_stats import ClientCounters
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, RequestType, UpdateType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization._message import Message
 from rda.serialization.errors import ProtocolError, RdaError, error_from_remote
 
 __all__ = ["Notification", "Subscription", "remote_error"]
 
 log = logging.getLogger(__name__)
 
-# The first field of the DATA_CONTEXT frame is the u64 sequence number (_header.CONTEXT_FIXED).
-_SEQ = struct.Struct("<Q")
 _UNSET: Any = object()
 
 # What the queue and the scheduler carry: the undecoded message (or a locally made error), the
@@ -95,17 +92,7 @@ class Notification:
         cls, message: Message, device: str, prop: str, gap: int, seq: int
     ) -> Notification:
         """A notification over an undecoded NOTIFICATION_* or SUBSCRIBE_EXCEPTION message."""
-        self = cls.__new__(cls)
-        init = object.__setattr__
-        init(self, "_message", message)
-        init(self, "_name", (device, prop))
-        init(self, "_data", _UNSET)
-        init(self, "_context", _UNSET)
-        init(self, "_error", _UNSET)
-        init(self, "update_type", message.header.update_type)
-        init(self, "gap", gap)
-        init(self, "seq", seq)
-        return self
+        return _from_message(message, (device, prop), gap, seq)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Notification is immutable (cannot set {name!r})")
@@ -168,6 +155,29 @@ class Notification:
             f"Notification({what}, update_type={self.update_type.name}, gap={self.gap}, "
             f"seq={self.seq})"
         )
+
+
+# Notification.from_message runs once per notification a consumer reads: the slots are set
+# through their descriptors (what object.__setattr__ finds after a lookup in the type; 0.53
+# instead of 0.80 us for the eight), and a subscription passes its one (device, property).
+_new_notification = object.__new__
+_set_message, _set_name, _set_data, _set_context, _set_error, _set_update, _set_gap, _set_seq = (
+    vars(Notification)[slot].__set__
+    for slot in ("_message", "_name", "_data", "_context", "_error", "update_type", "gap", "seq")
+)
+
+
+def _from_message(message: Message, name: tuple[str, str], gap: int, seq: int) -> Notification:
+    self: Notification = _new_notification(Notification)
+    _set_message(self, message)
+    _set_name(self, name)
+    _set_data(self, _UNSET)
+    _set_context(self, _UNSET)
+    _set_error(self, _UNSET)
+    _set_update(self, message.header.update_type)
+    _set_gap(self, gap)
+    _set_seq(self, seq)
+    return self
 
 
 class _Inbox:
@@ -298,6 +308,7 @@ class Subscription:
         self.endpoint = endpoint
         self.device = device
         self.property = prop
+        self._name = (device, prop)  # shared by the notifications it hands out
         self.selector = selector
         self.filters = filters
         self.listener = listener
@@ -388,7 +399,7 @@ class Subscription:
             return None
         payload, gap, seq = entry
         if isinstance(payload, Message):
-            return Notification.from_message(payload, self.device, self.property, gap, seq)
+            return _from_message(payload, self._name, gap, seq)
         return Notification(error=payload, gap=gap, seq=seq)
 
     # -- dispatcher side (the client service calls these) ----------------------------------
@@ -404,10 +415,7 @@ class Subscription:
             return
         self._in_outage = False
         header = message.header
-        seq = 0
-        frame = message.frame(BodyKind.DATA_CONTEXT)
-        if frame is not None and len(frame) >= _SEQ.size:
-            (seq,) = _SEQ.unpack_from(frame)
+        seq = message.peek_seq()
         gap = 0
         if header.update_type is UpdateType.FIRST or self._expected == 0:
             pass  # a (re)started sequence: nothing to compare with

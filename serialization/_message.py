@@ -25,6 +25,7 @@ __all__ = ["BodyKind", "Message", "decode_exception", "encode_exception"]
 Buffer = bytes | memoryview
 
 _EXC_FIXED = struct.Struct("<H")
+_SEQ = struct.Struct("<Q")  # the first field of a DATA_CONTEXT body (_header.CONTEXT_FIXED)
 
 T = TypeVar("T")
 
@@ -102,7 +103,7 @@ class Message:
     """
 
     # __dict__: the ``_lazy`` attributes below cache their decoded value there.
-    __slots__ = ("__dict__", "_body", "_frame", "_spans", "header")
+    __slots__ = ("__dict__", "_body", "_frame", "_seq", "_spans", "header")
 
     def __init__(self, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()) -> None:
         self.header = header
@@ -110,6 +111,7 @@ class Message:
         self._frame: Buffer = b""
         # Flat (kind, start, end, kind, start, end, ...) into ``_frame`` while _body is None.
         self._spans: tuple[Any, ...] = ()
+        self._seq: int | None = None  # peek_seq, once known (the compiled parser sets it)
 
     def __repr__(self) -> str:
         kinds = ",".join(k.name for k, _ in self.body)
@@ -140,6 +142,17 @@ class Message:
             if k is kind:
                 return frame
         return None
+
+    def peek_seq(self) -> int:
+        """The sequence number a notification's DATA_CONTEXT body starts with, without decoding
+        the context (the client dispatcher's gap check, once per notification); 0 when there
+        is no such body or it is shorter than 8 bytes."""
+        seq = self._seq
+        if seq is None:
+            frame = self.frame(BodyKind.DATA_CONTEXT)
+            seq = 0 if frame is None or len(frame) < _SEQ.size else _SEQ.unpack_from(frame)[0]
+            self._seq = seq
+        return seq
 
     @_lazy
     def data(self) -> Data | None:

@@ -173,3 +173,19 @@ def test_a_queued_notification_is_at_most_two_objects_for_the_garbage_collector(
     # The Incoming event and the Message (the spans tuple holds only ints and kinds: the
     # collector untracks it on its first pass).
     assert per_message <= 3.0, per_message
+
+
+@pytest.mark.parametrize(
+    "context", [None, b"", b"\x01\x02\x03", (7).to_bytes(8, "little") + bytes(18)]
+)
+def test_peek_seq_agrees_compiled_and_in_python(context: bytes | None) -> None:
+    header = Header(RequestType.NOTIFICATION_DATA, 3, "PS1", "Acquisition")
+    body = [(BodyKind.DATA, b"\x01data")]
+    if context is not None:
+        body.append((BodyKind.DATA_CONTEXT, context))
+    frames = [bytes(f) for f in encode_message(Kind.REPLY, header, body)]
+    fast = decode_frames(frames, from_server=True)
+    assert isinstance(fast, Incoming)
+    slow = protocol._decode_message(frames)
+    want = 7 if context is not None and len(context) >= 8 else 0
+    assert fast.message.peek_seq() == slow.peek_seq() == want

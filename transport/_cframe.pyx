@@ -50,6 +50,7 @@ assert HEADER_FIXED.format == "<BBBBQHHH" and HEADER_FIXED.size == 18
 DEF HEADER_END = 19  # kind byte + the 18-byte fixed header
 DEF LENGTHS_AT = 13  # in the frame: kind byte + 12 bytes of the fixed header
 DEF EXTERNAL = 0x80
+DEF DATA_CONTEXT = 2  # BodyKind.DATA_CONTEXT
 
 cdef int _VERSION = PROTOCOL_VERSION
 cdef object _new = object.__new__
@@ -76,6 +77,7 @@ cdef object _A_HEADER = "header"
 cdef object _A_BODY = "_body"
 cdef object _A_FRAME = "_frame"
 cdef object _A_SPANS = "_spans"
+cdef object _A_SEQ = "_seq"
 # Shared notification headers by their bytes (see _header); bounded like ``_NAMES``.
 cdef dict _headers = {}
 cdef Py_ssize_t _HEADERS_MAX = 4096
@@ -194,6 +196,10 @@ cdef object _parse(
         return None
     spans = PyTuple_New(3 * n)
     next_frame = 1
+    # The u64 a notification's DATA_CONTEXT starts with (Message.peek_seq), when its first
+    # DATA_CONTEXT body is a small one; otherwise Message works it out when asked.
+    cdef bint seen_context = False, have_seq = False
+    cdef uint64_t seq = 0
     external = False
     for i in range(n):
         raw_kind = p[table + i]
@@ -211,6 +217,8 @@ cdef object _parse(
                 return None
             total += frame_len
             external = True
+            if (raw_kind & ~EXTERNAL) == DATA_CONTEXT:
+                seen_context = True  # a large context first: Message.peek_seq reads it
             start = next_frame - 1  # the frame's index, marked by stop = -1
             stop = -1
         else:
@@ -218,6 +226,10 @@ cdef object _parse(
                 return None
             start = pos
             stop = pos + length
+            if (raw_kind & ~EXTERNAL) == DATA_CONTEXT and not seen_context:
+                have_seq = True
+                seq = _u64(p + pos) if length >= 8 else 0
+                seen_context = True
             pos += length
         Py_INCREF(body_kind)
         PyTuple_SET_ITEM(spans, 3 * i, body_kind)
@@ -229,6 +241,7 @@ cdef object _parse(
         return None
 
     message = _new(_Message)
+    PyObject_GenericSetAttr(message, _A_SEQ, seq if have_seq else None)
     PyObject_GenericSetAttr(message, _A_HEADER, _header(p, end, request_type, update_type, header_flags, names))
     if external:
         PyObject_GenericSetAttr(message, _A_BODY, _eager_body(frames, view, spans))
