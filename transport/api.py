@@ -42,8 +42,12 @@ class TransportSettings:
 
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
-    # Messages a sender may queue towards the dispatcher before ``send`` blocks (back-pressure).
-    send_hwm: int = 10_000
+    # Messages a sender may queue towards the dispatcher before ``send`` blocks (back-pressure;
+    # the mailbox holds twice this). Small on purpose: a producer that runs ahead holds the GIL
+    # the dispatcher needs to send, and a deep mailbox only let it run ahead further, so that
+    # the dispatcher, starved for a GIL switch interval (5 ms), then sent a burst bigger than a
+    # peer's pipe and the rest was conflated. docs/transport.md, "Threads and sockets".
+    send_hwm: int = 128
     # Messages held for one peer whose pipe is full before new ones are dropped and counted.
     peer_queue_limit: int = 10_000
     max_message_size: int = 256 * 1024 * 1024
