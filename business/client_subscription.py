@@ -159,7 +159,7 @@ class Notification:
 
 # Notification.from_message runs once per notification a consumer reads: the slots are set
 # through their descriptors (what object.__setattr__ finds after a lookup in the type; 0.53
-# instead of 0.80 us for the eight), and a subscription passes its one (device, property).
+# instead of 0.80 us for the eight).
 _new_notification = object.__new__
 _set_message, _set_name, _set_data, _set_context, _set_error, _set_update, _set_gap, _set_seq = (
     vars(Notification)[slot].__set__
@@ -187,7 +187,10 @@ class _Inbox:
         self.capacity = capacity
         self._counters = counters
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        # Made by the first poll that waits: a Condition is ~1 KiB (its __dict__ of bound
+        # lock methods), more than the rest of a subscription, and iterator-less consumers
+        # (listeners, poll_nowait, rda.aio) never wait.
+        self._cond: threading.Condition | None = None
         self._waiting = 0  # threads blocked in get(): put notifies only when someone waits
         self._items: deque[Entry] = deque()
         self._carry = 0  # updates dropped since the last one handed out
@@ -210,6 +213,7 @@ class _Inbox:
                 dropped = 1
             items.append(entry)
             if self._waiting:
+                assert self._cond is not None
                 self._cond.notify()
         if dropped:
             self._counters.add_dropped(dropped)
@@ -239,6 +243,7 @@ class _Inbox:
                         dropped += 1
                     items.append(entry)
             if self._waiting:
+                assert self._cond is not None
                 self._cond.notify(len(entries))
         if dropped:
             self._counters.add_dropped(dropped)
@@ -250,9 +255,12 @@ class _Inbox:
         with self._lock:
             items = self._items
             if not items and not self._closed and timeout != 0:
+                cond = self._cond
+                if cond is None:
+                    self._cond = cond = threading.Condition(self._lock)
                 self._waiting += 1
                 try:
-                    self._cond.wait_for(lambda: items or self._closed, timeout)
+                    cond.wait_for(lambda: items or self._closed, timeout)
                 finally:
                     self._waiting -= 1
             if not items:
@@ -264,11 +272,12 @@ class _Inbox:
             return payload, gap, seq
 
     def close(self, discard: bool) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             if discard:
                 self._items.clear()
-            self._cond.notify_all()
+            if self._cond is not None:
+                self._cond.notify_all()
         if self.waker is not None:
             self.waker()
 
@@ -308,7 +317,6 @@ class Subscription:
         self.endpoint = endpoint
         self.device = device
         self.property = prop
-        self._name = (device, prop)  # shared by the notifications it hands out
         self.selector = selector
         self.filters = filters
         self.listener = listener
@@ -399,7 +407,7 @@ class Subscription:
             return None
         payload, gap, seq = entry
         if isinstance(payload, Message):
-            return _from_message(payload, self._name, gap, seq)
+            return _from_message(payload, (self.device, self.property), gap, seq)
         return Notification(error=payload, gap=gap, seq=seq)
 
     # -- dispatcher side (the client service calls these) ----------------------------------

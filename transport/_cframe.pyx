@@ -78,9 +78,12 @@ cdef object _A_BODY = "_body"
 cdef object _A_FRAME = "_frame"
 cdef object _A_SPANS = "_spans"
 cdef object _A_SEQ = "_seq"
-# Shared notification headers by their bytes (see _header); bounded like ``_NAMES``.
+# Shared notification headers by their bytes (see _header). Emptied when full rather than
+# bounded by refusing: it must not keep a header per subscription of a client that has
+# thousands (``benchmarks/memory.py``: ~230 bytes each), and the subscriptions updating now
+# refill it at once.
 cdef dict _headers = {}
-cdef Py_ssize_t _HEADERS_MAX = 4096
+cdef Py_ssize_t _HEADERS_MAX = 256
 cdef frozenset _notifications = frozenset(
     {RequestType.NOTIFICATION_DATA, RequestType.NOTIFICATION_EXC, RequestType.SUBSCRIBE_EXCEPTION}
 )
@@ -276,7 +279,9 @@ cdef object _header(
     PyObject_GenericSetAttr(header, _A_UPDATE, update_type)
     PyObject_GenericSetAttr(header, _A_FLAGS, header_flags)
     PyObject_GenericSetAttr(header, _A_VERSION, _version_obj)
-    if key is not None and len(_headers) < _HEADERS_MAX:
+    if key is not None:
+        if len(_headers) >= _HEADERS_MAX:
+            _headers.clear()
         _headers[key] = header
     return header
 
