@@ -134,6 +134,8 @@ class SubscriptionSource:
         A value without an acquisition stamp is stamped with the time of this call."""
         if self._closed or not self._subscribers:
             return
+        # Back-pressure before the ordering lock, never under it (ServerTransport.publish).
+        self._transport.wait_for_room()
         if isinstance(acquired, Data):
             data, context = acquired, _NO_CONTEXT
         else:
@@ -150,6 +152,7 @@ class SubscriptionSource:
         """Send a NOTIFICATION_EXC to every subscriber (the client sees ``.error`` set)."""
         if self._closed or not self._subscribers:
             return
+        self._transport.wait_for_room()
         exc = error if isinstance(error, BaseException) else RuntimeError(error)
         frame = encode_exception(*describe_error(exc))
         self._fan_out(
@@ -208,6 +211,7 @@ class SubscriptionSource:
             failure = error if error is not None else RuntimeError("no first update")
             rtype, descriptor = RequestType.NOTIFICATION_EXC, _EXC_TAIL
             body = encode_exception(*describe_error(failure))
+        self._transport.wait_for_room()
         with self._send_lock:
             with self._lock:
                 sub = self._subscribers.get((peer, sub_id))

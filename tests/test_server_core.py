@@ -101,6 +101,9 @@ class RecordingTransport:
         for peer, _, header in targets:
             self._record(peer, join_tail(header, tail))
 
+    def wait_for_room(self) -> None:
+        pass  # records at once: never full
+
     def disconnect(self, peer: bytes) -> None:
         self.handler.on_peer_disconnected(peer, "closed locally")
 

@@ -253,3 +253,75 @@ def test_a_device_property_declared_non_blocking_runs_inline() -> None:
     finally:
         client.close()
         server.stop()
+
+
+# -- notifying from an inline handler while another thread publishes ------------------------
+
+
+class _NotifyOnSet(RequestReplyCallback):
+    server: Server | None = None
+
+    def get(self, request: GetRequest) -> None:
+        request.complete(Data(v=1.0))
+
+    def set(self, request: SetRequest) -> None:
+        assert self.server is not None
+        for source in self.server.subscriptions():
+            source.notify(Data(v=2.0))
+        request.complete()
+
+
+@pytest.mark.timeout(60)
+def test_a_set_that_notifies_on_the_dispatcher_never_waits_for_a_blocked_publisher() -> None:
+    # A publisher that found the dispatcher's mailbox full used to wait for room while it held
+    # the source's ordering lock; the inline set handler, on the dispatcher, then waited for
+    # that lock: neither moved again (every set timed out). A 4-message mailbox and five
+    # subscribers that never read fill it at once. Publishers now wait for room before they
+    # take the lock (ServerTransport.wait_for_room) and publish never blocks.
+    from dataclasses import replace
+
+    from rda.transport.zmq_server import ZmqServerTransport
+
+    handler = _NotifyOnSet()
+
+    def transport(h: Any, settings: Any, info: dict[str, Any]) -> ZmqServerTransport:
+        return ZmqServerTransport("tcp://127.0.0.1:0", h, replace(settings, send_hwm=2), info)
+
+    server = (
+        ServerBuilder("NOTIFY")
+        .request_reply(handler)
+        .devices("*")
+        .directory(None)
+        .inline_handlers(True)
+        .transport(transport)
+        .build()
+    )
+    handler.server = server
+    server.start()
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=2))
+    stop = threading.Event()
+    published = [0]
+
+    def publish() -> None:
+        while not stop.is_set():
+            for source in server.subscriptions():
+                source.notify(Data(v=3.0))
+                published[0] += 1
+
+    publisher = threading.Thread(target=publish, name="test-publisher")
+    try:
+        subs = [client.access_point("D", "P").subscribe(queue_size=2) for _ in range(5)]
+        for sub in subs:
+            assert sub.poll(WAIT) is not None
+        publisher.start()
+        wait_until(lambda: published[0] > 1000)
+        ap = client.access_point("D", "P")
+        for _ in range(50):
+            ap.set(Data(v=1.0), timeout=WAIT)  # a TimeoutError here is the deadlock
+    finally:
+        stop.set()
+        if publisher.is_alive():
+            publisher.join(WAIT)
+        client.close()
+        server.stop()
+    assert not publisher.is_alive()

@@ -75,21 +75,18 @@ class Mailbox:
         """The descriptor that becomes readable when a sleeping dispatcher must wake."""
         return self._rfd
 
-    def put(self, item: Any) -> bool:
-        """Hand ``item`` over; blocks while the mailbox is full. False once it is closed."""
+    def put(self, item: Any, wait: bool = True) -> bool:
+        """Hand ``item`` over; blocks while the mailbox is full. False once it is closed.
+
+        With ``wait=False`` the item goes in even over ``capacity``: for a producer that holds
+        a lock the dispatcher may need (a notification's ordering lock), which paced itself
+        with :meth:`wait_for_room` before taking it."""
         with self._lock:
             if self._closed:
                 return False
             items = self.items
-            if len(items) >= self.capacity:
-                self._waiting += 1
-                try:
-                    while len(items) >= self.capacity:
-                        self._not_full.wait(PUT_TIMEOUT)
-                        if self._closed:
-                            return False
-                finally:
-                    self._waiting -= 1
+            if wait and len(items) >= self.capacity and not self._wait_for_room_locked():
+                return False
             items.append(item)
             if self.sleeping:
                 # Under the lock: ``close`` takes it too, so the fd cannot be closed (and its
@@ -97,6 +94,25 @@ class Mailbox:
                 self.sleeping = False
                 self._write_signal()
         return True
+
+    def wait_for_room(self) -> bool:
+        """Block while the mailbox is full, without handing anything over; False once closed."""
+        if len(self.items) < self.capacity:
+            return not self._closed
+        with self._lock:
+            return self._wait_for_room_locked()
+
+    def _wait_for_room_locked(self) -> bool:
+        items = self.items
+        self._waiting += 1
+        try:
+            while len(items) >= self.capacity:
+                self._not_full.wait(PUT_TIMEOUT)
+                if self._closed:
+                    return False
+        finally:
+            self._waiting -= 1
+        return not self._closed
 
     def taken(self) -> None:
         """The dispatcher took items: release producers blocked on a full mailbox.

@@ -437,6 +437,15 @@ class DispatcherShell(Counters, abc.ABC):
     def _on_dispatcher(self) -> bool:
         return threading.get_ident() == self._thread_id
 
+    def wait_for_room(self) -> None:
+        """Block while the mailbox is full (api.ServerTransport.wait_for_room); at once on the
+        dispatcher thread, which never waits for itself, and once closed."""
+        mailbox = self._mailbox
+        # Fullness first: the usual answer, and cheaper than asking which thread this is.
+        if mailbox is not None and len(mailbox.items) >= mailbox.capacity:
+            if not self._on_dispatcher():
+                mailbox.wait_for_room()
+
     def _timeout_ms(self, deadline: float) -> int:
         """The poll timeout that wakes the dispatcher at ``deadline`` (``inf``: never)."""
         if deadline == float("inf"):

@@ -239,7 +239,17 @@ class ServerTransport(Protocol):
         header, the shared tail), where ``tail`` (``protocol.encode_tail``: body table and
         bodies) was encoded once and is shared. With ``conflatable`` the ``subscription_id`` is the
         conflation key, as in ``send``.
+
+        Never blocks, also when the dispatcher's hand-off is full: a notifier calls it while it
+        holds the lock that orders its notifications, which a handler notifying from the
+        dispatcher thread may also need; a publish that waited there for the dispatcher could
+        wait forever. The notifier paces itself with :meth:`wait_for_room` first.
         """
+        ...
+
+    def wait_for_room(self) -> None:
+        """Block while the hand-off to the dispatcher is full (back-pressure for notifiers,
+        called with no lock held); returns at once on the dispatcher thread and once closed."""
         ...
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:

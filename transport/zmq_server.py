@@ -194,7 +194,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             return
         mailbox = self._mailbox
         if mailbox is not None:
-            mailbox.put((_PUBLISH, targets, tail, conflatable))
+            # Never blocks (api.ServerTransport.publish): the notifier paced itself first.
+            mailbox.put((_PUBLISH, targets, tail, conflatable), wait=False)
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():

@@ -81,10 +81,11 @@ class Inbox:
         self._woken = False
         self.closed = False
 
-    def put_command(self, item: object) -> bool:
-        """Queue a user command; blocks while ``hwm`` commands wait. False once closed."""
+    def put_command(self, item: object, wait: bool = True) -> bool:
+        """Queue a user command; blocks while ``hwm`` commands wait (``wait=False``: goes in
+        over ``hwm``, see ``_mailbox.Mailbox.put``). False once closed."""
         with self._cond:
-            while self._commands >= self._hwm and not self.closed:
+            while wait and self._commands >= self._hwm and not self.closed:
                 self._cond.wait()
             if self.closed:
                 return False
@@ -93,6 +94,13 @@ class Inbox:
             self._cond.notify_all()
         self._on_put()
         return True
+
+    def wait_for_room(self) -> bool:
+        """Block while ``hwm`` commands wait, queueing nothing; False once closed."""
+        with self._cond:
+            while self._commands >= self._hwm and not self.closed:
+                self._cond.wait()
+            return not self.closed
 
     def put_network(self, item: object) -> bool:
         with self._cond:
@@ -195,11 +203,16 @@ class Dispatcher(ABC):
         if thread.is_alive():
             log.warning("%s did not stop within %.1f s (a handler blocks?)", self._name, timeout)
 
-    def _post(self, item: object) -> None:
+    def _post(self, item: object, wait: bool = True) -> None:
         if self._on_dispatcher():
             self._local.append(item)
         else:
-            self._inbox.put_command(item)
+            self._inbox.put_command(item, wait)
+
+    def wait_for_room(self) -> None:
+        """As ``ZmqServerTransport.wait_for_room``: block while the inbox is full."""
+        if not self._on_dispatcher():
+            self._inbox.wait_for_room()
 
     def _barrier(self) -> Barrier | None:
         barrier = Barrier()

@@ -165,7 +165,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         tail: Sequence[Buffer],
         conflatable: bool = True,
     ) -> None:
-        self._post(_Publish(list(targets), list(tail), conflatable))
+        self._post(_Publish(list(targets), list(tail), conflatable), wait=False)
 
     def disconnect(self, peer: bytes) -> None:
         self._post(_Kick(peer))
