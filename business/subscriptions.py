@@ -169,25 +169,34 @@ class SubscriptionSource:
         acq_stamp: int,
     ) -> None:
         conflatable = update_type is UpdateType.NORMAL
+        key = (rtype, update_type)
         with self._send_lock:
+            # Subscribers by the seq they are at (usually one group): each group shares a tail.
             groups: dict[int, list[tuple[bytes, int, Buffer]]] = {}
             sent = 0
             with self._lock:
                 for sub in self._subscribers.values():
                     if not sub.active:
                         continue
-                    sub.seq += 1
                     sent += 1
-                    target = (sub.peer, sub.id, self._header(sub, rtype, update_type))
-                    group = groups.get(sub.seq)
+                    sub.seq = seq = sub.seq + 1
+                    header = sub.headers.get(key)
+                    if header is None:
+                        header = self._header(sub, rtype, update_type)
+                    group = groups.get(seq)
                     if group is None:
-                        groups[sub.seq] = [target]
+                        groups[seq] = [(sub.peer, sub.id, header)]
                     else:
-                        group.append(target)
+                        group.append((sub.peer, sub.id, header))
+                if not sent:
+                    return
                 self._count(rtype, sent)
+            kind, context_kind = descriptor
             for seq, targets in groups.items():
-                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp))
-                self._publish(targets, tail, conflatable)
+                context_frame = encode_context(context, seq, acq_stamp)
+                self._publish(
+                    targets, encode_tail(((kind, body), (context_kind, context_frame))), conflatable
+                )
 
     def _send_first(
         self, peer: bytes, sub_id: int, acquired: AcquiredData | None, error: BaseException | None
