@@ -128,6 +128,48 @@ def test_mark_closed_releases_a_blocked_producer_and_refuses_puts() -> None:
     box.close()
 
 
+def test_a_put_that_may_not_wait_goes_in_over_the_bound_and_wait_for_room_paces() -> None:
+    # A notifier holds its source's ordering lock while it publishes, so that put must not
+    # block (ServerTransport.publish); it paced itself with wait_for_room before the lock.
+    box = Mailbox(2)
+    assert box.put("a") and box.put("b")
+    assert box.put("c", wait=False)  # over the bound, at once
+    assert list(box.items) == ["a", "b", "c"]
+    waited = threading.Event()
+    answer: list[bool] = []
+
+    def pace() -> None:
+        answer.append(box.wait_for_room())
+        waited.set()
+
+    pacer = threading.Thread(target=pace)
+    pacer.start()
+    try:
+        assert not waited.wait(0.2)  # still full: it waits, and put nothing
+        assert list(box.items) == ["a", "b", "c"]
+        box.items.popleft()
+        box.items.popleft()
+        box.taken()
+        assert waited.wait(WAIT)
+        assert answer == [True]
+        assert list(box.items) == ["c"]
+        # Closing releases a pacer too, with False.
+        assert box.put("d")
+        answer.clear()
+        waited.clear()
+        pacer2 = threading.Thread(target=pace)
+        pacer2.start()
+        assert not waited.wait(0.1)
+        box.mark_closed()
+        pacer2.join(WAIT)
+        assert answer == [False]
+        assert not box.put("e", wait=False)
+    finally:
+        box.mark_closed()
+        pacer.join(WAIT)
+        box.close()
+
+
 def test_wake_signals_even_when_not_sleeping_and_close_frees_the_fds() -> None:
     box = Mailbox(4)
     fd = box.fd
