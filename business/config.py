@@ -105,6 +105,13 @@ class Config(BaseSettings):
     max_message_size: int = Field(
         DEFAULT_MAX_MESSAGE_SIZE, ge=1024, description="Largest accepted message, bytes."
     )
+    # A server's trade-off for slow or bursty clients (docs/server.md, "Subscriptions").
+    peer_hwm: int = Field(
+        1000,
+        ge=1,
+        description="Server: messages ZeroMQ buffers for one client before the server's own "
+        "queue for it takes over and its notifications are conflated (latest wins, counted).",
+    )
     # Read by the rda CLI's client commands (get/set/subscribe/admin), like --key/--server-key.
     key_file: Path | None = Field(
         None, description="CURVE key pair file of the rda CLI as a client; None: no CURVE."

@@ -110,6 +110,13 @@ class ServerBuilder:
         self._overrides["overflow_policy"] = policy
         return self
 
+    def peer_hwm(self, messages: int) -> ServerBuilder:
+        """Messages ZeroMQ buffers for one client before notifications to it are conflated:
+        larger lets longer bursts through whole, and lets a slow client fall further behind
+        before it is brought up to date (``Config.peer_hwm``, default 1000)."""
+        self._overrides["peer_hwm"] = messages
+        return self
+
     def request_timeout(self, seconds: float) -> ServerBuilder:
         """Deadline for requests whose client sent none (and for FIRST/IMMEDIATE gets)."""
         self._overrides["request_timeout"] = seconds

@@ -181,6 +181,7 @@ class Server:
                 dispatch,
                 settings=settings,
                 server_info=info,
+                sndhwm=config.peer_hwm,
                 curve=self._curve,
             )
         self._transport = transport

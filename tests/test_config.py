@@ -202,3 +202,29 @@ def test_reference_doc_lists_every_setting_with_its_variable() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     for name in Config.model_fields:
         assert f"| `{name}` | `RDA_{name.upper()}` |" in doc, name
+
+
+@pytest.mark.timeout(30)
+def test_peer_hwm_reaches_the_servers_router(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zmq
+
+    from rda.business.server import ServerBuilder
+
+    def router_hwm(builder: ServerBuilder) -> int:
+        server = builder.endpoint("tcp://127.0.0.1:0").devices("X").directory(None).build()
+        server.start()
+        try:
+            transport = server._transport
+            assert transport is not None
+            hwm: int = transport._router.getsockopt(zmq.SNDHWM)  # type: ignore[attr-defined]
+            return hwm
+        finally:
+            server.stop()
+
+    assert Config().peer_hwm == 1000
+    assert router_hwm(ServerBuilder("HWM")) == 1000
+    assert router_hwm(ServerBuilder("HWM").peer_hwm(5000)) == 5000
+    monkeypatch.setenv("RDA_PEER_HWM", "250")
+    assert router_hwm(ServerBuilder("HWM")) == 250
+    with pytest.raises((ConfigError, pydantic.ValidationError)):
+        Config(peer_hwm=0)
