@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rda.business.common import AcquiredData, stamped
+from rda.business.common import AcquiredData, stamped, stamped_data
 from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
@@ -261,9 +261,8 @@ class GetRequest(_Completable):
             ):
                 self._late("complete()")
             return
-        if isinstance(acquired, Data):
-            acquired = AcquiredData(acquired)
-        if not self._answer(stamped(acquired), None):
+        answer = stamped_data(acquired) if isinstance(acquired, Data) else stamped(acquired)
+        if not self._answer(answer, None):
             self._late("complete()")
 
 
