@@ -191,12 +191,9 @@ class SubscriptionSource:
                 if not sent:
                     return
                 self._count(rtype, sent)
-            kind, context_kind = descriptor
             for seq, targets in groups.items():
-                context_frame = encode_context(context, seq, acq_stamp)
-                self._publish(
-                    targets, encode_tail(((kind, body), (context_kind, context_frame))), conflatable
-                )
+                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp))
+                self._publish(targets, tail, conflatable)
 
     def _send_first(
         self, peer: bytes, sub_id: int, acquired: AcquiredData | None, error: BaseException | None

@@ -442,9 +442,9 @@ class DispatcherShell(Counters, abc.ABC):
         dispatcher thread, which never waits for itself, and once closed."""
         mailbox = self._mailbox
         # Fullness first: the usual answer, and cheaper than asking which thread this is.
-        full = mailbox is not None and len(mailbox.items) >= mailbox.capacity
-        if full and mailbox is not None and not self._on_dispatcher():
-            mailbox.wait_for_room()
+        if mailbox is None or len(mailbox.items) < mailbox.capacity or self._on_dispatcher():
+            return
+        mailbox.wait_for_room()
 
     def _timeout_ms(self, deadline: float) -> int:
         """The poll timeout that wakes the dispatcher at ``deadline`` (``inf``: never)."""

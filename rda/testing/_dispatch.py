@@ -85,8 +85,8 @@ class Inbox:
         """Queue a user command; blocks while ``hwm`` commands wait (``wait=False``: goes in
         over ``hwm``, see ``_mailbox.Mailbox.put``). False once closed."""
         with self._cond:
-            while wait and self._commands >= self._hwm and not self.closed:
-                self._cond.wait()
+            if wait:
+                self._wait_for_room_locked()
             if self.closed:
                 return False
             self._items.append((True, item))
@@ -98,9 +98,12 @@ class Inbox:
     def wait_for_room(self) -> bool:
         """Block while ``hwm`` commands wait, queueing nothing; False once closed."""
         with self._cond:
-            while self._commands >= self._hwm and not self.closed:
-                self._cond.wait()
+            self._wait_for_room_locked()
             return not self.closed
+
+    def _wait_for_room_locked(self) -> None:
+        while self._commands >= self._hwm and not self.closed:
+            self._cond.wait()
 
     def put_network(self, item: object) -> bool:
         with self._cond:
