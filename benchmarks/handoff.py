@@ -11,6 +11,10 @@ trivial handler, the server in a child process, round trips from a DEALER here.
 * ``hop``: a dispatcher receives and hands the request to a worker (deque + lock release);
   the worker hands the reply back (deque + eventfd the dispatcher polls), which sends it
   (rda's default arrangement).
+* ``hop_direct_reply``: as ``hop``, but the worker sends the reply itself when it can take
+  the socket's lock, which the dispatcher holds except while it sleeps in ``poll(2)``; after
+  the send it checks ``EVENTS`` and wakes the dispatcher if a request arrived meanwhile (the
+  send may have consumed that signal). Only the request crosses threads.
 * ``leader_follower``: the thread that received the request hands the socket to a standby
   thread (lock release) and runs the handler itself; the reply goes to the new leader
   (deque + eventfd), which sends it. The hand-off of the socket is off the critical path,
@@ -34,6 +38,7 @@ import collections
 import contextlib
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -43,7 +48,7 @@ from typing import Any
 
 import zmq
 
-ARRANGEMENTS = ("raw", "hop", "leader_follower", "inline_watchdog")
+ARRANGEMENTS = ("raw", "hop", "hop_direct_reply", "leader_follower", "inline_watchdog")
 _PAYLOAD = b"x" * 60  # about the size of a scalar get's reply
 _ONE = (1).to_bytes(8, "little")
 
@@ -140,6 +145,54 @@ def _serve_leader_follower(router: zmq.Socket[bytes], fd: int, poller: zmq.Polle
     run(0)
 
 
+def _serve_hop_direct_reply(router: zmq.Socket[bytes], fd: int) -> None:
+    tasks: collections.deque[tuple[bytes, bytes]] = collections.deque()
+    replies: collections.deque[list[bytes]] = collections.deque()
+    wake = threading.Lock()
+    wake.acquire()
+    # The socket's token: the dispatcher holds it except while it sleeps in poll(2); whoever
+    # holds it may use the socket (a lock is the full memory barrier ZeroMQ asks for).
+    role = threading.Lock()
+    role.acquire()
+
+    def worker() -> None:
+        while True:
+            wake.acquire()
+            while tasks:
+                rid, request = tasks.popleft()
+                reply = [rid, _handler(request)]
+                if role.acquire(blocking=False):
+                    try:
+                        router.send_multipart(reply)
+                        # The send may have consumed the signal of a request that arrived
+                        # meanwhile: the sleeping dispatcher must hear of it.
+                        if router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                            os.write(fd, _ONE)
+                    finally:
+                        role.release()
+                else:
+                    replies.append(reply)
+                    os.write(fd, _ONE)
+
+    threading.Thread(target=worker, daemon=True).start()
+    sleeper = select.poll()
+    sleeper.register(router.getsockopt(zmq.FD), select.POLLIN)
+    sleeper.register(fd, select.POLLIN)
+    while True:
+        while True:
+            try:
+                rid, request = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            tasks.append((rid, request))
+            if wake.locked():
+                wake.release()
+        _drain_replies(router, fd, replies)
+        role.release()
+        sleeper.poll()
+        role.acquire()
+
+
 def serve(kind: str) -> None:
     """Child process: print the endpoint, serve until killed."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -156,6 +209,8 @@ def serve(kind: str) -> None:
     poller.register(fd, zmq.POLLIN)
     if kind == "hop":
         _serve_hop(router, fd, poller)
+    if kind == "hop_direct_reply":
+        _serve_hop_direct_reply(router, fd)
     _serve_leader_follower(router, fd, poller)
 
 

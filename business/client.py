@@ -53,7 +53,7 @@ from rda.business.reconnect import BackoffPolicy
 from rda.business.scheduler import GroupTaskScheduler
 from rda.serialization import _binary
 from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
+from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import (
     DisconnectedError,
@@ -66,7 +66,7 @@ from rda.serialization.errors import (
 from rda.transport._mailbox import Wakeup
 from rda.transport._peers import HANDSHAKE_REFUSED
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
-from rda.transport.protocol import Kind, encode_message
+from rda.transport.protocol import Kind, encode_routed
 
 if TYPE_CHECKING:  # zmq stays unloaded for clients on the in-memory transport
     from rda.business.security import ClientSecurity
@@ -391,8 +391,8 @@ class ClientService(ClientConnections, LaneCalls):
             # may have scanned the table before our entry was there.
             self._disconnected(rid, ep.address, ep.last_reason or "connection lost")
             return
-        header = Header(op, rid, device, prop, selector)
-        self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
+        frames = encode_routed(Kind.REQUEST, op, rid, device, prop, selector, body)
+        self._transport.send(conn, frames)
 
     def request_context(self, timeout: float | None, filters: Data | None) -> bytes:
         """The REQUEST_CONTEXT frame for a request with this deadline and filters."""
@@ -538,9 +538,17 @@ class ClientService(ClientConnections, LaneCalls):
         return sub
 
     def _send_subscribe(self, sub: Subscription, conn: int) -> None:
-        header = Header(RequestType.SUBSCRIBE, sub.id, sub.device, sub.property, sub.selector)
         body = [(BodyKind.REQUEST_CONTEXT, build_request_context(None, sub.filters))]
-        self._transport.send(conn, encode_message(Kind.REQUEST, header, body))
+        frames = encode_routed(
+            Kind.REQUEST,
+            RequestType.SUBSCRIBE,
+            sub.id,
+            sub.device,
+            sub.property,
+            sub.selector,
+            body,
+        )
+        self._transport.send(conn, frames)
 
     def _forget(self, sub: Subscription) -> int | None:
         """Drop ``sub`` from the tables; returns the live connection its SUBSCRIBE went on."""
@@ -560,8 +568,15 @@ class ClientService(ClientConnections, LaneCalls):
             return
         conn = self._forget(sub)
         if conn is not None:
-            header = Header(RequestType.UNSUBSCRIBE, sub.id, sub.device, sub.property, sub.selector)
-            self._transport.send(conn, encode_message(Kind.REQUEST, header))
+            frames = encode_routed(
+                Kind.REQUEST,
+                RequestType.UNSUBSCRIBE,
+                sub.id,
+                sub.device,
+                sub.property,
+                sub.selector,
+            )
+            self._transport.send(conn, frames)
 
     def _submit(
         self, group: str, task: Callable[[], None], on_drop: Callable[[], None] | None

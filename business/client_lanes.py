@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from rda.business.client_endpoints import Endpoint
 from rda.business.client_replies import LaneCompletion, Pending, op_name
 from rda.business.client_stats import ClientCounters
-from rda.serialization._header import Header, RequestType
+from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import RdaError, TransportError
 from rda.transport.api import ClientTransport, DirectLane
-from rda.transport.protocol import Kind, encode_message
+from rda.transport.protocol import Kind, encode_routed
 
 __all__ = ["NO_LANE", "LaneCalls"]
 
@@ -111,7 +111,7 @@ class LaneCalls:
             # the requests of a lost connection may have missed our entry.
             self._disconnected(rid, ep.address, ep.last_reason or "connection lost")
         else:
-            frames = encode_message(Kind.REQUEST, Header(op, rid, device, prop, selector), body)
+            frames = encode_routed(Kind.REQUEST, op, rid, device, prop, selector, body)
             try:
                 message = lane.call(frames, rid, ended, self._clock())
             except TransportError as exc:

