@@ -162,7 +162,12 @@ class ClientService(ClientConnections, LaneCalls):
         self._closing = False
         self._scheduler: GroupTaskScheduler | None = None
         # A fake clock cannot be slept on: re-read it every 10 ms of real time.
-        self._timer = Timer(self._clock, max_wait=None if clock is None else 0.01)
+        self._timer = Timer(
+            self._clock,
+            max_wait=None if clock is None else 0.01,
+            expire=self._expire,
+            live=self._pending.__contains__,
+        )
         factory = transport_factory if transport_factory is not None else _zmq_transport
         if security is not None:
             if transport_factory is not None:
@@ -381,9 +386,8 @@ class ClientService(ClientConnections, LaneCalls):
             return
         pending = Pending(fut, conn, name, device, prop, timeout)
         self._pending[rid] = pending
-        pending.timer = self._timer.call_at(
-            self._clock() + timeout, functools.partial(self._expire, rid)
-        )
+        # No handle to cancel: a reply takes the entry out of _pending, and the timer skips it.
+        self._timer.deadline(self._clock() + timeout, rid)
         if isinstance(fut, ReplyFuture):
             fut.on_cancel = functools.partial(self._abandon, rid)
         if ep.connection != conn:
@@ -416,9 +420,7 @@ class ClientService(ClientConnections, LaneCalls):
         complete(p.future, error)
 
     def _abandon(self, rid: int) -> None:
-        p = self._pending.pop(rid, None)
-        if p is not None and p.timer is not None:
-            p.timer.cancel()
+        self._pending.pop(rid, None)
 
     def _disconnected(self, rid: int, address: str, reason: str) -> None:
         p = self._take_pending(rid)
@@ -434,8 +436,6 @@ class ClientService(ClientConnections, LaneCalls):
         )
 
     def _fail(self, p: Pending, error: RdaError) -> None:
-        if p.timer is not None:
-            p.timer.cancel()
         if isinstance(error, DisconnectedError):
             self._counters.disconnected_requests += 1
         complete(p.future, error)
@@ -487,8 +487,6 @@ class ClientService(ClientConnections, LaneCalls):
         if p is None:
             self._counters.late_replies += 1
             return
-        if p.timer is not None:
-            p.timer.cancel()
         if header.request_type is RequestType.EXCEPTION:
             self._counters.errors += 1
         else:

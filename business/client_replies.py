@@ -20,7 +20,6 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from rda.business.client_subscription import remote_error
-from rda.business.client_timer import TimerHandle
 from rda.business.common import AcquiredData
 from rda.serialization._data import Data
 from rda.serialization._header import RequestType
@@ -164,7 +163,7 @@ Completion = ReplyFuture | ReplyWaiter | LaneCompletion
 
 
 class Pending:
-    __slots__ = ("connection", "device", "future", "op", "property", "timeout", "timer")
+    __slots__ = ("connection", "device", "future", "op", "property", "timeout")
 
     def __init__(
         self, future: Completion, connection: int, op: str, device: str, prop: str, timeout: float
@@ -175,7 +174,6 @@ class Pending:
         self.device = device
         self.property = prop
         self.timeout = timeout
-        self.timer: TimerHandle | None = None
 
 
 def complete(future: Completion, outcome: Message | BaseException) -> None:

@@ -110,6 +110,53 @@ def test_timer_runs_due_callbacks_when_a_fake_clock_advances(no_thread_leak: Non
     assert clock.listeners == 0
 
 
+def test_timer_deadlines_expire_only_keys_still_live(no_thread_leak: None) -> None:
+    clock = FakeClock()
+    waiting = {1, 2, 3}
+    expired: list[int] = []
+
+    def expire(key: int) -> None:
+        waiting.discard(key)
+        expired.append(key)
+
+    timer = Timer(clock, expire=expire, live=waiting.__contains__)
+    try:
+        timer.deadline(5.0, 1)
+        timer.deadline(2.0, 2)
+        timer.deadline(3.0, 3)
+        fired: list[str] = []
+        timer.call_at(2.5, lambda: fired.append("handle"))  # handles and keys share the heap
+        waiting.discard(3)  # answered: nothing to cancel, its entry is skipped
+        assert timer.pending() == 3
+        clock.advance(2.0)
+        assert expired == [2]
+        clock.advance(1.0)
+        assert expired == [2] and fired == ["handle"]
+        clock.advance(10.0)
+        assert expired == [2, 1]
+        assert timer.pending() == 0
+    finally:
+        timer.close()
+
+
+def test_timer_deadlines_of_answered_keys_do_not_pile_up(no_thread_leak: None) -> None:
+    clock = FakeClock()
+    waiting: set[int] = set()
+    timer = Timer(clock, expire=waiting.discard, live=waiting.__contains__)
+    try:
+        for key in range(20_000):
+            waiting.add(key)
+            timer.deadline(100.0, key)
+            if key >= 64:
+                waiting.discard(key - 64)  # 64 in flight, answered in order
+        assert timer.pending() == 64
+        assert len(timer._heap) <= 2 * 1024 + 64  # pruned, not 20,000 entries
+        clock.advance(200.0)
+        assert waiting == set()  # the 64 still waiting expired
+    finally:
+        timer.close()
+
+
 def test_timer_thread_fires_on_the_real_clock(no_thread_leak: None) -> None:
     timer = Timer(time.monotonic)
     done = threading.Event()
