@@ -6,6 +6,11 @@ chunks, so that a crash (a signal, not an exception) is caught and reported by t
 with the input that caused it: before decoding each input a child writes its index into a
 small file with one ``pwrite``, which survives the child's death.
 
+Some seeds carry out-of-band arrays (``encode(data, arrays)``, docs/serialization.md, "Out of
+band"): their bodies are mutated like the others, and their arrays are sometimes dropped,
+cut short, reordered or joined by a stray one, so the decoder's checks of the references meet
+bad input too.
+
 Each input goes through the compiled ``decode`` and, unless ``--no-compare``, the pure one.
 Outcomes are counted: decoded (both gave equal Data), decode_error (both raised DecodeError),
 disagreements (one decoded, the other raised, or the Data differ), other_exceptions (anything
@@ -39,7 +44,15 @@ _INTERESTING = [0, 1, 2, 7, 8, 9, 0x10, 0x19, 0x20, 0x21, 0x7F, 0x80, 0xFF]
 _INTERESTING_U32 = [0, 1, 4, 9, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFF0, 1 << 16]
 
 
-def corpus() -> list[bytes]:
+Seed = tuple[bytes, tuple[bytes, ...]]  # a body and the out-of-band arrays it refers to
+
+
+def _frozen(arr: Any) -> Any:
+    arr.flags.writeable = False
+    return arr
+
+
+def corpus() -> list[Seed]:
     """Valid encodings of every type, shape and nesting kind: the seeds to mutate."""
     nd = np.array([["a", "é"], ["", "xyz"]], dtype=object)
     items = [
@@ -58,17 +71,49 @@ def corpus() -> list[bytes]:
         Data(deep={"a": {"b": {"c": {"d": [{"e": "x"}]}}}}),
         Data(f32=np.array([1.5, -2.0], np.float32), i64=np.array([[1, 2], [3, 4]])),
     ]
-    return [_binary.encode_python(d) for d in items]
+    seeds: list[Seed] = [(_binary.encode_python(d), ()) for d in items]
+    # Out of band: 1-D and N-D, at the top, nested and in a Data array (64 KiB and up each).
+    big = [
+        Data(a=_frozen(np.arange(9000.0)), x=1),
+        Data(
+            m=_frozen(np.ones((2, 3, 6000), dtype=np.int32)),
+            n=Data(q=_frozen(np.zeros(70000, dtype=np.int8))),
+            l=[Data(z=_frozen(np.arange(17000, dtype=np.float32)))],
+        ),
+    ]
+    for d in big:
+        arrays: list[Any] = []
+        body = _binary.encode_python(d, arrays)
+        seeds.append((body, tuple(bytes(a) for a in arrays)))
+    return seeds
 
 
-def mutate(rng: random.Random, seeds: list[bytes]) -> bytes:
-    """One fuzz input from ``rng``: a seed mutated one of six ways, or random bytes."""
-    raw = bytearray(rng.choice(seeds))
+def _mutate_arrays(rng: random.Random, arrays: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """Mostly the arrays as encoded; sometimes one too few, too many, short or out of order."""
+    kind = rng.randrange(10)
+    if kind == 0 and arrays:
+        return arrays[:-1]
+    if kind == 1:
+        return (*arrays, rng.randbytes(rng.randrange(64)))
+    if kind == 2 and arrays:
+        first = arrays[0]
+        return (first[: len(first) - rng.randint(1, 9)], *arrays[1:])
+    if kind == 3 and len(arrays) > 1:
+        return (arrays[-1], *arrays[1:-1], arrays[0])
+    return arrays
+
+
+def mutate(rng: random.Random, seeds: list[Seed]) -> tuple[bytes, tuple[bytes, ...]]:
+    """One fuzz input from ``rng``: a seed mutated one of six ways, or random bytes; with the
+    seed's out-of-band arrays, themselves perhaps mutated."""
+    body, seed_arrays = rng.choice(seeds)
+    arrays = _mutate_arrays(rng, seed_arrays)
+    raw = bytearray(body)
     kind = rng.randrange(7)
     if kind == 0 or not raw:  # random bytes
-        return rng.randbytes(rng.randrange(65))
+        return rng.randbytes(rng.randrange(65)), arrays
     if kind == 1:  # truncated
-        return bytes(raw[: rng.randrange(len(raw))])
+        return bytes(raw[: rng.randrange(len(raw))]), arrays
     if kind == 2:  # 1-4 random bytes replaced
         for _ in range(rng.randint(1, 4)):
             raw[rng.randrange(len(raw))] = rng.randrange(256)
@@ -84,26 +129,31 @@ def mutate(rng: random.Random, seeds: list[bytes]) -> bytes:
         else:
             del raw[i : i + rng.randint(1, 8)]
     else:  # two seeds spliced
-        other = rng.choice(seeds)
+        other = rng.choice(seeds)[0]
         raw = raw[: rng.randrange(len(raw) + 1)] + other[rng.randrange(len(other) + 1) :]
-    return bytes(raw)
+    return bytes(raw), arrays
 
 
-def chunk_inputs(seed: int, chunk: int, count: int) -> Iterator[tuple[Any, DecodeLimits | None]]:
-    """The inputs of one chunk, in order: (buffer, limits); a function of (seed, chunk)."""
+def chunk_inputs(
+    seed: int, chunk: int, count: int
+) -> Iterator[tuple[Any, DecodeLimits | None, tuple[bytes, ...]]]:
+    """The inputs of one chunk, in order: (buffer, limits, arrays); a function of (seed,
+    chunk)."""
     rng = random.Random(seed * 1_000_003 + chunk)
     seeds = corpus()
     small = DecodeLimits(max_depth=3, max_elements=50)
     for _ in range(count):
-        raw = mutate(rng, seeds)
+        raw, arrays = mutate(rng, seeds)
         form = rng.randrange(8)  # mostly bytes; some bytearray/memoryview and tight limits
         buffer: Any = bytearray(raw) if form == 0 else memoryview(raw) if form == 1 else raw
-        yield buffer, small if form == 2 else None
+        yield buffer, small if form == 2 else None, arrays
 
 
-def _outcome(decode: Any, buffer: Any, limits: DecodeLimits | None) -> tuple[str, Any]:
+def _outcome(
+    decode: Any, buffer: Any, limits: DecodeLimits | None, arrays: tuple[bytes, ...]
+) -> tuple[str, Any]:
     try:
-        return "data", decode(buffer, limits)
+        return "data", decode(buffer, limits, arrays)
     except DecodeError as exc:
         return "error", str(exc)
     except Exception as exc:
@@ -122,15 +172,15 @@ def run_child(seed: int, chunk: int, count: int, compare: bool, index_file: str)
     examples: list[dict[str, str]] = []
     fd = os.open(index_file, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        for i, (buffer, limits) in enumerate(chunk_inputs(seed, chunk, count)):
+        for i, (buffer, limits, arrays) in enumerate(chunk_inputs(seed, chunk, count)):
             os.pwrite(fd, b"%12d" % i, 0)
-            kind, value = _outcome(compiled.decode, buffer, limits)
+            kind, value = _outcome(compiled.decode, buffer, limits, arrays)
             counts["inputs"] += 1
             bad = kind == "other"
             if bad:
                 counts["other_exceptions"] += 1
             elif compare:
-                pkind, pvalue = _outcome(_binary.decode_python, buffer, limits)
+                pkind, pvalue = _outcome(_binary.decode_python, buffer, limits, arrays)
                 if pkind != kind or (kind == "data" and pvalue != value):
                     counts["disagreements"] += 1
                     bad = True
@@ -208,8 +258,9 @@ def _crash(seed: int, chunk: int, index_file: str, proc: Any) -> dict[str, Any]:
         "stderr": proc.stderr[-2000:],
     }
     if index >= 0:
-        buffer, limits = list(chunk_inputs(seed, chunk, index + 1))[index]
+        buffer, limits, arrays = list(chunk_inputs(seed, chunk, index + 1))[index]
         found["input"] = bytes(buffer).hex()
+        found["arrays"] = [len(a) for a in arrays]
         found["limits"] = None if limits is None else [limits.max_depth, limits.max_elements]
     return found
 

@@ -15,7 +15,8 @@ machine. Measured:
 * get p50/p99 of a scalar and of the RDA3 benchmark object (int32[40], float64[40],
   string[40]), set p50;
 * get throughput with 64 requests in flight;
-* 1 MiB float64 array get, MB/s;
+* 1 MiB float64 array get, MB/s: a writable array (copied into the DATA body) and the same
+  array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
   without being counted);
@@ -67,8 +68,13 @@ OBJECT.append("ints", np.arange(40, dtype=np.int32), DataType.INT32_ARRAY)
 OBJECT.append("doubles", np.linspace(0.0, 1.0, 40))
 OBJECT.append("strings", [f"element-{i:02d}" for i in range(40)])
 MIB = Data(values=np.zeros(131072, dtype=np.float64))  # 1 MiB of float64
+# The same 1 MiB made read-only: rda sends it as a frame of its own instead of copying it into
+# the DATA body (docs/serialization.md, "Out of band"); its raw baseline is MIB's.
+_FROZEN = np.zeros(131072, dtype=np.float64)
+_FROZEN.flags.writeable = False
+MIB_READ_ONLY = Data(values=_FROZEN)
 
-PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB}
+PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
 RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
 
 
@@ -298,12 +304,13 @@ def rda_benchmarks(args: argparse.Namespace, endpoint: str | None = None) -> dic
         setting = client.access_point("SCALAR", "Setting")
         out["set"] = pct(rtt(lambda: setting.set(SCALAR), args.round_trips))
         out["in_flight_64_per_s"] = rda_in_flight(client, args.seconds)
-        mib = client.access_point("MIB", "Acquisition")
-        t0 = time.perf_counter()
-        for _ in range(args.mib_gets):
-            assert len(mib.get().data["values"]) == 131072
-        elapsed = time.perf_counter() - t0
-        out["mib_get_MBps"] = args.mib_gets * len(RAW_PAYLOADS["MIB"]) / elapsed / 1e6
+        for key, device in (("mib_get_MBps", "MIB"), ("mib_read_only_get_MBps", "MIBRO")):
+            mib = client.access_point(device, "Acquisition")
+            t0 = time.perf_counter()
+            for _ in range(args.mib_gets):
+                assert len(mib.get().data["values"]) == 131072
+            elapsed = time.perf_counter() - t0
+            out[key] = args.mib_gets * len(RAW_PAYLOADS["MIB"]) / elapsed / 1e6
         out["subscription_1"] = rda_subscribers(client, notify, 1, args.updates)
         out["subscription_10"] = rda_subscribers(client, notify, 10, args.updates // 4)
         if server is not None:
@@ -525,6 +532,8 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
         "get_object_p50": rda["get_object"]["p50_us"] / raw["get_object"]["p50_us"],
         "in_flight_64": rda["in_flight_64_per_s"] / raw["in_flight_64_per_s"],
         "mib_get": rda["mib_get_MBps"] / raw["mib_get_MBps"],
+        # Not a target of its own: the same get, the array sent out of band (read-only).
+        "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_get_MBps"],
         "subscription_1": rda["subscription_1"]["updates_per_s"]
         / raw["subscription_1"]["updates_per_s"],
         "subscription_10": rda["subscription_10"]["updates_per_s"]

@@ -54,7 +54,7 @@ from rda.business.scheduler import GroupTaskScheduler
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization._message import BodyKind, Buffer, Message
 from rda.serialization.errors import (
     DisconnectedError,
     NoSuchDeviceError,
@@ -229,7 +229,9 @@ class ClientService(ClientConnections, LaneCalls):
             failed: Future[Data] = Future()
             failed.set_exception(exc)
             return failed
-        body = [(BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))]
+        body: list[tuple[BodyKind, Buffer]] = [
+            (BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))
+        ]
         return self.request(
             RequestType.ADMIN, endpoint, command, "", "", body, timeout, admin_result
         )
@@ -311,7 +313,7 @@ class ClientService(ClientConnections, LaneCalls):
         device: str,
         prop: str,
         selector: str,
-        body: list[tuple[BodyKind, bytes]],
+        body: list[tuple[BodyKind, Buffer]],
         timeout: float | None,
         convert: Callable[[Message], Any],
     ) -> Future[Any]:
@@ -327,7 +329,7 @@ class ClientService(ClientConnections, LaneCalls):
         device: str,
         prop: str,
         selector: str,
-        body: list[tuple[BodyKind, bytes]],
+        body: list[tuple[BodyKind, Buffer]],
         timeout: float | None,
         convert: Callable[[Message], Any],
     ) -> Any:
@@ -358,7 +360,7 @@ class ClientService(ClientConnections, LaneCalls):
         device: str,
         prop: str,
         selector: str,
-        body: list[tuple[BodyKind, bytes]],
+        body: list[tuple[BodyKind, Buffer]],
         timeout: float | None,
     ) -> None:
         if timeout is None:

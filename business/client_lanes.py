@@ -31,7 +31,7 @@ from rda.business.client_endpoints import Endpoint
 from rda.business.client_replies import LaneCompletion, Pending, op_name
 from rda.business.client_stats import ClientCounters
 from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization._message import BodyKind, Buffer, Message
 from rda.serialization.errors import RdaError, TransportError
 from rda.transport.api import ClientTransport, DirectLane
 from rda.transport.protocol import Kind, encode_routed
@@ -78,7 +78,7 @@ class LaneCalls:
         device: str,
         prop: str,
         selector: str,
-        body: list[tuple[BodyKind, bytes]],
+        body: list[tuple[BodyKind, Buffer]],
         timeout: float,
         convert: Callable[[Message], Any],
     ) -> Any:

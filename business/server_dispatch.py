@@ -368,10 +368,13 @@ class Dispatch:
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
             try:
+                arrays: list[Buffer] = []
                 body: list[tuple[BodyKind, Buffer]] = [
-                    (BodyKind.DATA, _binary.encode(result.data)),
+                    (BodyKind.DATA, _binary.encode(result.data, arrays)),
                     (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)),
                 ]
+                if arrays:  # big read-only arrays: frames of their own, not copied
+                    body.extend((BodyKind.ARRAY, array) for array in arrays)
             except Exception as exc:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.

@@ -62,9 +62,15 @@ _DATA_TAIL = (BodyKind.DATA, BodyKind.DATA_CONTEXT)
 _EXC_TAIL = (BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT)
 
 
-def _tail(kinds: tuple[BodyKind, BodyKind], body: Buffer, context: bytes) -> list[Buffer]:
-    """The notification after its header, encoded once for every subscriber of one seq."""
-    return encode_tail(((kinds[0], body), (kinds[1], context)))
+def _tail(
+    kinds: tuple[BodyKind, BodyKind], body: Buffer, context: bytes, arrays: list[Buffer]
+) -> list[Buffer]:
+    """The notification after its header, encoded once for every subscriber of one seq; the
+    out-of-band arrays of its DATA body (if any) follow as frames of their own, shared."""
+    if not arrays:
+        return encode_tail(((kinds[0], body), (kinds[1], context)))
+    extra = [(BodyKind.ARRAY, array) for array in arrays]
+    return encode_tail([(kinds[0], body), (kinds[1], context), *extra])
 
 
 def filters_key(filters: Data | None) -> bytes:
@@ -140,11 +146,14 @@ class SubscriptionSource:
             data, context = acquired, _NO_CONTEXT
         else:
             data, context = acquired.data, acquired.context
-        body = _encode_data(data)
+        arrays: list[Buffer] = []
+        body = _encode_data(data, arrays)
         # common.stamped's rule, without two new frozen objects per update (3 us of a
         # notification's ~10 us on the server, py-spy): the stamp goes straight on the wire.
         stamp = context.acq_stamp or time.time_ns()
-        self._fan_out(RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, context, stamp)
+        self._fan_out(
+            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, context, stamp, arrays
+        )
 
     def notify_error(
         self, error: BaseException | str, update_type: UpdateType = UpdateType.NORMAL
@@ -156,7 +165,13 @@ class SubscriptionSource:
         exc = error if isinstance(error, BaseException) else RuntimeError(error)
         frame = encode_exception(*describe_error(exc))
         self._fan_out(
-            RequestType.NOTIFICATION_EXC, update_type, frame, _EXC_TAIL, _NO_CONTEXT, time.time_ns()
+            RequestType.NOTIFICATION_EXC,
+            update_type,
+            frame,
+            _EXC_TAIL,
+            _NO_CONTEXT,
+            time.time_ns(),
+            [],
         )
 
     def _fan_out(
@@ -167,6 +182,7 @@ class SubscriptionSource:
         descriptor: tuple[BodyKind, BodyKind],
         context: DataContext,
         acq_stamp: int,
+        arrays: list[Buffer],
     ) -> None:
         conflatable = update_type is UpdateType.NORMAL
         key = (rtype, update_type)
@@ -192,7 +208,7 @@ class SubscriptionSource:
                     return
                 self._count(rtype, sent)
             for seq, targets in groups.items():
-                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp))
+                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp), arrays)
                 self._publish(targets, tail, conflatable)
 
     def _send_first(
@@ -204,10 +220,11 @@ class SubscriptionSource:
         rtype = RequestType.NOTIFICATION_DATA
         descriptor = _DATA_TAIL
         body: Buffer = b""
+        arrays: list[Buffer] = []
         context = _now_context()
         if acquired is not None:
             try:
-                body = _encode_data(acquired.data)
+                body = _encode_data(acquired.data, arrays)
                 encode_context(acquired.context)  # refuses what the wire cannot carry
                 context = acquired.context
             except Exception as encode_error:
@@ -217,6 +234,7 @@ class SubscriptionSource:
             failure = error if error is not None else RuntimeError("no first update")
             rtype, descriptor = RequestType.NOTIFICATION_EXC, _EXC_TAIL
             body = encode_exception(*describe_error(failure))
+            arrays = []
         self._transport.wait_for_room()
         with self._send_lock:
             with self._lock:
@@ -228,7 +246,8 @@ class SubscriptionSource:
                 target = (sub.peer, sub.id, self._header(sub, rtype, UpdateType.FIRST))
                 self._count(rtype, 1)
                 seq = sub.seq
-            self._publish([target], _tail(descriptor, body, encode_context(context, seq)), False)
+            tail = _tail(descriptor, body, encode_context(context, seq), arrays)
+            self._publish([target], tail, False)
         return True
 
     def _header(self, sub: _Subscriber, rtype: RequestType, update_type: UpdateType) -> bytes:

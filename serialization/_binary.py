@@ -11,6 +11,15 @@ bound-check and slice an entry. Numeric array bodies are the raw C-order element
 the dims when ndim > 1) and are decoded zero-copy with ``numpy.frombuffer`` over the received
 buffer; a string array is its elements, each followed by NUL, decoded with one ``split``.
 
+Out of band: ``encode(data, arrays)`` with a list leaves the element bytes of every big
+read-only numeric array (``OUT_OF_BAND_MIN`` bytes or more, C-contiguous, not bool) out of the
+body and appends a byte view of the array to ``arrays``; the entry's tag gets bit 7
+(``OUT_OF_BAND``) and its body holds the dims (ndim > 1) and the u32 index of that array.
+The protocol sends each as its own frame (BodyKind.ARRAY), so a big waveform is never copied
+into the body; ``decode(body, limits, arrays)`` views them in place. Only read-only arrays
+go that way: libzmq sends a frame after ``send`` returns, and an array the owner may still
+write to must be copied at encode time, as it always was.
+
 Speed matters here (the RDA3 paper's 4.22 us per encode+decode cycle), so the hot loops are
 written flat: precompiled structs, locals for globals, no per-entry function calls for the
 common types. Every declared length is checked against the bytes remaining *before* anything
@@ -22,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -31,7 +40,15 @@ import numpy as np
 from rda.serialization._data import NUMERIC_DTYPES, Data, DataType
 from rda.serialization.errors import DecodeError
 
-__all__ = ["Codec", "DecodeLimits", "decode", "encode", "implementation"]
+__all__ = [
+    "OUT_OF_BAND",
+    "OUT_OF_BAND_MIN",
+    "Codec",
+    "DecodeLimits",
+    "decode",
+    "encode",
+    "implementation",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +116,40 @@ _object_new = object.__new__
 
 
 _BIG = 1 << 16  # above this, hand numpy's buffer to join instead of a tobytes() copy
+# Tag bit of an entry whose elements travel out of band, and the smallest array that does (the
+# protocol's LARGE_BODY: from there a frame of its own is cheaper than a copy).
+OUT_OF_BAND = 0x80
+OUT_OF_BAND_MIN = 1 << 16
+_BOOL_ARRAY = T.BOOL_ARRAY
+
+
+def _goes_out_of_band(t: DataType, v: Any) -> bool:
+    """Big, read-only, C-contiguous, numeric and not bool: sent as its own frame."""
+    return (
+        v.nbytes >= OUT_OF_BAND_MIN
+        and t is not _BOOL_ARRAY
+        and not v.flags.writeable
+        and v.flags.c_contiguous
+    )
 
 
 # ---------------------------------------------------------------------------------- encode
 
 
-def encode_python(data: Data) -> bytes:
-    """Encode ``data`` into its binary form (the DATA body frame)."""
+def encode_python(data: Data, arrays: list[Any] | None = None) -> bytes:
+    """Encode ``data`` into its binary form (the DATA body frame); with ``arrays``, big
+    read-only arrays are appended there instead of copied in (see the module docstring)."""
     if not isinstance(data, Data):
         raise TypeError(f"encode needs a Data, not {type(data).__name__}")
     parts: list[Any] = []
     try:
-        _encode_into(data, parts, 1)
+        _encode_into(data, parts, 1, arrays)
     except struct.error as exc:  # a length past u32 or a name past u16 (names are checked)
         raise ValueError(f"Data too large for the binary format: {exc}") from None
     return b"".join(parts)
 
 
-def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
+def _encode_into(data: Data, parts: list[Any], depth: int, arrays: list[Any] | None = None) -> None:
     if depth > DEFAULT_LIMITS.max_depth:
         raise ValueError(f"Data nested deeper than {DEFAULT_LIMITS.max_depth} levels")
     append = parts.append
@@ -127,6 +160,21 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
         t = types[name]
         nb = name.encode()
         if t in _NUMERIC_ARRAYS:
+            if arrays is not None and _goes_out_of_band(t, v):
+                ref = _pack_u32(len(arrays))
+                arrays.append(memoryview(v).cast("B"))
+                ndim = v.ndim
+                tag = (t & 0x0F) | OUT_OF_BAND
+                if ndim == 1:
+                    append(pack_hdr(tag, 1, len(nb), 4))
+                    append(nb)
+                else:
+                    dims = _DIMS[ndim].pack(*v.shape)
+                    append(pack_hdr(tag, ndim, len(nb), len(dims) + 4))
+                    append(nb)
+                    append(dims)
+                append(ref)
+                continue
             size = v.nbytes
             # Small arrays: tobytes() is the cheapest call. Big contiguous ones: hand the array
             # itself to join (buffer protocol), saving a full copy.
@@ -167,7 +215,7 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
             append(b)
         elif t is T.DATA:
             sub: list[Any] = []
-            _encode_into(v, sub, depth + 1)
+            _encode_into(v, sub, depth + 1, arrays)
             body = b"".join(sub)
             append(pack_hdr(_DATA, 0, len(nb), len(body)))
             append(nb)
@@ -175,7 +223,7 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
         elif t is T.DATA_ARRAY:
             sub = [_pack_u32(len(v))]
             for item in v:
-                _encode_into(item, sub, depth + 1)
+                _encode_into(item, sub, depth + 1, arrays)
             body = b"".join(sub)
             append(pack_hdr(_DATA, 1, len(nb), len(body)))
             append(nb)
@@ -190,8 +238,29 @@ def _encode_into(data: Data, parts: list[Any], depth: int) -> None:
 # ---------------------------------------------------------------------------------- decode
 
 
+class _OutOfBand:
+    """The out-of-band arrays of one decode and how many entries have claimed one."""
+
+    __slots__ = ("buffers", "used")
+
+    def __init__(self, buffers: list[memoryview]) -> None:
+        self.buffers = buffers
+        self.used = 0
+
+
+def _byte_view(buffer: Any) -> memoryview:
+    """A read-only view of ``buffer``'s bytes (TypeError for what has no buffer)."""
+    try:
+        view = memoryview(buffer)
+        return view.toreadonly() if view.format == "B" else view.cast("B").toreadonly()
+    except TypeError as exc:
+        raise TypeError(f"decode needs a bytes-like object: {exc}") from None
+
+
 def decode_python(
-    buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None
+    buffer: bytes | bytearray | memoryview,
+    limits: DecodeLimits | None = None,
+    arrays: Sequence[Any] = (),
 ) -> Data:
     """Decode a binary body into a Data.
 
@@ -202,24 +271,32 @@ def decode_python(
     if type(buffer) is not bytes:
         # A read-only byte view, so decoded arrays can never be written through (and a
         # bytearray mutated later cannot be mistaken for a decoded value).
-        try:
-            view = memoryview(buffer)
-            buffer = view.toreadonly() if view.format == "B" else view.cast("B").toreadonly()
-        except TypeError as exc:
-            raise TypeError(f"decode needs a bytes-like object: {exc}") from None
+        buffer = _byte_view(buffer)
+    ext = _OutOfBand([_byte_view(a) for a in arrays]) if arrays else None
     lim = DEFAULT_LIMITS if limits is None else limits
     end = len(buffer)
     try:
-        data, pos, _ = _read_data(buffer, 0, end, 1, lim.max_elements, lim)
+        data, pos, _ = _read_data(buffer, 0, end, 1, lim.max_elements, lim, ext)
     except RecursionError:  # only reachable when max_depth is set beyond the Python stack
         raise DecodeError("Data nested too deeply for the Python stack", 0) from None
     if pos != end:
         raise DecodeError(f"{end - pos} trailing bytes after the Data", pos)
+    if ext is not None and ext.used != len(ext.buffers):
+        raise DecodeError(
+            f"{len(ext.buffers)} out-of-band arrays came with the Data, it refers to {ext.used}",
+            end,
+        )
     return data
 
 
 def _read_data(
-    buf: Any, pos: int, end: int, depth: int, budget: int, lim: DecodeLimits
+    buf: Any,
+    pos: int,
+    end: int,
+    depth: int,
+    budget: int,
+    lim: DecodeLimits,
+    ext: _OutOfBand | None = None,
 ) -> tuple[Data, int, int]:
     """Read one ``data`` from ``buf[pos:end]``: (Data, position after it, elements left)."""
     if depth > lim.max_depth:
@@ -300,7 +377,7 @@ def _read_data(
                     values[name] = []
             else:
                 t, values[name], budget = _read_other(
-                    buf, start, code, bpos, pos, depth, name, budget, lim
+                    buf, start, code, bpos, pos, depth, name, budget, lim, ext
                 )
         except UnicodeDecodeError as exc:  # only the inline string-array path gets here
             raise DecodeError(f"field {name!r}: invalid UTF-8", bpos + exc.start) from None
@@ -333,6 +410,7 @@ def _read_other(
     name: str,
     budget: int,
     lim: DecodeLimits,
+    ext: _OutOfBand | None = None,
 ) -> tuple[DataType, Any, int]:
     """Decode an entry of a type without an inline fast path: (type, value, elements left)."""
     tag, ndim = code & 0xFF, code >> 8
@@ -345,6 +423,8 @@ def _read_other(
                 f"field {name!r}: a {t.label} body is {st.size} bytes, not {size}", start
             )
         return t, st.unpack_from(buf, bpos)[0], budget
+    if tag & OUT_OF_BAND:
+        return _read_out_of_band(buf, start, tag, ndim, bpos, pos, name, budget, lim, ext)
     if not 0 < tag < 10:
         raise DecodeError(f"field {name!r}: unknown type tag {tag}", start)
     value: Any
@@ -362,7 +442,7 @@ def _read_other(
             if "\x00" in value:
                 raise DecodeError(f"field {name!r}: string contains NUL", bpos)
             return t, value, budget
-        value, sub_end, budget = _read_data(buf, bpos, pos, depth + 1, budget, lim)
+        value, sub_end, budget = _read_data(buf, bpos, pos, depth + 1, budget, lim, ext)
         if sub_end != pos:
             raise DecodeError(f"field {name!r}: {pos - sub_end} stray bytes in Data", sub_end)
         return t, value, budget
@@ -394,8 +474,75 @@ def _read_other(
         return t, value, budget
     if ndim != 1:
         raise DecodeError(f"field {name!r}: Data arrays are 1-D, not {ndim}-D", start)
-    value, budget = _read_data_array(buf, bpos, pos, depth, name, budget, lim)
+    value, budget = _read_data_array(buf, bpos, pos, depth, name, budget, lim, ext)
     return t, value, budget
+
+
+def _read_out_of_band(
+    buf: Any,
+    start: int,
+    tag: int,
+    ndim: int,
+    bpos: int,
+    pos: int,
+    name: str,
+    budget: int,
+    lim: DecodeLimits,
+    ext: _OutOfBand | None,
+) -> tuple[DataType, Any, int]:
+    """An entry whose elements are the next out-of-band array: its body is the dims (ndim > 1)
+    and the u32 index of that array."""
+    tag &= ~OUT_OF_BAND
+    numeric = _ARRAY_DTYPES[tag] if 2 <= tag <= 7 else None
+    if numeric is None or ndim == 0:
+        raise DecodeError(
+            f"field {name!r}: only numeric arrays travel out of band, not tag {tag} ndim {ndim}",
+            start,
+        )
+    if ndim > _MAX_NDIM:
+        raise DecodeError(f"field {name!r}: ndim {ndim} exceeds {_MAX_NDIM}", start + 1)
+    want = (4 * ndim if ndim > 1 else 0) + 4
+    if pos - bpos != want:
+        raise DecodeError(
+            f"field {name!r}: an out-of-band reference of {ndim} dims is {want} bytes, "
+            f"not {pos - bpos}",
+            start + 4,
+        )
+    (index,) = _unpack_u32(buf, pos - 4)
+    have = 0 if ext is None else len(ext.buffers)
+    expected = 0 if ext is None else ext.used
+    if ext is None or index != expected or index >= have:
+        raise DecodeError(
+            f"field {name!r}: refers to out-of-band array {index}; "
+            f"{have} came with the Data and the next unclaimed is {expected}",
+            pos - 4,
+        )
+    ext.used += 1
+    array = ext.buffers[index]
+    dtype, itemsize = numeric
+    nbytes = len(array)
+    if ndim == 1:
+        if nbytes % itemsize:
+            raise DecodeError(
+                f"field {name!r}: out-of-band array of {nbytes} bytes is not a whole number "
+                f"of {itemsize}-byte elements",
+                pos - 4,
+            )
+        n = nbytes // itemsize
+        dims: tuple[int, ...] = (n,)
+    else:
+        n, dims, _ = _read_dims(buf, bpos, pos - 4, ndim, name, lim.max_elements)
+        if n * itemsize != nbytes:
+            raise DecodeError(
+                f"field {name!r}: dims {dims} need {n * itemsize} bytes, "
+                f"the out-of-band array has {nbytes}",
+                bpos,
+            )
+    budget -= n
+    if budget < 0:
+        raise DecodeError(f"more than max_elements={lim.max_elements} elements", start)
+    value = np.frombuffer(array, dtype, n)
+    return _ARRAY_TYPES[tag], value if ndim == 1 else _reshape(value, dims, name, bpos), budget
 
 
 def _read_dims(
@@ -459,7 +606,14 @@ def _read_strings(
 
 
 def _read_data_array(
-    buf: Any, pos: int, end: int, depth: int, name: str, budget: int, lim: DecodeLimits
+    buf: Any,
+    pos: int,
+    end: int,
+    depth: int,
+    name: str,
+    budget: int,
+    lim: DecodeLimits,
+    ext: _OutOfBand | None = None,
 ) -> tuple[list[Data], int]:
     if pos + 4 > end:
         raise DecodeError(f"field {name!r}: Data array needs a 4-byte count", pos)
@@ -474,7 +628,7 @@ def _read_data_array(
         raise DecodeError(f"more than max_elements={lim.max_elements} elements", pos - 4)
     items: list[Data] = []
     for _ in range(n):
-        item, pos, budget = _read_data(buf, pos, end, depth + 1, budget, lim)
+        item, pos, budget = _read_data(buf, pos, end, depth + 1, budget, lim, ext)
         items.append(item)
     if pos != end:
         raise DecodeError(f"field {name!r}: {end - pos} stray bytes after the Data array", pos)
@@ -484,9 +638,16 @@ def _read_data_array(
 # ------------------------------------------------------------------ the implementation in use
 
 
+class _Encode(Protocol):
+    def __call__(self, data: Data, arrays: list[Any] | None = None) -> bytes: ...
+
+
 class _Decode(Protocol):
     def __call__(
-        self, buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None
+        self,
+        buffer: bytes | bytearray | memoryview,
+        limits: DecodeLimits | None = None,
+        arrays: Sequence[Any] = (),
     ) -> Data: ...
 
 
@@ -494,7 +655,7 @@ class Codec(NamedTuple):
     """One implementation of the binary codec: ``name`` is "python" or "compiled"."""
 
     name: str
-    encode: Callable[[Data], bytes]
+    encode: _Encode
     decode: _Decode
 
 
@@ -508,6 +669,8 @@ def _load_compiled() -> Codec | None:
     except ImportError:
         return None
     _cbinary.set_default_limits(DEFAULT_LIMITS)  # one source of the defaults: this module
+    if getattr(_cbinary, "OUT_OF_BAND_MIN", None) != OUT_OF_BAND_MIN:  # a stale older build
+        return None
     return Codec("compiled", _cbinary.encode, _cbinary.decode)
 
 
@@ -519,9 +682,12 @@ _IN_USE = PYTHON if COMPILED is None or _PURE_WANTED else COMPILED
 implementation: str = _IN_USE.name
 """Which codec ``encode``/``decode`` are: "compiled" (the Cython extension) or "python"."""
 
-encode: Callable[[Data], bytes] = _IN_USE.encode
-"""``encode(data: Data) -> bytes``: the binary form of ``data`` (the DATA body frame)."""
+encode: _Encode = _IN_USE.encode
+"""``encode(data: Data, arrays=None) -> bytes``: the binary form of ``data`` (the DATA body
+frame). With a list as ``arrays``, big read-only arrays are appended to it (byte views, to be
+sent as frames of their own) instead of being copied into the body."""
 
 decode: _Decode = _IN_USE.decode
-"""``decode(buffer, limits=None) -> Data``; any malformed input raises ``DecodeError`` naming
-the problem and its offset. Numeric arrays are read-only zero-copy views over ``buffer``."""
+"""``decode(buffer, limits=None, arrays=()) -> Data``; any malformed input raises
+``DecodeError`` naming the problem and its offset. Numeric arrays are read-only zero-copy
+views over ``buffer`` (or over their out-of-band array in ``arrays``)."""

@@ -1,7 +1,16 @@
 # The compiled binary codec (_cbinary.pyx): the same contract as _binary's pure functions.
+from collections.abc import Sequence
+from typing import Any
+
 from rda.serialization._binary import DecodeLimits
 from rda.serialization._data import Data
 
-def encode(data: Data) -> bytes: ...
-def decode(buffer: bytes | bytearray | memoryview, limits: DecodeLimits | None = None) -> Data: ...
+OUT_OF_BAND_MIN: int
+
+def encode(data: Data, arrays: list[Any] | None = None) -> bytes: ...
+def decode(
+    buffer: bytes | bytearray | memoryview,
+    limits: DecodeLimits | None = None,
+    arrays: Sequence[Any] = (),
+) -> Data: ...
 def set_default_limits(limits: DecodeLimits) -> None: ...

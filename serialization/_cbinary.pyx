@@ -69,6 +69,11 @@ cdef enum:
     # meets Python's recursion limit near the same depth, and says the same).
     C_MAX_DEPTH = 500
     BIG = 1 << 16
+    OOB_BIT = 0x80  # _binary.OUT_OF_BAND
+
+# _binary.OUT_OF_BAND_MIN; _binary refuses a build whose value differs (an older format).
+OUT_OF_BAND_MIN = 1 << 16
+cdef Py_ssize_t OOB_MIN = OUT_OF_BAND_MIN
 
 # Nested-list and element counts saturate here instead of overflowing int64: any count this
 # large is already beyond every input's bytes and every sane max_elements.
@@ -129,22 +134,32 @@ cdef struct Reader:
     int64_t max_depth
     int64_t max_elements
     int64_t budget
+    # The out-of-band arrays (a tuple of byte views, kept alive by decode()), how many there
+    # are and how many entries have claimed one.
+    PyObject* ext
+    Py_ssize_t ext_n
+    Py_ssize_t ext_used
 
 
-def decode(buffer, limits=None):
+cdef object _byte_view(object buffer):
+    try:
+        mv = memoryview(buffer)
+        return mv.toreadonly() if mv.format == "B" else mv.cast("B").toreadonly()
+    except TypeError as exc:
+        raise TypeError(f"decode needs a bytes-like object: {exc}") from None
+
+
+def decode(buffer, limits=None, arrays=()):
     """Decode a binary body into a Data (compiled; see ``rda.serialization.decode``)."""
     cdef Py_buffer view
     cdef bint has_view = False
     cdef Reader r
     cdef Py_ssize_t pos = 0
+    cdef tuple ext = None
     if type(buffer) is not bytes:
         # A read-only byte view, so decoded arrays can never be written through (as in
         # _binary.decode); it is also the base object of every decoded array.
-        try:
-            mv = memoryview(buffer)
-            buffer = mv.toreadonly() if mv.format == "B" else mv.cast("B").toreadonly()
-        except TypeError as exc:
-            raise TypeError(f"decode needs a bytes-like object: {exc}") from None
+        buffer = _byte_view(buffer)
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
         except BufferError as exc:  # a strided view: the format needs contiguous bytes
@@ -155,7 +170,14 @@ def decode(buffer, limits=None):
     else:
         r.buf = <const uint8_t*>PyBytes_AS_STRING(buffer)
         r.buflen = PyBytes_GET_SIZE(buffer)
+    r.ext = NULL
+    r.ext_n = 0
+    r.ext_used = 0
     try:
+        if arrays:
+            ext = tuple([_byte_view(a) for a in arrays])
+            r.ext = <PyObject*>ext
+            r.ext_n = len(ext)
         if limits is None:
             r.max_depth, r.max_elements = default_max_depth, default_max_elements
         else:
@@ -167,6 +189,11 @@ def decode(buffer, limits=None):
             raise DecodeError("Data nested too deeply for the Python stack", 0) from None
         if pos != r.buflen:
             raise DecodeError(f"{r.buflen - pos} trailing bytes after the Data", pos)
+        if r.ext_used != r.ext_n:
+            raise DecodeError(
+                f"{r.ext_n} out-of-band arrays came with the Data, it refers to {r.ext_used}",
+                r.buflen,
+            )
         return data
     finally:
         if has_view:
@@ -360,6 +387,8 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
         u64 = rd_u64(b)
         memcpy(&d, &u64, 8)
         return PyFloat_FromDouble(d), t
+    if tag & OOB_BIT:
+        return _read_out_of_band(r, start, tag & ~OOB_BIT, ndim, bpos, pos, name)
     if not 0 < tag < 10:
         raise DecodeError(f"field {name!r}: unknown type tag {tag}", start)
     if ndim == 0:
@@ -443,6 +472,84 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
     return _read_data_array(r, owner, bpos, pos, depth, name), t
 
 
+cdef tuple _read_out_of_band(Reader* r, Py_ssize_t start, int tag, int ndim, Py_ssize_t bpos,
+                             Py_ssize_t pos, object name):
+    """An entry whose elements are the next out-of-band array (as _binary._read_out_of_band,
+    check for check): its body is the dims (ndim > 1) and the u32 index of that array."""
+    cdef const uint8_t* b = r.buf + bpos
+    cdef Py_ssize_t want, width, nbytes, i
+    cdef int64_t n, nested, prefix
+    cdef uint32_t index, u
+    if not 2 <= tag <= 7 or ndim == 0:
+        raise DecodeError(
+            f"field {name!r}: only numeric arrays travel out of band, not tag {tag} ndim {ndim}",
+            start,
+        )
+    if ndim > MAX_NDIM:
+        raise DecodeError(f"field {name!r}: ndim {ndim} exceeds {MAX_NDIM}", start + 1)
+    want = (4 * ndim if ndim > 1 else 0) + 4
+    if pos - bpos != want:
+        raise DecodeError(
+            f"field {name!r}: an out-of-band reference of {ndim} dims is {want} bytes, "
+            f"not {pos - bpos}",
+            start + 4,
+        )
+    index = rd_u32(r.buf + pos - 4)
+    if r.ext == NULL or index != r.ext_used or index >= r.ext_n:
+        raise DecodeError(
+            f"field {name!r}: refers to out-of-band array {index}; "
+            f"{r.ext_n} came with the Data and the next unclaimed is {r.ext_used}",
+            pos - 4,
+        )
+    r.ext_used += 1
+    array = (<tuple>r.ext)[index]
+    width = WIDTH[tag]
+    nbytes = len(array)
+    if ndim == 1:
+        if nbytes % width:
+            raise DecodeError(
+                f"field {name!r}: out-of-band array of {nbytes} bytes is not a whole number "
+                f"of {width}-byte elements",
+                pos - 4,
+            )
+        n = nbytes // width
+    else:
+        nested = 0
+        prefix = 1
+        n = 1
+        for i in range(ndim):
+            u = rd_u32(b + 4 * i)
+            if i < ndim - 1:
+                prefix = _sat_mul(prefix, u)
+                nested = min(nested + prefix, SATURATE)
+            n = _sat_mul(n, u)
+        if nested > r.max_elements:
+            shape = _dims(b, ndim)
+            raise DecodeError(
+                f"field {name!r}: dims {shape} imply {nested} nested lists, more than "
+                f"max_elements={r.max_elements}",
+                bpos,
+            )
+        if n > SATURATE // width or n * width != nbytes:
+            shape = _dims(b, ndim)
+            raise DecodeError(
+                f"field {name!r}: dims {shape} need {math.prod(shape) * width} bytes, "
+                f"the out-of-band array has {nbytes}",
+                bpos,
+            )
+    r.budget -= n
+    if r.budget < 0:
+        raise _limit_error(r, start)
+    value = np.frombuffer(array, DTYPES[tag], n)
+    if ndim == 1:
+        return value, ARRAY_TYPES[tag]
+    shape = _dims(b, ndim)
+    try:
+        return value.reshape(shape), ARRAY_TYPES[tag]
+    except ValueError as exc:
+        raise DecodeError(f"field {name!r}: cannot shape the array as {shape}: {exc}", bpos) from None
+
+
 cdef inline int64_t _sat_mul(int64_t a, int64_t b) noexcept nogil:
     if a == 0 or b == 0:
         return 0
@@ -508,14 +615,14 @@ cdef list _read_data_array(Reader* r, object owner, Py_ssize_t pos, Py_ssize_t e
 # body, so it never needs the sizes again.
 
 
-def encode(data):
+def encode(data, list arrays=None):
     """Encode ``data`` into its binary form (compiled; see ``rda.serialization.encode``)."""
     if not isinstance(data, Data):
         raise TypeError(f"encode needs a Data, not {type(data).__name__}")
-    cdef int64_t total = _size(data, 1)
+    cdef int64_t total = _size(data, 1, arrays is not None)
     out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
-    cdef Py_ssize_t n = _write(data, p, 0, total)
+    cdef Py_ssize_t n = _write(data, p, 0, total, arrays)
     if n != total:  # a value changed between the passes (another thread): never ship garbage
         raise RuntimeError("Data changed while it was being encoded")
     return out
@@ -527,7 +634,17 @@ cdef inline int64_t _u32_size(int64_t size) except -1:
     return size
 
 
-cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth) except -1:
+cdef inline bint _out_of_band(int code, cnp.ndarray arr) noexcept:
+    """As _binary._goes_out_of_band: big, read-only, C-contiguous, numeric and not bool."""
+    return (
+        0x12 <= code <= 0x17
+        and cnp.PyArray_NBYTES(arr) >= OOB_MIN
+        and not cnp.PyArray_ISWRITEABLE(arr)
+        and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+    )
+
+
+cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint split) except -1:
     cdef Py_ssize_t k
     cdef int64_t size
     cdef cnp.ndarray arr
@@ -545,14 +662,16 @@ cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth) except
             size += k + 1
         return size
     if t is T_DATA:
-        return _size(v, depth + 1)
+        return _size(v, depth + 1, split)
     if t is T_DATA_ARRAY:
         size = 4
         for item in <list?>v:
-            size += _size(item, depth + 1)
+            size += _size(item, depth + 1, split)
         return size
     if tag >= 0x10:
         arr = <cnp.ndarray?>v
+        if split and _out_of_band(tag, arr):
+            return (4 * arr.ndim if arr.ndim > 1 else 0) + 4
         return (4 * arr.ndim if arr.ndim > 1 else 0) + cnp.PyArray_NBYTES(arr)
     if tag == TAG_STRING:
         PyUnicode_AsUTF8AndSize(v, &k)
@@ -562,7 +681,7 @@ cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth) except
     raise ValueError(f"unknown DataType {t!r}")
 
 
-cdef int64_t _size(object data, int64_t depth) except -1:
+cdef int64_t _size(object data, int64_t depth, bint split) except -1:
     if depth > ENCODE_MAX_DEPTH:
         raise ValueError(f"Data nested deeper than {ENCODE_MAX_DEPTH} levels")
     if not isinstance(data, Data):
@@ -578,7 +697,9 @@ cdef int64_t _size(object data, int64_t depth) except -1:
         PyUnicode_AsUTF8AndSize(<object>key, &k)
         if k > 0xFFFF:
             raise ValueError(f"Data too large for the binary format: a {k}-byte field name")
-        total += 8 + k + _u32_size(_entry_body_size(PyLong_AsLong(t), t, <object>val, depth))
+        total += 8 + k + _u32_size(
+            _entry_body_size(PyLong_AsLong(t), t, <object>val, depth, split)
+        )
     return total
 
 
@@ -590,7 +711,8 @@ cdef Py_ssize_t _put(uint8_t* p, Py_ssize_t pos, Py_ssize_t cap, const void* src
     return pos + n
 
 
-cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap) except -1:
+cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
+                       list arrays) except -1:
     cdef dict values = (<object>data)._values
     cdef dict types = data._types
     cdef Py_ssize_t k, nlen, i = 0, hpos, bpos, j
@@ -632,12 +754,12 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap) 
                 pos = _put(p, pos, cap, s, k)
                 pos = _put(p, pos, cap, b"\0", 1)
         elif t is T_DATA:
-            pos = _write(v, p, pos, cap)
+            pos = _write(v, p, pos, cap, arrays)
         elif t is T_DATA_ARRAY:
             wr_u32(scalar, <uint32_t>len(v))
             pos = _put(p, pos, cap, scalar, 4)
             for item in <list?>v:
-                pos = _write(item, p, pos, cap)
+                pos = _write(item, p, pos, cap, arrays)
         elif code >= 0x10:
             arr = <cnp.ndarray?>v
             ndim = arr.ndim
@@ -645,7 +767,13 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap) 
                 for j in range(ndim):
                     wr_u32(scalar, <uint32_t>arr.shape[j])
                     pos = _put(p, pos, cap, scalar, 4)
-            if cnp.PyArray_IS_C_CONTIGUOUS(arr):
+            if arrays is not None and _out_of_band(code, arr):
+                # The elements travel as their own frame: the body holds their index.
+                tag |= OOB_BIT
+                wr_u32(scalar, <uint32_t>len(arrays))
+                pos = _put(p, pos, cap, scalar, 4)
+                arrays.append(memoryview(arr).cast("B"))
+            elif cnp.PyArray_IS_C_CONTIGUOUS(arr):
                 pos = _put(p, pos, cap, cnp.PyArray_DATA(arr), cnp.PyArray_NBYTES(arr))
             else:  # a strided view: numpy makes the C-order copy
                 raw = arr.tobytes()

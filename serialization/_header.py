@@ -41,7 +41,7 @@ __all__ = [
     "encoded_names",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 HEADER_FIXED = struct.Struct("<BBBBQHHH")
 CONTEXT_FIXED = struct.Struct("<QqqH")
 _MAX_NAME = 0xFFFF

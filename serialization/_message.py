@@ -65,6 +65,9 @@ class BodyKind(enum.IntEnum):
     DATA_CONTEXT = 2
     REQUEST_CONTEXT = 3
     EXCEPTION = 4
+    # The elements of one big read-only array of the DATA body, in the order the body refers
+    # to them (``_binary.encode(data, arrays)``): sent as a frame of its own, never copied.
+    ARRAY = 5
 
 
 def encode_exception(type_name: str, message: str) -> bytes:
@@ -157,7 +160,22 @@ class Message:
     @_lazy
     def data(self) -> Data | None:
         frame = self.frame(BodyKind.DATA)
-        return None if frame is None else _binary.decode(frame)
+        if frame is None:
+            return None
+        arrays = self.arrays()
+        return _binary.decode(frame, None, arrays) if arrays else _binary.decode(frame)
+
+    def arrays(self) -> list[Buffer]:
+        """The ARRAY bodies, in order: the out-of-band arrays of the DATA body."""
+        if self._body is None:
+            spans = self._spans
+            array = BodyKind.ARRAY
+            return [
+                memoryview(self._frame)[spans[i + 1] : spans[i + 2]]
+                for i in range(0, len(spans), 3)
+                if spans[i] is array
+            ]
+        return [frame for kind, frame in self._body if kind is BodyKind.ARRAY]
 
     @_lazy
     def request_context(self) -> Data | None:

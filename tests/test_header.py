@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rda.serialization._header import (
+    PROTOCOL_VERSION,
     DataContext,
     Header,
     HeaderFlags,
@@ -50,7 +51,7 @@ def test_header_round_trip(
 def test_header_golden_bytes() -> None:
     frame = encode_header(Header(RequestType.GET, 7, "PS1", "Acq", "", UpdateType.NORMAL))
     assert (
-        frame.hex() == "02000000" + "0700000000000000" + "0300" + "0300" + "0000" + b"PS1Acq".hex()
+        frame.hex() == "03000000" + "0700000000000000" + "0300" + "0300" + "0000" + b"PS1Acq".hex()
     )
 
 
@@ -60,10 +61,19 @@ def test_header_golden_bytes() -> None:
         (b"", "shorter than"),
         (b"\x01\x00", "shorter than"),
         (bytes([1]) + bytes(17), "unsupported protocol version 1"),
-        (bytes([2, 99]) + bytes(16), "unknown request type 99"),
-        (bytes([2, 0, 7]) + bytes(15), "unknown update type 7"),
-        (bytes([2, 0, 0, 0]) + bytes(8) + b"\xff\xff\x00\x00\x00\x00", "declares 65535 bytes"),
-        (bytes([2, 0, 0, 0]) + bytes(8) + b"\x02\x00\x00\x00\x00\x00" + b"\xff\xfe", "UTF-8"),
+        (bytes([PROTOCOL_VERSION, 99]) + bytes(16), "unknown request type 99"),
+        (bytes([PROTOCOL_VERSION, 0, 7]) + bytes(15), "unknown update type 7"),
+        (
+            bytes([PROTOCOL_VERSION, 0, 0, 0]) + bytes(8) + b"\xff\xff\x00\x00\x00\x00",
+            "declares 65535 bytes",
+        ),
+        (
+            bytes([PROTOCOL_VERSION, 0, 0, 0])
+            + bytes(8)
+            + b"\x02\x00\x00\x00\x00\x00"
+            + b"\xff\xfe",
+            "UTF-8",
+        ),
     ],
 )
 def test_bad_header_raises_decode_error(frame: bytes, fragment: str) -> None:
