@@ -20,7 +20,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from rda.business.client_subscription import remote_error
-from rda.business.common import AcquiredData
+from rda.business.common import AcquiredData, new_acquired
 from rda.serialization._data import Data
 from rda.serialization._header import RequestType
 from rda.serialization._message import Message
@@ -211,7 +211,7 @@ def get_result(message: Message) -> AcquiredData:
     if data is None:
         header = message.header
         raise ProtocolError(f"{header.device}/{header.property}: get reply without a DATA frame")
-    return AcquiredData(data, message.context)
+    return new_acquired(data, message.context)
 
 
 def set_result(message: Message) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 
-__all__ = ["AcquiredData", "stamped", "stamped_data"]
+__all__ = ["AcquiredData", "new_acquired", "stamped", "stamped_data"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
     context = acquired.context
     if context.acq_stamp:
         return acquired
-    return _acquired(
+    return new_acquired(
         acquired.data,
         _context(context.cycle_name, context.cycle_stamp, time.time_ns(), context.selector),
     )
@@ -39,7 +39,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
 def stamped_data(data: Data) -> AcquiredData:
     """``stamped(AcquiredData(data))`` in one step: what a get answered with a bare ``Data``
     (the usual case) is replied with, once per get."""
-    return _acquired(data, _context("", 0, time.time_ns(), ""))
+    return new_acquired(data, _context("", 0, time.time_ns(), ""))
 
 
 # Both built once per get reply: through the slots' descriptors, not the frozen dataclasses'
@@ -52,7 +52,8 @@ _SET_NAME, _SET_CYCLE, _SET_ACQ, _SET_SELECTOR = (
 )
 
 
-def _acquired(data: Data, context: DataContext) -> AcquiredData:
+def new_acquired(data: Data, context: DataContext) -> AcquiredData:
+    """``AcquiredData(data, context)`` built through the slots (every get's result)."""
     value: AcquiredData = _new(AcquiredData)
     _SET_DATA(value, data)
     _SET_CONTEXT(value, context)

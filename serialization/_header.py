@@ -262,8 +262,25 @@ def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataC
             f"data context declares a {ln}-byte cycle name but carries {size - CONTEXT_FIXED.size}",
             CONTEXT_FIXED.size - 2,
         )
-    try:
-        name = bytes(frame[CONTEXT_FIXED.size :]).decode()
-    except UnicodeDecodeError as exc:
-        raise DecodeError("cycle name is not valid UTF-8", CONTEXT_FIXED.size + exc.start) from exc
-    return DataContext(name, cycle_stamp, acq_stamp, selector), seq
+    if ln:
+        try:
+            name = str(frame[CONTEXT_FIXED.size :], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(
+                "cycle name is not valid UTF-8", CONTEXT_FIXED.size + exc.start
+            ) from exc
+    else:
+        name = ""
+    # Once per reply and notification read: filled through the slots, as decode_header does.
+    context = _new(DataContext)
+    _set_name(context, name)
+    _set_cycle_stamp(context, cycle_stamp)
+    _set_acq_stamp(context, acq_stamp)
+    _set_selector(context, selector)
+    return context, seq
+
+
+_set_name, _set_cycle_stamp, _set_acq_stamp, _set_selector = (
+    getattr(DataContext, field).__set__
+    for field in ("cycle_name", "cycle_stamp", "acq_stamp", "selector")
+)
