@@ -136,11 +136,13 @@ class Message:
         """The first body frame of ``kind``, undecoded."""
         if self._body is None:
             # Without building ``body``: one slice, gone again when the caller is done with it.
+            # A C-level search of the flat spans finds the kind: the offsets beside the kinds
+            # all lie past the header (>= 19), so no offset can equal a kind (1..5).
             spans = self._spans
-            for i in range(0, len(spans), 3):
-                if spans[i] is kind:
-                    return memoryview(self._frame)[spans[i + 1] : spans[i + 2]]
-            return None
+            if kind not in spans:
+                return None
+            i = spans.index(kind)
+            return memoryview(self._frame)[spans[i + 1] : spans[i + 2]]
         for k, frame in self._body:
             if k is kind:
                 return frame
@@ -170,6 +172,8 @@ class Message:
         if self._body is None:
             spans = self._spans
             array = BodyKind.ARRAY
+            if array not in spans:  # the usual answer (see frame() for why ``in`` is exact)
+                return []
             return [
                 memoryview(self._frame)[spans[i + 1] : spans[i + 2]]
                 for i in range(0, len(spans), 3)

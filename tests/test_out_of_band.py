@@ -178,6 +178,34 @@ def test_corrupted_bodies_with_arrays_never_crash_and_both_agree(
     assert len(set(outcomes)) == 1, outcomes
 
 
+def test_a_small_array_body_in_the_packed_frame_is_found_as_well() -> None:
+    # The encoder sends ARRAY bodies as frames of their own; the decoder takes either
+    # placement. A 1-D float64 reference with 32 bytes of array is four zeros.
+    arrays: list[Any] = []
+    body = _binary.encode(Data(a=big()), arrays)
+    frames = encode_routed(
+        Kind.REPLY,
+        RequestType.REPLY,
+        1,
+        "D",
+        "P",
+        "",
+        [
+            (BodyKind.DATA, body),
+            (BodyKind.DATA_CONTEXT, bytes(26)),
+            (BodyKind.ARRAY, bytes(32)),
+        ],
+    )
+    assert len(frames) == 1  # all three bodies inside the packed frame
+    event = decode_frames(frames, from_server=True)
+    assert isinstance(event, Incoming)
+    message = event.message
+    assert message.frame(BodyKind.EXCEPTION) is None
+    assert bytes(message.frame(BodyKind.ARRAY) or b"") == bytes(32)
+    assert [bytes(a) for a in message.arrays()] == [bytes(32)]
+    assert message.data == Data(a=np.zeros(4))
+
+
 # -- on the wire and end to end ---------------------------------------------------------------
 
 
