@@ -164,6 +164,8 @@ class Message:
         frame = self.frame(BodyKind.DATA)
         if frame is None:
             return None
+        if self._body is None and BodyKind.ARRAY not in self._spans:
+            return _binary.decode(frame)  # the usual message: no out-of-band arrays
         arrays = self.arrays()
         return _binary.decode(frame, None, arrays) if arrays else _binary.decode(frame)
 
