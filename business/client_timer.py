@@ -128,10 +128,10 @@ class Timer:
         self._prune_at = max(_PRUNE_MIN, 2 * len(self._heap))
 
     def _dead(self, item: TimerHandle | int) -> bool:
-        if type(item) is int:
-            live = self._live
-            return live is None or not live(item)
-        return item.cancelled  # type: ignore[union-attr]
+        if isinstance(item, TimerHandle):
+            return item.cancelled
+        live = self._live
+        return live is None or not live(item)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         return self.call_at(self._clock() + delay, callback)
@@ -158,14 +158,14 @@ class Timer:
         due: list[TimerHandle | int] = []
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)[2]
-            if type(item) is int:
+            if not isinstance(item, TimerHandle):
                 if not self._dead(item):
                     due.append(item)
-            elif item.cancelled:  # type: ignore[union-attr]
+            elif item.cancelled:
                 self._cancelled -= 1
             else:
                 # Marked so that a late cancel() does not count it.
-                item.cancelled = True  # type: ignore[union-attr]
+                item.cancelled = True
                 due.append(item)
         return due
 
@@ -181,7 +181,7 @@ class Timer:
             while not self._closed:
                 heap = self._heap
                 while heap and self._dead(heap[0][2]):
-                    if type(heapq.heappop(heap)[2]) is not int:
+                    if isinstance(heapq.heappop(heap)[2], TimerHandle):
                         self._cancelled -= 1
                 due = self._pop_due()
                 if due:
@@ -212,10 +212,10 @@ class Timer:
     def _run_all(self, due: list[TimerHandle | int]) -> None:
         for item in due:
             try:
-                if type(item) is int:
-                    assert self._expire is not None  # _dead() says an int is dead without it
-                    self._expire(item)
+                if isinstance(item, TimerHandle):
+                    item.callback()
                 else:
-                    item.callback()  # type: ignore[union-attr]
+                    assert self._expire is not None  # _dead() says a key is dead without it
+                    self._expire(item)
             except Exception:
                 log.exception("timer callback for %r raised", item)
