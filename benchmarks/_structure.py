@@ -6,9 +6,9 @@ Wall-clock figures are noisy on a shared machine; these counts are not. Per proc
 * ``pyzmq``: calls into libzmq through pyzmq that release the GIL (``send``/``recv`` per frame,
   the ``getsockopt(EVENTS)`` checks) and ``poll`` calls (``zmq_poll`` or ``poll(2)``), counted
   by wrapping the functions the code calls (rda's transport calls module-level aliases of the
-  backend methods, and ``direct_send``/``direct_recv``, its GIL-keeping calls straight into
-  libzmq, one per message: counted as one send/recv each; raw pyzmq calls ``zmq.Socket``
-  methods);
+  backend methods, and ``direct_send``/``direct_recv``/``direct_recv_routed``, its
+  GIL-keeping calls straight into libzmq, one per message: counted as one send/recv each; raw
+  pyzmq calls ``zmq.Socket`` methods);
 * ``context_switches``: voluntary + involuntary switches of every thread of the process, from
   ``/proc/<pid>/task/*/status``: each voluntary one is a thread going to sleep, i.e. a
   wake-up later;
@@ -94,7 +94,11 @@ def install() -> None:
         if hasattr(common, attr):
             setattr(common, attr, _counting(name, getattr(common, attr)))
     # Direct (GIL-keeping) calls into libzmq: one send/recv call each, whatever the frames.
-    for attr, name in (("direct_send", "send"), ("direct_recv", "recv")):
+    for attr, name in (
+        ("direct_send", "send"),
+        ("direct_recv", "recv"),
+        ("direct_recv_routed", "recv"),
+    ):
         if getattr(common, attr, None) is not None:
             setattr(common, attr, _counting(name, getattr(common, attr)))
     if hasattr(common, "_backend_get"):

@@ -251,6 +251,20 @@ def test_publish_fans_one_tail_out_and_disconnect_reports(ctx: Ctx) -> None:
         srv.close()
 
 
+def test_a_connect_records_the_connections_file_descriptor(ctx: Ctx) -> None:
+    """The CONNECT's SRCFD (read by the direct receive before libzmq's message is closed, or
+    from the zmq.Frame) is what lets the monitor's DISCONNECTED find the peer at once."""
+    srv, rec = start_server()
+    d = raw_dealer(ctx, srv.endpoint, b"fd-peer")
+    try:
+        assert wait_for(lambda: b"fd-peer" in rec.peers)
+        peer = srv._peers[b"fd-peer"]
+        assert peer.fd >= 0 and srv._by_fd[peer.fd] == b"fd-peer"
+    finally:
+        d.close(0)
+        srv.close()
+
+
 def test_small_messages_cross_as_one_frame_and_large_bodies_as_their_own(ctx: Ctx) -> None:
     """Protocol v2 on a real socket: what a raw DEALER receives, frame by frame."""
     srv, rec = start_server()

@@ -46,6 +46,8 @@ ctypedef int (*f_msg_close)(rda_zmq_msg_t*) noexcept nogil
 ctypedef int (*f_errno)() noexcept nogil
 ctypedef int (*f_msg_move)(rda_zmq_msg_t*, rda_zmq_msg_t*) noexcept nogil
 ctypedef int (*f_send)(void*, const void*, size_t, int) noexcept nogil
+ctypedef int (*f_msg_get)(const rda_zmq_msg_t*, int) noexcept nogil
+ctypedef const char* (*f_msg_gets)(const rda_zmq_msg_t*, const char*) noexcept nogil
 
 cdef f_msg_init _msg_init = NULL
 cdef f_msg_recv _msg_recv = NULL
@@ -56,16 +58,19 @@ cdef f_msg_close _msg_close = NULL
 cdef f_msg_move _msg_move = NULL
 cdef f_errno _errno = NULL
 cdef f_send _send = NULL
+cdef f_msg_get _msg_get = NULL
+cdef f_msg_gets _msg_gets = NULL
 
 DEF DONTWAIT = 1  # ZMQ_DONTWAIT
 DEF SNDMORE = 2  # ZMQ_SNDMORE
+DEF SRCFD = 2  # ZMQ_SRCFD, a zmq_msg_get property
 
 
 def bind(dict addresses):
     """Take libzmq's functions from ``{name: address}`` (ctypes, every address non-zero:
     ``_direct_zmq._addresses``); ``KeyError`` when one is missing."""
     global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _errno
-    global _send
+    global _send, _msg_get, _msg_gets
     cdef size_t a
     a = addresses["zmq_msg_init"]; _msg_init = <f_msg_init>a
     a = addresses["zmq_msg_recv"]; _msg_recv = <f_msg_recv>a
@@ -76,6 +81,8 @@ def bind(dict addresses):
     a = addresses["zmq_msg_move"]; _msg_move = <f_msg_move>a
     a = addresses["zmq_errno"]; _errno = <f_errno>a
     a = addresses["zmq_send"]; _send = <f_send>a
+    a = addresses["zmq_msg_get"]; _msg_get = <f_msg_get>a
+    a = addresses["zmq_msg_gets"]; _msg_gets = <f_msg_gets>a
 
 
 cdef class ReceivedFrame:
@@ -134,6 +141,45 @@ def recv(size_t handle, Py_ssize_t copy_below):
             return err
         more = _msg_more(&msg)
         frames.append(_frame(&msg, copy_below))
+    return frames
+
+
+def recv_routed(size_t handle, Py_ssize_t copy_below, int handshake_kind):
+    """``recv`` for a ROUTER, whose frame 1 starts with the message's kind byte. For a message
+    whose kind is ``handshake_kind`` (a CONNECT) it returns ``(frames, srcfd, user_id)``: the
+    libzmq message properties the server keeps for a new peer, read before the message is
+    closed (``srcfd`` -1 when libzmq has none, ``user_id`` the ZAP User-Id or None)."""
+    cdef rda_zmq_msg_t msg
+    cdef void* sock = <void*>handle
+    cdef int more, index = 0, fd = -1
+    cdef const char* user = NULL
+    cdef bint handshake = False
+    user_id = None
+    _msg_init(&msg)
+    if _msg_recv(&msg, sock, DONTWAIT) < 0:
+        err = _errno()
+        _msg_close(&msg)
+        return None if err == EAGAIN else err
+    frames = []
+    while True:
+        more = _msg_more(&msg)
+        if index == 1 and _msg_size(&msg) > 0 and (<const unsigned char*>_msg_data(&msg))[0] == handshake_kind:
+            handshake = True
+            fd = _msg_get(&msg, SRCFD)
+            user = _msg_gets(&msg, b"User-Id")
+            if user != NULL:
+                user_id = user.decode("utf-8", "replace")
+        frames.append(_frame(&msg, copy_below))
+        if not more:
+            break
+        index += 1
+        _msg_init(&msg)
+        if _msg_recv(&msg, sock, DONTWAIT) < 0:  # the rest of a message arrives with it
+            err = _errno()
+            _msg_close(&msg)
+            return err
+    if handshake:
+        return frames, fd, user_id
     return frames
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 
-__all__ = ["recv", "send"]
+__all__ = ["recv", "recv_routed", "send"]
 
 log = logging.getLogger("rda.transport")
 
@@ -37,6 +37,8 @@ _FUNCTIONS = (
     "zmq_msg_move",
     "zmq_errno",
     "zmq_send",
+    "zmq_msg_get",
+    "zmq_msg_gets",
 )
 
 
@@ -102,6 +104,11 @@ recv: Callable[[int, int], Any] | None = None if _bound is None else _bound.recv
 """``recv(socket.underlying, copy_below)``: a list of frames (``bytes`` below ``copy_below``,
 else a read-only ``memoryview`` over libzmq's message, no copy), ``None`` when no message is
 waiting, or libzmq's errno (an ``int``) on another failure. None when not available."""
+
+recv_routed: Callable[[int, int, int], Any] | None = None if _bound is None else _bound.recv_routed
+"""``recv_routed(socket.underlying, copy_below, handshake_kind)``: ``recv`` for a ROUTER; a
+message whose frame 1 starts with ``handshake_kind`` comes as ``(frames, srcfd, user_id)``,
+its libzmq properties read before the message was closed. None when not available."""
 
 send: Callable[[int, Any, Any, int], int] | None = None if _bound is None else _bound.send
 """``send(socket.underlying, first_or_None, frames, copy_below)``: 0 when sent, -1 when a

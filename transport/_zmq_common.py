@@ -97,6 +97,7 @@ POLLOUT = int(zmq.POLLOUT)
 # Non-blocking sends and receives that keep the GIL (_direct_zmq; None when unavailable).
 # Module attributes, read at each call, so that benchmarks/_structure.py can count them.
 direct_recv = _direct_zmq.recv
+direct_recv_routed = _direct_zmq.recv_routed
 direct_send = _direct_zmq.send
 # Frames below this size are copied: on send (pyzmq's copy_threshold, zmq.COPY_THRESHOLD:
 # the size from which avoiding the copy pays; the direct send copies them too) and on receive

@@ -15,7 +15,6 @@ has the details:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
@@ -56,6 +55,7 @@ from rda.transport.protocol import (
     Connect,
     Heartbeat,
     Incoming,
+    Kind,
     decode_frames,
     encode_connect_ack,
     encode_heartbeat,
@@ -85,6 +85,24 @@ _CLOSE_LINGER_MS = 100
 # first) so that their last messages, still in the ROUTER when the monitor's verdict came
 # first, are dropped and counted instead of answered as "REQUEST before CONNECT".
 _GONE_REMEMBERED = 4096
+
+
+_CONNECT = int(Kind.CONNECT)
+
+
+def _frame_properties(frame: zmq.Frame | None) -> tuple[int, str | None]:
+    """(SRCFD, ZAP User-Id) of a received CONNECT frame (pyzmq path): -1 / None if unknown."""
+    if frame is None:
+        return -1, None
+    try:
+        fd = int(frame.get(zmq.SRCFD))
+    except zmq.ZMQError:
+        fd = -1
+    try:
+        user_id: str | None = str(frame.get("User-Id"))
+    except zmq.ZMQError:
+        user_id = None
+    return fd, user_id
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -357,13 +375,28 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
         max_size = self._settings.max_message_size
         now = self._clock()
+        # The direct receive keeps the GIL and builds no zmq.Frame (small frames are copied,
+        # big ones kept zero-copy) and says "nothing waiting" without an exception: 0.5
+        # instead of 2.1 us per message, 0.7 instead of 3.5 us for the receive that ends a
+        # drain. A CONNECT comes with the message properties _on_connect needs (SRCFD, ZAP
+        # User-Id). On an error other than "nothing waiting" pyzmq receives again and raises.
+        direct, handle = common.direct_recv_routed, router.underlying
         for _ in range(common.BATCH):
-            raw = common.recv_frames(router)
-            if raw is None:
+            # (srcfd, User-Id) of a CONNECT, or the zmq.Frame to read them from (pyzmq path).
+            props: Any = None
+            got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
+            if type(got) is tuple:
+                got, *props = got
+            elif direct is None or type(got) is int:
+                zmq_frames = common.recv_frames(router)
+                if zmq_frames is not None:
+                    got = [zmq_frames[0].bytes, *[f.buffer for f in zmq_frames[1:]]]
+                    props = zmq_frames[1] if len(zmq_frames) > 1 else None
+            if got is None:
                 self._poller.settle(router)
                 return
-            rid = raw[0].bytes
-            frames = [f.buffer for f in raw[1:]]
+            rid = got[0]
+            frames = got[1:]
             self._messages_in += 1
             self._bytes_in += sum(map(len, frames))
             p = self._peers.get(rid)
@@ -388,10 +421,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except Exception:
                     self._handler_failed("on_message")
             elif type(event) is Connect:
+                fd, user_id = props if type(props) is list else _frame_properties(props)
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:
-                    info = self._authenticated(info, raw[1])
-                self._on_connect(rid, info, raw[1], now)
+                    info = self._authenticated(info, user_id)
+                self._on_connect(rid, info, fd, now)
             elif type(event) is Heartbeat and p is None:
                 self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
             if self._closing:
@@ -410,27 +444,22 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             except zmq.ZMQError:
                 self._dropped += 1
 
-    def _authenticated(self, info: dict[str, Any], frame: zmq.Frame) -> dict[str, Any]:
+    def _authenticated(self, info: dict[str, Any], user_id: str | None) -> dict[str, Any]:
         """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client
         sent under that name is never believed."""
         info = dict(info)
         info.pop("authenticated_principal", None)
-        if self._curve is not None:
-            # No ZAP verdict on this connection cannot happen with ZAP_DOMAIN set: then absent.
-            with contextlib.suppress(zmq.ZMQError):
-                info["authenticated_principal"] = frame.get("User-Id")
+        # No ZAP verdict on this connection cannot happen with ZAP_DOMAIN set: then absent.
+        if self._curve is not None and user_id is not None:
+            info["authenticated_principal"] = user_id
         return info
 
-    def _on_connect(self, rid: bytes, info: dict[str, Any], frame: zmq.Frame, now: float) -> None:
+    def _on_connect(self, rid: bytes, info: dict[str, Any], fd: int, now: float) -> None:
         self._gone.pop(rid, None)  # a client with a fixed routing id, back on a new connection
         old = self._peers.get(rid)
         if old is not None:
             # The same routing id introduced itself again: report the old session over.
             self._drop(old, RECONNECTED)
-        try:
-            fd = int(frame.get(zmq.SRCFD))
-        except zmq.ZMQError:
-            fd = -1
         s = self._settings
         hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now)
         p = Peer(rid, info, hb, fd, lane=info.get("lane") is True)
