@@ -16,7 +16,7 @@ from rda.business.common import AcquiredData
 from rda.serialization import _binary
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Buffer
+from rda.serialization._message import BodyKind, Buffer, encode_data_body
 
 if TYPE_CHECKING:
     from rda.business.client import ClientService
@@ -46,15 +46,6 @@ def build_request_context(timeout_ms: int | None, filters: Data | None) -> bytes
     if filters is None and len(_CONTEXTS) < 256:
         _CONTEXTS[timeout_ms] = frame
     return frame
-
-
-def _set_body(value: Data) -> list[tuple[BodyKind, Buffer]]:
-    """A set's DATA body, then the out-of-band arrays it refers to (big read-only arrays are
-    sent as frames of their own, not copied)."""
-    arrays: list[Buffer] = []
-    body: list[tuple[BodyKind, Buffer]] = [(BodyKind.DATA, _binary.encode(value, arrays))]
-    body.extend((BodyKind.ARRAY, array) for array in arrays)
-    return body
 
 
 def to_data(value: Data | Mapping[str, Any] | None, what: str) -> Data:
@@ -118,7 +109,7 @@ class AccessPoint:
         timeout: float | None = None,
     ) -> None:
         """Write ``data`` (an ``rda.Data`` or a mapping) to the property."""
-        body = _set_body(to_data(data, f"set {self.device}/{self.property}"))
+        body = encode_data_body(to_data(data, f"set {self.device}/{self.property}"))
         self._call(RequestType.SET, body, selector, filters, timeout, set_result)
 
     def get_async(
@@ -136,7 +127,7 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Future[None]:
-        body = _set_body(to_data(data, f"set {self.device}/{self.property}"))
+        body = encode_data_body(to_data(data, f"set {self.device}/{self.property}"))
         return self._request(RequestType.SET, body, selector, filters, timeout, set_result)
 
     def subscribe(

@@ -56,7 +56,7 @@ from rda.business.subscriptions import SubscriptionRegistry, SubscriptionSource
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType, UpdateType, encode_context
-from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.serialization._message import BodyKind, Message, encode_data_body, encode_exception
 from rda.serialization.errors import (
     DecodeError,
     NoSuchDeviceError,
@@ -368,13 +368,8 @@ class Dispatch:
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
             try:
-                arrays: list[Buffer] = []
-                body: list[tuple[BodyKind, Buffer]] = [
-                    (BodyKind.DATA, _binary.encode(result.data, arrays)),
-                    (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)),
-                ]
-                if arrays:  # big read-only arrays: frames of their own, not copied
-                    body.extend((BodyKind.ARRAY, array) for array in arrays)
+                body = encode_data_body(result.data)  # DATA, then any ARRAYs
+                body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
             except Exception as exc:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.

@@ -44,7 +44,7 @@ from rda.serialization._header import (
     encode_context,
     encode_header,
 )
-from rda.serialization._message import BodyKind, encode_exception
+from rda.serialization._message import BodyKind, encode_data_body, encode_exception
 from rda.transport.api import Buffer, PeerStatistics, ServerTransport
 from rda.transport.protocol import encode_tail
 
@@ -56,21 +56,19 @@ log = logging.getLogger("rda.server")
 SourceKey = tuple[str, str, str, bytes]
 
 # Looked up at call time (not bound at import) so that tests can count encodings.
-_encode_data = _binary.encode
+_encode_data = encode_data_body
 
-_DATA_TAIL = (BodyKind.DATA, BodyKind.DATA_CONTEXT)
-_EXC_TAIL = (BodyKind.EXCEPTION, BodyKind.DATA_CONTEXT)
+# A value's bodies before the DATA_CONTEXT: DATA and its ARRAYs, or one EXCEPTION.
+Bodies = list[tuple[BodyKind, Buffer]]
 
 
-def _tail(
-    kinds: tuple[BodyKind, BodyKind], body: Buffer, context: bytes, arrays: list[Buffer]
-) -> list[Buffer]:
-    """The notification after its header, encoded once for every subscriber of one seq; the
-    out-of-band arrays of its DATA body (if any) follow as frames of their own, shared."""
-    if not arrays:
-        return encode_tail(((kinds[0], body), (kinds[1], context)))
-    extra = [(BodyKind.ARRAY, array) for array in arrays]
-    return encode_tail([(kinds[0], body), (kinds[1], context), *extra])
+def _tail(bodies: Bodies, context: bytes) -> list[Buffer]:
+    """The notification after its header, encoded once for every subscriber of one seq:
+    its DATA (or EXCEPTION) body, the DATA_CONTEXT, then the ARRAY bodies DATA refers to (frames
+    of their own, shared by every subscriber)."""
+    if len(bodies) == 1:
+        return encode_tail((bodies[0], (BodyKind.DATA_CONTEXT, context)))
+    return encode_tail([bodies[0], (BodyKind.DATA_CONTEXT, context), *bodies[1:]])
 
 
 def filters_key(filters: Data | None) -> bytes:
@@ -146,14 +144,11 @@ class SubscriptionSource:
             data, context = acquired, _NO_CONTEXT
         else:
             data, context = acquired.data, acquired.context
-        arrays: list[Buffer] = []
-        body = _encode_data(data, arrays)
+        bodies = _encode_data(data)
         # common.stamped's rule, without two new frozen objects per update (3 us of a
         # notification's ~10 us on the server, py-spy): the stamp goes straight on the wire.
         stamp = context.acq_stamp or time.time_ns()
-        self._fan_out(
-            RequestType.NOTIFICATION_DATA, update_type, body, _DATA_TAIL, context, stamp, arrays
-        )
+        self._fan_out(RequestType.NOTIFICATION_DATA, update_type, bodies, context, stamp)
 
     def notify_error(
         self, error: BaseException | str, update_type: UpdateType = UpdateType.NORMAL
@@ -163,26 +158,18 @@ class SubscriptionSource:
             return
         self._transport.wait_for_room()
         exc = error if isinstance(error, BaseException) else RuntimeError(error)
-        frame = encode_exception(*describe_error(exc))
+        bodies: Bodies = [(BodyKind.EXCEPTION, encode_exception(*describe_error(exc)))]
         self._fan_out(
-            RequestType.NOTIFICATION_EXC,
-            update_type,
-            frame,
-            _EXC_TAIL,
-            _NO_CONTEXT,
-            time.time_ns(),
-            [],
+            RequestType.NOTIFICATION_EXC, update_type, bodies, _NO_CONTEXT, time.time_ns()
         )
 
     def _fan_out(
         self,
         rtype: RequestType,
         update_type: UpdateType,
-        body: Buffer,
-        descriptor: tuple[BodyKind, BodyKind],
+        bodies: Bodies,
         context: DataContext,
         acq_stamp: int,
-        arrays: list[Buffer],
     ) -> None:
         conflatable = update_type is UpdateType.NORMAL
         key = (rtype, update_type)
@@ -208,7 +195,7 @@ class SubscriptionSource:
                     return
                 self._count(rtype, sent)
             for seq, targets in groups.items():
-                tail = _tail(descriptor, body, encode_context(context, seq, acq_stamp), arrays)
+                tail = _tail(bodies, encode_context(context, seq, acq_stamp))
                 self._publish(targets, tail, conflatable)
 
     def _send_first(
@@ -218,13 +205,11 @@ class SubscriptionSource:
 
         False when the subscriber left meanwhile (nothing sent)."""
         rtype = RequestType.NOTIFICATION_DATA
-        descriptor = _DATA_TAIL
-        body: Buffer = b""
-        arrays: list[Buffer] = []
+        bodies: Bodies = []
         context = _now_context()
         if acquired is not None:
             try:
-                body = _encode_data(acquired.data, arrays)
+                bodies = _encode_data(acquired.data)
                 encode_context(acquired.context)  # refuses what the wire cannot carry
                 context = acquired.context
             except Exception as encode_error:
@@ -232,9 +217,8 @@ class SubscriptionSource:
                 error, acquired = encode_error, None
         if acquired is None:
             failure = error if error is not None else RuntimeError("no first update")
-            rtype, descriptor = RequestType.NOTIFICATION_EXC, _EXC_TAIL
-            body = encode_exception(*describe_error(failure))
-            arrays = []
+            rtype = RequestType.NOTIFICATION_EXC
+            bodies = [(BodyKind.EXCEPTION, encode_exception(*describe_error(failure)))]
         self._transport.wait_for_room()
         with self._send_lock:
             with self._lock:
@@ -246,7 +230,7 @@ class SubscriptionSource:
                 target = (sub.peer, sub.id, self._header(sub, rtype, UpdateType.FIRST))
                 self._count(rtype, 1)
                 seq = sub.seq
-            tail = _tail(descriptor, body, encode_context(context, seq), arrays)
+            tail = _tail(bodies, encode_context(context, seq))
             self._publish([target], tail, False)
         return True
 

@@ -20,7 +20,7 @@ from rda.serialization.errors import DecodeError
 if TYPE_CHECKING:
     from rda.serialization._data import Data
 
-__all__ = ["BodyKind", "Message", "decode_exception", "encode_exception"]
+__all__ = ["BodyKind", "Message", "decode_exception", "encode_data_body", "encode_exception"]
 
 Buffer = bytes | memoryview
 
@@ -68,6 +68,16 @@ class BodyKind(enum.IntEnum):
     # The elements of one big read-only array of the DATA body, in the order the body refers
     # to them (``_binary.encode(data, arrays)``): sent as a frame of its own, never copied.
     ARRAY = 5
+
+
+def encode_data_body(data: Data) -> list[tuple[BodyKind, Buffer]]:
+    """A value's bodies: DATA, then an ARRAY per big read-only array it refers to, each sent
+    as a frame of its own instead of copied into DATA (``_binary.encode(data, arrays)``)."""
+    arrays: list[Buffer] = []
+    body = _binary.encode(data, arrays)
+    if not arrays:
+        return [(BodyKind.DATA, body)]
+    return [(BodyKind.DATA, body), *[(BodyKind.ARRAY, array) for array in arrays]]
 
 
 def encode_exception(type_name: str, message: str) -> bytes:

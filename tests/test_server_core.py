@@ -566,9 +566,9 @@ def test_many_subscribers_one_encoding_one_publish(
     encodes: list[Data] = []
     real = subscriptions_module._encode_data
 
-    def counting(data: Data, arrays: list[Any] | None = None) -> bytes:
+    def counting(data: Data) -> list[tuple[BodyKind, Buffer]]:
         encodes.append(data)
-        return real(data, arrays)
+        return real(data)
 
     monkeypatch.setattr(subscriptions_module, "_encode_data", counting)
     publishes = h.transport.publishes
