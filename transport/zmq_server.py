@@ -88,21 +88,30 @@ _GONE_REMEMBERED = 4096
 
 
 _CONNECT = int(Kind.CONNECT)
+_CONNECT_BYTE = bytes([_CONNECT])
 
 
-def _frame_properties(frame: zmq.Frame | None) -> tuple[int, str | None]:
-    """(SRCFD, ZAP User-Id) of a received CONNECT frame (pyzmq path): -1 / None if unknown."""
-    if frame is None:
-        return -1, None
+_NO_PROPERTIES: tuple[int, str | None] = (-1, None)
+
+
+def _recv_pyzmq(router: zmq.Socket[bytes]) -> Any:
+    """``_czmq.recv_routed`` through pyzmq: the frames, and for a CONNECT ``(frames, srcfd,
+    user_id)``; None when nothing is waiting."""
+    raw = common.recv_frames(router)
+    if raw is None:
+        return None
+    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
+    if len(raw) < 2 or raw[1].buffer[:1] != _CONNECT_BYTE:
+        return frames
     try:
-        fd = int(frame.get(zmq.SRCFD))
+        fd = int(raw[1].get(zmq.SRCFD))
     except zmq.ZMQError:
         fd = -1
     try:
-        user_id: str | None = str(frame.get("User-Id"))
+        user_id: str | None = str(raw[1].get("User-Id"))
     except zmq.ZMQError:
         user_id = None
-    return fd, user_id
+    return frames, fd, user_id
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -382,19 +391,16 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         # User-Id). On an error other than "nothing waiting" pyzmq receives again and raises.
         direct, handle = common.direct_recv_routed, router.underlying
         for _ in range(common.BATCH):
-            # (srcfd, User-Id) of a CONNECT, or the zmq.Frame to read them from (pyzmq path).
-            props: Any = None
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
-            if type(got) is tuple:
-                got, *props = got
-            elif direct is None or type(got) is int:
-                zmq_frames = common.recv_frames(router)
-                if zmq_frames is not None:
-                    got = [zmq_frames[0].bytes, *[f.buffer for f in zmq_frames[1:]]]
-                    props = zmq_frames[1] if len(zmq_frames) > 1 else None
+            if direct is None or type(got) is int:
+                got = _recv_pyzmq(router)
             if got is None:
                 self._poller.settle(router)
                 return
+            # (srcfd, User-Id) of a CONNECT, which comes as (frames, srcfd, user_id).
+            handshake: tuple[int, str | None] = _NO_PROPERTIES
+            if type(got) is tuple:
+                got, handshake = got[0], got[1:]
             rid = got[0]
             frames = got[1:]
             self._messages_in += 1
@@ -421,7 +427,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except Exception:
                     self._handler_failed("on_message")
             elif type(event) is Connect:
-                fd, user_id = props if type(props) is list else _frame_properties(props)
+                fd, user_id = handshake
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:
                     info = self._authenticated(info, user_id)
