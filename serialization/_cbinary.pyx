@@ -359,7 +359,7 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
     cdef const uint8_t* b = buf + bpos
     cdef Py_ssize_t size = pos - bpos
     cdef Py_ssize_t width, epos, sub_end, i
-    cdef int64_t n, nested, prefix
+    cdef int64_t n
     cdef uint32_t u
     cdef uint64_t u64
     cdef double d
@@ -423,24 +423,7 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
         else:
             if bpos + 4 * ndim > pos:
                 raise DecodeError(f"field {name!r}: body too short for {ndim} dims", bpos)
-            # The nested lists a shape implies (products of its leading dims) count against
-            # max_elements: a zero-size (3774873604, 0) would make tolist() build billions.
-            nested = 0
-            prefix = 1
-            for i in range(ndim):
-                u = rd_u32(b + 4 * i)
-                dims[i] = u
-                if i < ndim - 1:
-                    prefix = _sat_mul(prefix, u)
-                    nested = min(nested + prefix, SATURATE)
-                n = _sat_mul(n, u)
-            if nested > r.max_elements:
-                shape = _dims(b, ndim)
-                raise DecodeError(
-                    f"field {name!r}: dims {shape} imply {nested} nested lists, more than "
-                    f"max_elements={r.max_elements}",
-                    bpos,
-                )
+            n = _read_shape(r, b, ndim, dims, name, bpos)
             epos = bpos + 4 * ndim
         if tag == TAG_STRING:
             return _read_nd_strings(r, epos, pos, ndim, dims, n, name), t
@@ -477,9 +460,10 @@ cdef tuple _read_out_of_band(Reader* r, Py_ssize_t start, int tag, int ndim, Py_
     """An entry whose elements are the next out-of-band array (as _binary._read_out_of_band,
     check for check): its body is the dims (ndim > 1) and the u32 index of that array."""
     cdef const uint8_t* b = r.buf + bpos
-    cdef Py_ssize_t want, width, nbytes, i
-    cdef int64_t n, nested, prefix
-    cdef uint32_t index, u
+    cdef Py_ssize_t want, width, nbytes
+    cdef int64_t n
+    cdef uint32_t index
+    cdef cnp.npy_intp dims[MAX_NDIM]
     if not 2 <= tag <= 7 or ndim == 0:
         raise DecodeError(
             f"field {name!r}: only numeric arrays travel out of band, not tag {tag} ndim {ndim}",
@@ -514,22 +498,7 @@ cdef tuple _read_out_of_band(Reader* r, Py_ssize_t start, int tag, int ndim, Py_
             )
         n = nbytes // width
     else:
-        nested = 0
-        prefix = 1
-        n = 1
-        for i in range(ndim):
-            u = rd_u32(b + 4 * i)
-            if i < ndim - 1:
-                prefix = _sat_mul(prefix, u)
-                nested = min(nested + prefix, SATURATE)
-            n = _sat_mul(n, u)
-        if nested > r.max_elements:
-            shape = _dims(b, ndim)
-            raise DecodeError(
-                f"field {name!r}: dims {shape} imply {nested} nested lists, more than "
-                f"max_elements={r.max_elements}",
-                bpos,
-            )
+        n = _read_shape(r, b, ndim, dims, name, bpos)
         if n > SATURATE // width or n * width != nbytes:
             shape = _dims(b, ndim)
             raise DecodeError(
@@ -548,6 +517,31 @@ cdef tuple _read_out_of_band(Reader* r, Py_ssize_t start, int tag, int ndim, Py_
         return value.reshape(shape), ARRAY_TYPES[tag]
     except ValueError as exc:
         raise DecodeError(f"field {name!r}: cannot shape the array as {shape}: {exc}", bpos) from None
+
+
+cdef int64_t _read_shape(Reader* r, const uint8_t* b, int ndim, cnp.npy_intp* dims,
+                         object name, Py_ssize_t bpos) except -1:
+    """Read ``ndim`` u32 dims at ``b`` into ``dims``: their (saturated) element count. The
+    nested lists a shape implies (products of its leading dims) count against max_elements:
+    a zero-size (3774873604, 0) would make tolist() build billions."""
+    cdef int64_t n = 1, nested = 0, prefix = 1
+    cdef uint32_t u
+    cdef int i
+    for i in range(ndim):
+        u = rd_u32(b + 4 * i)
+        dims[i] = u
+        if i < ndim - 1:
+            prefix = _sat_mul(prefix, u)
+            nested = min(nested + prefix, SATURATE)
+        n = _sat_mul(n, u)
+    if nested > r.max_elements:
+        shape = _dims(b, ndim)
+        raise DecodeError(
+            f"field {name!r}: dims {shape} imply {nested} nested lists, more than "
+            f"max_elements={r.max_elements}",
+            bpos,
+        )
+    return n
 
 
 cdef inline int64_t _sat_mul(int64_t a, int64_t b) noexcept nogil:
