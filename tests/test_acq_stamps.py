@@ -23,7 +23,7 @@ from rda.pipeline.metrics import RecorderCollector
 from rda.pipeline.recorder import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
-from rda.testing import FakeClock, MemoryNetwork
+from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 
 CONFIG = Config(heartbeat_interval=1.0, heartbeat_timeout=30.0)
@@ -42,17 +42,6 @@ class ContextLess(RequestReplyCallback):
             request.complete(AcquiredData(Data(x=3), DataContext(acq_stamp=T0)))
         else:
             request.complete(AcquiredData(Data(x=1)))
-
-
-class OneServer:
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def resolve(self, device: str) -> str:
-        return self.endpoint
-
-    def devices(self) -> dict[str, str]:
-        return {"*": self.endpoint}
 
 
 @pytest.fixture
@@ -77,7 +66,7 @@ def memory(no_thread_leak: None) -> Iterator[tuple[Server, ClientService]]:
         .start()
     )
     client = ClientService(
-        directory=OneServer(server.endpoint),
+        directory=OneServerDirectory(server.endpoint),
         config=CONFIG,
         transport_factory=client_transport,
         clock=clock,

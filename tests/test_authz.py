@@ -28,7 +28,7 @@ from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind
 from rda.serialization.errors import NotAuthorizedError, RemoteError
-from rda.testing import FakeClock, MemoryNetwork, RawPeer
+from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, RawPeer
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
     ConnectAck,
@@ -91,17 +91,6 @@ class Supply(Device):
         self.current = float(value["value"])
 
 
-class OneServer:
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def resolve(self, device: str) -> str:
-        return self.endpoint
-
-    def devices(self) -> dict[str, str]:
-        return {"*": self.endpoint}
-
-
 @dataclass
 class Stand:
     network: MemoryNetwork
@@ -116,7 +105,7 @@ class Stand:
             return self.network.client(h, s, info, authenticated_principal=principal)
 
         client = ClientService(
-            directory=OneServer(self.server.endpoint),
+            directory=OneServerDirectory(self.server.endpoint),
             config=CONFIG,
             transport_factory=transport,
             clock=self.clock,

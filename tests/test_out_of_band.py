@@ -26,7 +26,7 @@ from rda.serialization._data import Data
 from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind
 from rda.serialization.errors import DecodeError
-from rda.testing import MemoryNetwork
+from rda.testing import MemoryNetwork, OneServerDirectory
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
     EXTERNAL,
@@ -38,7 +38,20 @@ from rda.transport.protocol import (
 )
 
 WAIT = 10.0
-CODECS = [_binary.PYTHON] + ([_binary.COMPILED] if _binary.COMPILED is not None else [])
+
+
+def codecs() -> tuple[_binary.Codec, _binary.Codec]:
+    """Both implementations; `make test` builds the compiled one, so its absence fails."""
+    if _binary.COMPILED is None:
+        pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
+    return _binary.PYTHON, _binary.COMPILED
+
+
+@pytest.fixture(params=["python", "compiled"])
+def codec(request: pytest.FixtureRequest) -> _binary.Codec:
+    return codecs()[request.param == "compiled"]
+
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -69,7 +82,6 @@ def sample() -> Data:
 # -- the codec ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
 def test_big_read_only_arrays_leave_the_body_and_come_back_as_views(codec: _binary.Codec) -> None:
     data = sample()
     arrays: list[Any] = []
@@ -86,7 +98,6 @@ def test_big_read_only_arrays_leave_the_body_and_come_back_as_views(codec: _bina
     assert decoded["image"].shape == (3, 30_000)
 
 
-@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
 def test_without_a_list_or_for_writable_arrays_the_bytes_are_the_old_ones(
     codec: _binary.Codec,
 ) -> None:
@@ -98,18 +109,17 @@ def test_without_a_list_or_for_writable_arrays_the_bytes_are_the_old_ones(
 
 
 def test_both_implementations_make_the_same_bytes_and_arrays() -> None:
-    if _binary.COMPILED is None:
-        pytest.skip("the compiled codec is not built")
+    python, compiled = codecs()
     data = sample()
     py: list[Any] = []
     c: list[Any] = []
-    assert _binary.PYTHON.encode(data, py) == _binary.COMPILED.encode(data, c)
+    assert python.encode(data, py) == compiled.encode(data, c)
     assert [bytes(a) for a in py] == [bytes(a) for a in c]
 
 
 def _errors(body: bytes, arrays: list[Any]) -> list[str]:
     out = []
-    for codec in CODECS:
+    for codec in codecs():
         try:
             codec.decode(body, None, arrays)
             out.append("ok")
@@ -172,7 +182,7 @@ def test_corrupted_bodies_with_arrays_never_crash_and_both_agree(
     body[position % len(body)] = value
     given_arrays = [bytes(arrays[0])[: len(arrays[0]) + cut], arrays[1]]
     outcomes = []
-    for codec in CODECS:
+    for codec in codecs():
         try:
             outcomes.append(repr(codec.decode(bytes(body), None, given_arrays).to_dict()))
         except DecodeError as exc:
@@ -315,19 +325,6 @@ def test_get_set_and_notify_carry_read_only_arrays_end_to_end(
             sub.close()
 
 
-class _OneServer:
-    """Every device at one endpoint (StaticDirectory accepts only tcp/ipc/inproc ones)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def resolve(self, device: str) -> str:
-        return self.endpoint
-
-    def devices(self) -> dict[str, str]:
-        return {"*": self.endpoint}
-
-
 def test_the_in_memory_network_carries_array_bodies_too() -> None:
     network = MemoryNetwork()
     handler = Values()
@@ -353,7 +350,7 @@ def test_the_in_memory_network_carries_array_bodies_too() -> None:
     )
     try:
         with ClientService(
-            _OneServer(srv.endpoint), Config(workers=1), transport_factory=client_transport
+            OneServerDirectory(srv.endpoint), Config(workers=1), transport_factory=client_transport
         ) as c:
             got = c.access_point("D", "Frozen").get(timeout=WAIT).data["wave"]
             assert np.array_equal(got, handler.wave) and not got.flags.writeable

@@ -17,7 +17,7 @@ from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType, UpdateType
 from rda.serialization._message import BodyKind
-from rda.testing import FakeClock, MemoryNetwork, RawPeer
+from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, RawPeer
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
     ConnectAck,
@@ -29,19 +29,6 @@ from rda.transport.protocol import (
 )
 
 CONFIG = Config(heartbeat_interval=1.0, heartbeat_timeout=30.0)
-
-
-class OneServer:
-    """A Directory sending every device to one endpoint (StaticDirectory insists on tcp/ipc)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def resolve(self, device: str) -> str:
-        return self.endpoint
-
-    def devices(self) -> dict[str, str]:
-        return {"*": self.endpoint}
 
 
 class Holding(RequestReplyCallback):
@@ -145,7 +132,7 @@ def test_client_service_over_the_memory_network(
         return network.client(handler, settings, info)
 
     with ClientService(
-        directory=OneServer(server.endpoint),
+        directory=OneServerDirectory(server.endpoint),
         config=CONFIG,
         transport_factory=transport,
         clock=clock,

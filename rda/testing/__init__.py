@@ -3,6 +3,7 @@
 * :class:`FakeClock`: time that moves only when the test says so;
 * :class:`MemoryNetwork`: in-memory client and server transports that speak the real wire
   protocol, with fault hooks (partition, kill/restart, stalled client), and :func:`memory_pair`;
+* :class:`OneServerDirectory`: every device at one endpoint (a memory network's ``mem://``);
 * :func:`check_transport`: the conformance suite every transport passes (in-memory and ZeroMQ);
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
   and let a test wait for a condition with a bound.
@@ -16,7 +17,13 @@ from rda.testing._conformance import (
     check_transport,
     transport_pair,
 )
-from rda.testing._memory import MemoryNetwork, MemoryPair, RawPeer, memory_pair
+from rda.testing._memory import (
+    MemoryNetwork,
+    MemoryPair,
+    OneServerDirectory,
+    RawPeer,
+    memory_pair,
+)
 from rda.testing._memory_client import MemoryClientTransport
 from rda.testing._memory_server import MemoryServerTransport
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
@@ -29,6 +36,7 @@ __all__ = [
     "MemoryNetwork",
     "MemoryPair",
     "MemoryServerTransport",
+    "OneServerDirectory",
     "RawPeer",
     "RecordingClientHandler",
     "RecordingServerHandler",

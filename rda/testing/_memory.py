@@ -43,7 +43,7 @@ from rda.transport.api import (
     TransportSettings,
 )
 
-__all__ = ["MemoryNetwork", "MemoryPair", "RawPeer", "memory_pair"]
+__all__ = ["MemoryNetwork", "MemoryPair", "OneServerDirectory", "RawPeer", "memory_pair"]
 
 _SCHEME = "mem://"
 
@@ -278,6 +278,20 @@ class MemoryNetwork:
             if not link.closed and link.endpoint not in self._partitioned:
                 link.client._link_receive(link.conn, wire_copy(frames), self.clock())
             return True
+
+
+class OneServerDirectory:
+    """A directory that sends every device to one endpoint, a memory network's included
+    (``StaticDirectory`` accepts only tcp://, ipc:// and inproc:// endpoints)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def resolve(self, device: str) -> str:
+        return self.endpoint
+
+    def devices(self) -> dict[str, str]:
+        return {"*": self.endpoint}
 
 
 class RawPeer:
