@@ -291,8 +291,12 @@ def raw_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
         child.close()
 
 
-def rda_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
-    child = make_child("rda")
+def rda_structure(
+    make_child: Callable[[str], Child], n: int, kind: str = "rda", notifications: bool = True
+) -> dict[str, Any]:
+    """Per get (and per notification unless ``notifications`` is False) against a
+    ``--serve kind`` child: ``rda`` (handlers on workers) or ``rda_inline``."""
+    child = make_child(kind)
     client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
     try:
         scalar = client.access_point("SCALAR", "Acquisition")
@@ -303,6 +307,8 @@ def rda_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
 
         gets(200)
         out = {"get": measure(child, gets, n)}
+        if not notifications:
+            return out
         sub = scalar.subscribe(queue_size=100_000)
         first = sub.poll(10)
         assert first is not None

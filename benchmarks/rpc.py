@@ -2,11 +2,14 @@
 
 Two arrangements, each measured for raw pyzmq and for rda in the same run, on tcp loopback:
 
-* ``in_process``: the server is a thread of this process (raw: a ROUTER loop answering with
+* ``in_process``: the servers are threads of this process (raw: a ROUTER loop answering with
   pre-encoded bytes; rda: a ``Server`` from ``ServerBuilder``, dispatcher + workers), so client
   and server share one GIL;
-* ``separate_process``: the same servers in a child process (``rpc.py --serve raw|rda``), the
-  deployment arrangement.
+* ``separate_process``: the same servers in child processes (``rpc.py --serve raw|rda|
+  rda_inline``), the deployment arrangement. Two rda servers run there: ``rda``, whose
+  handlers run on workers (the default: a handler may block), and ``rda_inline``, whose
+  handlers are declared non-blocking and run on the dispatcher (``ServerBuilder.
+  inline_handlers``), as raw pyzmq's and PyTango's do on the receiving thread.
 
 The client is driven from the main thread (raw: a DEALER; rda: a ``ClientService``). Ratios
 are rda / raw (or raw / rda for latencies) within one arrangement, so they survive a noisy
@@ -19,12 +22,16 @@ machine. Measured:
   array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
-  without being counted);
+  without being counted); not for ``rda_inline`` (a notification runs no handler);
 * time from a restarted server listening to the FIRST update of a resumed subscription.
 
-The slow-consumer and restart cases run in-process only (they drive the server directly).
-raw and rda passes alternate ``--rounds`` times (default 3) and the ratios compare the
-per-measure medians; ``ratio_per_round`` shows each round's. Prints one JSON object.
+Every contestant of an arrangement stays connected for the whole run, and they alternate
+within each of ``--rounds`` rounds (default 3): the latency series block by block (50 round
+trips each, the order rotating), every other measure pass by pass (the order rotating per
+round). So the passes a ratio compares are seconds apart, not a whole pass of every measure
+(this is a shared 2-core machine whose load drifts). The ratios compare per-measure medians
+over the rounds; ``ratio_per_round`` lists each round's. The slow-consumer and restart cases
+run in-process only (they drive the server directly). Prints one JSON object.
 
     .venv/bin/python benchmarks/rpc.py [--quick] [--mode in_process|separate_process|both]
 
@@ -38,458 +45,94 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import _structure
-import numpy as np
 import zmq
-from _in_flight import gets_in_flight
-
-from rda.business.client import ClientService
-from rda.business.config import Config
-from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
-    GetRequest,
-    RequestReplyCallback,
-    SetRequest,
-    SubscriptionCallback,
+from _contestants import (
+    MIB_BYTES,
+    Raw,
+    RawServer,
+    Rda,
+    pct,
+    rda_resume,
+    rda_server,
+    rda_slow_consumer,
 )
-from rda.serialization import _binary
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import UpdateType
 
-SCALAR = Data(current=1.5)
-OBJECT = Data()
-OBJECT.append("ints", np.arange(40, dtype=np.int32), DataType.INT32_ARRAY)
-OBJECT.append("doubles", np.linspace(0.0, 1.0, 40))
-OBJECT.append("strings", [f"element-{i:02d}" for i in range(40)])
-MIB = Data(values=np.zeros(131072, dtype=np.float64))  # 1 MiB of float64
-# The same 1 MiB made read-only: rda sends it as a frame of its own instead of copying it into
-# the DATA body (docs/serialization.md, "Out of band"); its raw baseline is MIB's.
-_FROZEN = np.zeros(131072, dtype=np.float64)
-_FROZEN.flags.writeable = False
-MIB_READ_ONLY = Data(values=_FROZEN)
-
-PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
-RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
+Contestant = Raw | Rda
+LATENCIES = ("get_scalar", "get_object", "set")
+BLOCK = 50  # round trips per contestant before the next one takes over
+CHUNKS = 6  # the in-flight measure, in turns of --seconds / CHUNKS
+MIB_BLOCK = 10  # 1 MiB gets per turn
 
 
-def pct(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {"p50_us": s[len(s) // 2] * 1e6, "p99_us": s[int(len(s) * 0.99)] * 1e6}
-
-
-# ----------------------------------------------------------------------------- raw pyzmq
-
-
-class RawServer:
-    """ROUTER thread: a request ``[name]`` gets the pre-encoded payload ``name``; a request
-    ``[b"PUB", n]`` makes it send n notifications to every DEALER that said hello."""
-
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        self.sock.sndhwm = 0  # unbounded: measure delivery, not zmq's silent ROUTER drops
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="raw-server", daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        sock = self.sock
-        subscribers: list[bytes] = []
-        while not self.stop.is_set():
-            if not sock.poll(50):
-                continue
-            peer, *frames = sock.recv_multipart(copy=False)
-            head = frames[0].bytes
-            if head == b"HELLO":
-                subscribers.append(peer.bytes)
-            elif head == b"RESET":  # a new burst: forget the subscribers of the last one
-                subscribers.clear()
-                sock.send_multipart([peer, b"OK"])
-            elif head == b"PUB":
-                n = int(frames[1].bytes)
-                payload = RAW_PAYLOADS["SCALAR"]
-                for i in range(n):
-                    seq = str(i).encode()
-                    for sub in subscribers:
-                        sock.send_multipart([sub, seq, payload])
-            else:
-                sock.send_multipart([peer, frames[-1], RAW_PAYLOADS[head.decode()]], copy=False)
-        sock.close()
-
-
-def raw_benchmarks(args: argparse.Namespace, endpoint: str | None = None) -> dict[str, Any]:
-    """Against a RawServer thread here, or against ``endpoint`` (a RawServer in a child)."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    server = RawServer(ctx) if endpoint is None else None
-    if server is not None:
-        endpoint = server.endpoint
-    assert endpoint is not None
-    out: dict[str, Any] = {}
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.connect(endpoint)
-
-    def rtt(name: bytes, n: int) -> list[float]:
-        samples = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            dealer.send_multipart([name, str(i).encode()])
-            dealer.recv_multipart(copy=False)
-            samples.append(time.perf_counter() - t0)
-        return samples
-
-    rtt(b"SCALAR", 200)  # warm up
-    out["get_scalar"] = pct(rtt(b"SCALAR", args.round_trips))
-    out["get_object"] = pct(rtt(b"OBJECT", args.round_trips))
-    out["set"] = out["get_scalar"]  # raw has no set: the same small round trip
-    out["in_flight_64_per_s"] = raw_in_flight(dealer, args.seconds)
-    n = args.mib_gets
-    t0 = time.perf_counter()
-    for i in range(n):
-        dealer.send_multipart([b"MIB", str(i).encode()])
-        dealer.recv_multipart(copy=False)
-    out["mib_get_MBps"] = n * len(RAW_PAYLOADS["MIB"]) / (time.perf_counter() - t0) / 1e6
-    out["subscription_1"] = raw_subscribers(ctx, endpoint, 1, args.updates)
-    out["subscription_10"] = raw_subscribers(ctx, endpoint, 10, args.updates // 4)
-    dealer.close()
-    if server is not None:
-        server.stop.set()
-        server.thread.join()
-    ctx.term()
-    return out
-
-
-def raw_in_flight(dealer: zmq.Socket[bytes], seconds: float) -> float:
-    done = 0
-    for i in range(64):
-        dealer.send_multipart([b"SCALAR", str(i).encode()])
-    t0 = time.perf_counter()
-    end = t0 + seconds
-    while time.perf_counter() < end:
-        dealer.recv_multipart(copy=False)
-        done += 1
-        dealer.send_multipart([b"SCALAR", b"x"])
-    elapsed = time.perf_counter() - t0
-    for _ in range(64):
-        dealer.recv_multipart(copy=False)
-    return done / elapsed
-
-
-def raw_subscribers(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, count: int, updates: int
-) -> dict[str, Any]:
-    control = ctx.socket(zmq.DEALER)
-    control.linger = 0
-    control.connect(endpoint)
-    control.send(b"RESET")  # answered: the closed subscribers of an earlier round are gone
-    assert control.poll(10_000), "the raw server did not answer RESET"
-    control.recv()
-    socks = []
-    poller = zmq.Poller()
-    for _ in range(count):
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        s.rcvhwm = 0
-        s.connect(endpoint)
-        s.send(b"HELLO")
-        poller.register(s, zmq.POLLIN)
-        socks.append(s)
-    time.sleep(0.2)  # HELLOs arrive before PUB (same pipe order per DEALER)
-    control.send_multipart([b"PUB", str(updates).encode()])
-    expected = updates * count
-    received = 0
-    t0 = time.perf_counter()
-    deadline = t0 + 60
-    while received < expected and time.perf_counter() < deadline:
-        for s, _ in poller.poll(1000):
-            while True:
-                try:
-                    s.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                received += 1
-    elapsed = time.perf_counter() - t0
-    for s in [*socks, control]:
-        s.close()
-    return {"sent": expected, "received": received, "updates_per_s": received / elapsed}
-
-
-# ----------------------------------------------------------------------------- rda
-
-
-class Handler(RequestReplyCallback):
-    """get answers the payload named by the device; a set of ``SCALAR/Publish`` with ``n``
-    makes a server thread notify every source n times (the separate-process publisher)."""
-
-    server: Server | None = None
-
-    def get(self, request: GetRequest) -> None:
-        request.complete(PAYLOADS.get(request.device, SCALAR))
-
-    def set(self, request: SetRequest) -> None:
-        data = request.data
-        if request.property == "Publish" and self.server is not None:
-            server, n = self.server, int(data["n"])
-            threading.Thread(target=publish, args=(server, n), daemon=True).start()
-        request.complete()
-
-
-def publish(server: Server, n: int) -> None:
-    sources = [s for s in server.subscriptions() if s.property == "Acquisition"]
-    for i in range(n):
-        for source in sources:
-            source.notify(Data(current=float(i)))
-
-
-def rda_server(port: int = 0) -> Server:
-    handler = Handler()
-    server = (
-        ServerBuilder("BENCH")
-        .endpoint(f"tcp://127.0.0.1:{port}")
-        .request_reply(handler)
-        .subscription(SubscriptionCallback())
-        .devices("*")
-        .immediate_updates(False)
-        .directory(None)
-        # --inline-handlers (passed to a --serve child through the environment)
-        .inline_handlers(os.environ.get("RDA_BENCH_INLINE") == "1")
-        .build()
-    )
-    handler.server = server
-    return server
-
-
-def rda_benchmarks(args: argparse.Namespace, endpoint: str | None = None) -> dict[str, Any]:
-    """Against a server started here, or against ``endpoint`` (``rpc.py --serve rda``)."""
-    server = rda_server() if endpoint is None else None
-    if server is not None:
-        server.start()
-        endpoint = server.endpoint
-    assert endpoint is not None
-    out: dict[str, Any] = {}
-    client = ClientService(StaticDirectory({"*": endpoint}), Config(workers=2))
-    publisher = client.access_point("SCALAR", "Publish")
-
-    def remote_publish(n: int) -> None:
-        publisher.set(Data(n=n))
-
-    def local_publish(n: int) -> None:
-        assert server is not None
-        publish(server, n)
-
-    notify = local_publish if server is not None else remote_publish
-    try:
-        scalar = client.access_point("SCALAR", "Acquisition")
-        obj = client.access_point("OBJECT", "Acquisition")
-
-        def rtt(call: Callable[[], object], n: int) -> list[float]:
-            samples = []
-            for _ in range(n):
-                t0 = time.perf_counter()
+def interleaved_latencies(contestants: Sequence[Contestant], n: int) -> list[dict[str, Any]]:
+    """Per contestant, p50/p99 of ``n`` round trips of each kind in ``LATENCIES``, taken in
+    blocks of ``BLOCK`` that rotate between the contestants (and start with a different one
+    each block): drift of the machine's load hits them all alike."""
+    out: list[dict[str, Any]] = [{} for _ in contestants]
+    for what in LATENCIES:
+        calls = [c.round_trip(what) for c in contestants]
+        for call in calls:
+            for _ in range(200):  # warm up (and connected)
                 call()
-                samples.append(time.perf_counter() - t0)
-            return samples
-
-        rtt(scalar.get, 200)
-        out["get_scalar"] = pct(rtt(lambda: scalar.get().data["current"], args.round_trips))
-        out["get_object"] = pct(rtt(lambda: obj.get().data["doubles"], args.round_trips))
-        setting = client.access_point("SCALAR", "Setting")
-        out["set"] = pct(rtt(lambda: setting.set(SCALAR), args.round_trips))
-        out["in_flight_64_per_s"] = rda_in_flight(client, args.seconds)
-        for key, device in (("mib_get_MBps", "MIB"), ("mib_read_only_get_MBps", "MIBRO")):
-            mib = client.access_point(device, "Acquisition")
-            t0 = time.perf_counter()
-            for _ in range(args.mib_gets):
-                assert len(mib.get().data["values"]) == 131072
-            elapsed = time.perf_counter() - t0
-            out[key] = args.mib_gets * len(RAW_PAYLOADS["MIB"]) / elapsed / 1e6
-        out["subscription_1"] = rda_subscribers(client, notify, 1, args.updates)
-        out["subscription_10"] = rda_subscribers(client, notify, 10, args.updates // 4)
-        if server is not None:
-            out["subscription_slow_consumer"] = rda_slow_consumer(client, server, args.updates // 4)
-        out["client_statistics"] = {
-            k: v
-            for k, v in vars_of(client.statistics()).items()
-            if k in ("requests", "replies", "late_replies", "timeouts", "gaps", "dropped")
-        }
-    finally:
-        client.close()
-        if server is not None:
-            server.stop()
-    if server is not None:
-        out["resume_after_restart"] = rda_resume(args.restarts)
+        samples: list[list[float]] = [[] for _ in contestants]
+        block = 0
+        while len(samples[0]) < n:
+            size = min(BLOCK, n - len(samples[0]))
+            for k in range(len(contestants)):
+                i = (block + k) % len(contestants)
+                call, mine = calls[i], samples[i]
+                for _ in range(size):
+                    t0 = time.perf_counter()
+                    call()
+                    mine.append(time.perf_counter() - t0)
+            block += 1
+        for i, mine in enumerate(samples):
+            out[i][what] = pct(mine)
     return out
 
 
-def vars_of(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__slots__}
+def interleaved(
+    contestants: Sequence[Contestant], run: Callable[[Contestant], float], chunks: int
+) -> list[list[float]]:
+    """``run`` ``chunks`` times per contestant, the contestants taking turns (the first of
+    each turn rotating); per contestant, its results in order."""
+    out: list[list[float]] = [[] for _ in contestants]
+    for turn in range(chunks):
+        for k in range(len(contestants)):
+            i = (turn + k) % len(contestants)
+            out[i].append(run(contestants[i]))
+    return out
 
 
-def rda_in_flight(client: ClientService, seconds: float) -> float:
-    return gets_in_flight(client.access_point("SCALAR", "Acquisition"), seconds)
-
-
-def rda_subscribers(
-    client: ClientService, notify: Callable[[int], None], count: int, updates: int
-) -> dict[str, Any]:
-    subs = [
-        client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100_000)
-        for _ in range(count)
-    ]
-    for sub in subs:
-        first = sub.poll(10)
-        assert first is not None and first.update_type is UpdateType.FIRST
-    stats0 = client.statistics()
-    received = [0] * count
-    gaps = [0] * count
-    last_seq = [0] * count
-
-    # One consumer thread for all subscriptions, woken by the dispatcher when a queue that
-    # was empty receives a notification (the same hook rda.aio uses).
-    wake = threading.Event()
-    for sub in subs:
-        sub.set_wakeup(wake.set)
-
-    def consume() -> None:
-        pending = set(range(count))
-        deadline = time.perf_counter() + 60
-        while pending and time.perf_counter() < deadline:
-            wake.clear()
-            for i in list(pending):
-                while (n := subs[i].poll_nowait()) is not None:
-                    received[i] += 1
-                    gaps[i] += n.gap
-                    last_seq[i] = n.seq
-                    if n.seq >= updates + 1:  # FIRST was seq 1
-                        pending.discard(i)
-                        break
-            if pending:
-                wake.wait(0.1)
-
-    consumer = threading.Thread(target=consume, name="bench-consumer")
-    t0 = time.perf_counter()
-    consumer.start()
-    notify(updates)
-    consumer.join()
-    elapsed = time.perf_counter() - t0
-    stats1 = client.statistics()
-    for sub in subs:
-        sub.close()
-    total = sum(received)
-    counted = total + sum(gaps)
-    return {
-        "sent": updates * count,
-        "received": total,
-        "gaps": sum(gaps),
-        "dropped": stats1.dropped - stats0.dropped,
-        "uncounted_losses": updates * count - counted,
-        "updates_per_s": total / elapsed,
-    }
-
-
-def rda_slow_consumer(client: ClientService, server: Server, updates: int) -> dict[str, Any]:
-    """A consumer that reads nothing until the publisher is done, with a 100-slot queue:
-    most updates are dropped (client side) or conflated (server side), and every one of them
-    must show up in ``.gap``."""
-    sub = client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100)
-    first = sub.poll(10)
-    assert first is not None and first.update_type is UpdateType.FIRST
-    stats0 = client.statistics()
-    for i in range(updates):
-        for source in server.subscriptions():
-            source.notify(Data(current=float(i)))
-    # Let everything arrive (received or known missed) before reading anything.
-    deadline = time.perf_counter() + 60
-    while time.perf_counter() < deadline:
-        now = client.statistics()
-        if now.notifications - stats0.notifications + now.gaps - stats0.gaps >= updates:
-            break
-        time.sleep(0.01)
-    received = gaps = 0
-    last = 1
-    while last < updates + 1:
-        n = sub.poll(10)
-        if n is None:
-            break
-        received += 1
-        gaps += n.gap
-        last = n.seq
-    stats1 = client.statistics()
-    sub.close()
-    return {
-        "sent": updates,
-        "received": received,
-        "gaps": gaps,
-        "dropped_here": stats1.dropped - stats0.dropped,
-        "conflated_at_server": (stats1.gaps - stats0.gaps),
-        "uncounted_losses": updates - received - gaps,
-    }
-
-
-def rda_resume(restarts: int) -> dict[str, Any]:
-    server = rda_server()
-    server.start()
-    port = int(server.endpoint.rsplit(":", 1)[1])
-    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
-    times = []
-    try:
-        sub = client.access_point("SCALAR", "Acquisition").subscribe()
-        assert sub.poll(10) is not None
-        for _ in range(restarts):
-            server.stop()
-            lost = sub.poll(10)
-            assert lost is not None and lost.error is not None
-            server = rda_server(port)
-            server.start()
-            listening = time.perf_counter()
-            first = sub.poll(10)
-            assert first is not None and first.update_type is UpdateType.FIRST
-            times.append(time.perf_counter() - listening)
-    finally:
-        client.close()
-        server.stop()
-    return {
-        "restarts": restarts,
-        "median_s": statistics.median(times),
-        "max_s": max(times),
-    }
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def serve(kind: str) -> None:
-    """Child process: run a raw or rda server, print its endpoint, answer ``counts`` lines
-    (structural counts, see _structure), stop when stdin closes."""
-    if os.environ.get(_structure.COUNT_ENV) == "1":
-        _structure.install()
-    if kind == "raw":
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        raw = RawServer(ctx)
-        print(raw.endpoint, flush=True)
-        _structure.serve_counts_loop()
-        raw.stop.set()
-        raw.thread.join()
-        ctx.term()
-    else:
-        server = rda_server()
-        server.start()
-        print(server.endpoint, flush=True)
-        _structure.serve_counts_loop()
-        server.stop()
-
-
-def Child(kind: str) -> _structure.Child:
-    """``rpc.py --serve kind`` in a child process; ``endpoint`` once it listens."""
-    return _structure.Child(os.path.abspath(__file__), kind)
+def one_round(
+    contestants: Sequence[Contestant], args: argparse.Namespace, index: int
+) -> list[dict[str, Any]]:
+    """Every measure once for every contestant; the order of the passes rotates with
+    ``index``."""
+    results = interleaved_latencies(contestants, args.round_trips)
+    chunk = args.seconds / CHUNKS
+    rates = interleaved(contestants, lambda c: c.in_flight(chunk), CHUNKS)
+    for i, r in enumerate(rates):
+        results[i]["in_flight_64_per_s"] = statistics.fmean(r)  # chunks of equal length
+    mib_blocks = max(1, args.mib_gets // MIB_BLOCK)
+    # raw sends the same bytes in both passes: each pass has its own raw baseline.
+    for key, read_only in (("mib_get_MBps", False), ("mib_read_only_get_MBps", True)):
+        for c in contestants:
+            c.mib(MIB_BLOCK, read_only)  # warm up: socket buffers grow with the traffic
+        times = interleaved(contestants, lambda c, ro=read_only: c.mib(MIB_BLOCK, ro), mib_blocks)
+        for i, t in enumerate(times):
+            results[i][key] = len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
+    order = [(index + k) % len(contestants) for k in range(len(contestants))]
+    for count, updates in ((1, args.updates), (10, args.updates // 4)):
+        for i in order:
+            if contestants[i].subscriptions:
+                results[i][f"subscription_{count}"] = contestants[i].subscribers(count, updates)
+    return results
 
 
 def median_of(rounds: list[Any]) -> Any:
@@ -510,50 +153,132 @@ def median_of(rounds: list[Any]) -> Any:
     return statistics.median(rounds)
 
 
-def alternate(
-    rounds: int, raw: Callable[[], dict[str, Any]], rda: Callable[[], dict[str, Any]]
-) -> dict[str, Any]:
-    """raw, rda, raw, rda ...: the machine's load drifts over a run (this is a shared 2-core
-    machine), and one raw pass then one rda pass put each on its own side of the drift. The
-    report compares per-measure medians and lists each round's ratios."""
-    raws, rdas = [], []
-    for _ in range(rounds):
-        raws.append(raw())
-        rdas.append(rda())
-    result = compare(median_of(raws), median_of(rdas))
-    result["rounds"] = rounds
-    result["ratio_per_round"] = [compare(a, b)["ratio"] for a, b in zip(raws, rdas, strict=True)]
+def run_rounds(contestants: Sequence[Contestant], args: argparse.Namespace) -> dict[str, Any]:
+    """``args.rounds`` rounds; the report compares each rda contestant with raw (the first):
+    ``ratio``/``targets_met`` for the one named ``rda``, ``ratio_inline``/
+    ``targets_met_inline`` for ``rda_inline``; ``ratio_per_round`` (and
+    ``ratio_inline_per_round``) list each round's ratios."""
+    rounds = [one_round(contestants, args, r) for r in range(args.rounds)]
+    result: dict[str, Any] = {}
+    medians = [median_of([r[i] for r in rounds]) for i in range(len(contestants))]
+    for c, m in zip(contestants, medians, strict=True):
+        result[c.name] = m
+        if isinstance(c, Rda):
+            m["client_statistics"] = c.statistics()
+    for i, c in enumerate(contestants[1:], start=1):
+        suffix = "" if c.name == "rda" else "_" + c.name.removeprefix("rda_")
+        compared = compare(medians[0], medians[i])
+        result["ratio" + suffix] = compared["ratio"]
+        result["targets_met" + suffix] = compared["targets"]
+        result["ratio" + suffix + "_per_round"] = [compare(r[0], r[i])["ratio"] for r in rounds]
+    result["rounds"] = args.rounds
     return result
 
 
 def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
+    """rda's ratios to raw and issue 11's targets (set for the separate-process arrangement),
+    for the measures ``rda`` has."""
     ratio = {
         "get_scalar_p50": rda["get_scalar"]["p50_us"] / raw["get_scalar"]["p50_us"],
         "get_object_p50": rda["get_object"]["p50_us"] / raw["get_object"]["p50_us"],
         "in_flight_64": rda["in_flight_64_per_s"] / raw["in_flight_64_per_s"],
         "mib_get": rda["mib_get_MBps"] / raw["mib_get_MBps"],
         # Not a target of its own: the same get, the array sent out of band (read-only).
-        "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_get_MBps"],
-        "subscription_1": rda["subscription_1"]["updates_per_s"]
-        / raw["subscription_1"]["updates_per_s"],
-        "subscription_10": rda["subscription_10"]["updates_per_s"]
-        / raw["subscription_10"]["updates_per_s"],
+        "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_read_only_get_MBps"],
     }
-    losses = [rda["subscription_1"], rda["subscription_10"]]
-    if "subscription_slow_consumer" in rda:
-        losses.append(rda["subscription_slow_consumer"])
     targets = {
-        # Issue 11's targets (the separate-process arrangement is the one they are set for).
         "get_scalar_p50": ratio["get_scalar_p50"] <= 1.5,
         "in_flight_64": ratio["in_flight_64"] >= 0.5,
         "mib_get": ratio["mib_get"] >= 0.85,
-        "subscription_1": ratio["subscription_1"] >= 0.6,
-        "subscription_10": ratio["subscription_10"] >= 0.6,
-        "no_uncounted_loss": all(x["uncounted_losses"] == 0 for x in losses),
     }
+    losses = []
+    for count in (1, 10):
+        key = f"subscription_{count}"
+        if key in rda:
+            ratio[key] = rda[key]["updates_per_s"] / raw[key]["updates_per_s"]
+            targets[key] = ratio[key] >= 0.6
+            losses.append(rda[key])
+    if "subscription_slow_consumer" in rda:
+        losses.append(rda["subscription_slow_consumer"])
+    if losses:
+        targets["no_uncounted_loss"] = all(x["uncounted_losses"] == 0 for x in losses)
     if "resume_after_restart" in rda:
         targets["resume_le_0.3s"] = rda["resume_after_restart"]["max_s"] <= 0.3
-    return {"raw": raw, "rda": rda, "ratio": ratio, "targets_met": targets}
+    return {"ratio": ratio, "targets": targets}
+
+
+def in_process(args: argparse.Namespace) -> dict[str, Any]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    raw_server = RawServer(ctx)
+    server = rda_server(inline=args.inline_handlers)
+    server.start()
+    contestants: list[Contestant] = [Raw(ctx, raw_server.endpoint)]
+    try:
+        contestants.append(Rda("rda", server.endpoint, server))
+        result = run_rounds(contestants, args)
+        rda = contestants[1]
+        assert isinstance(rda, Rda)
+        slow = rda_slow_consumer(rda.client, server, args.updates // 4)
+    finally:
+        for c in contestants:
+            c.close()
+        server.stop()
+        raw_server.stop.set()
+        raw_server.thread.join()
+        ctx.term()
+    result["rda"]["subscription_slow_consumer"] = slow
+    result["rda"]["resume_after_restart"] = rda_resume(args.restarts)
+    # The in-process-only cases join the targets of the one round-independent report.
+    extra = compare(result["raw"], result["rda"])["targets"]
+    result["targets_met"].update(
+        {k: v for k, v in extra.items() if k in ("no_uncounted_loss", "resume_le_0.3s")}
+    )
+    return result
+
+
+def separate_process(args: argparse.Namespace) -> dict[str, Any]:
+    children = [Child("raw"), Child("rda"), Child("rda_inline")]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    contestants: list[Contestant] = []
+    try:
+        contestants.append(Raw(ctx, children[0].endpoint))
+        contestants.append(Rda("rda", children[1].endpoint))
+        inline = Rda("rda_inline", children[2].endpoint)
+        inline.subscriptions = False
+        contestants.append(inline)
+        return run_rounds(contestants, args)
+    finally:
+        for c in contestants:
+            c.close()
+        ctx.term()
+        for child in children:
+            child.close()
+
+
+def serve(kind: str) -> None:
+    """Child process: run a raw or rda server, print its endpoint, answer ``counts`` lines
+    (structural counts, see _structure), stop when stdin closes."""
+    if os.environ.get(_structure.COUNT_ENV) == "1":
+        _structure.install()
+    if kind == "raw":
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        raw = RawServer(ctx)
+        print(raw.endpoint, flush=True)
+        _structure.serve_counts_loop()
+        raw.stop.set()
+        raw.thread.join()
+        ctx.term()
+    else:
+        server = rda_server(inline=kind == "rda_inline")
+        server.start()
+        print(server.endpoint, flush=True)
+        _structure.serve_counts_loop()
+        server.stop()
+
+
+def Child(kind: str) -> _structure.Child:
+    """``rpc.py --serve kind`` in a child process; ``endpoint`` once it listens."""
+    return _structure.Child(os.path.abspath(__file__), kind)
 
 
 def main() -> None:
@@ -568,12 +293,13 @@ def main() -> None:
     parser.add_argument(
         "--inline-handlers",
         action="store_true",
-        help="rda servers run gets/sets on their dispatcher (ServerBuilder.inline_handlers)",
+        help="the in-process rda server runs gets/sets on its dispatcher "
+        "(separate processes always measure both)",
     )
-    parser.add_argument("--serve", choices=("raw", "rda"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("raw", "rda", "rda_inline"), help=argparse.SUPPRESS)
     parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="raw/rda passes alternated (medians; 1 with --quick)"
+        "--rounds", type=int, default=3, help="rounds of alternated passes (1 with --quick)"
     )
     args = parser.parse_args()
     if args.serve:
@@ -591,31 +317,19 @@ def main() -> None:
     args.updates = 2000 if args.quick else 40000
     args.restarts = 2 if args.quick else 5
     args.structure_ops = 500 if args.quick else 2000
-    if args.inline_handlers:
-        os.environ["RDA_BENCH_INLINE"] = "1"
-    rounds = 1 if args.quick else args.rounds
+    if args.quick:
+        args.rounds = 1
 
     report: dict[str, Any] = {
         "load_average_before": os.getloadavg(),
-        "inline_handlers": args.inline_handlers,
+        "inline_handlers_in_process": args.inline_handlers,
     }
     # The timed passes run without the structural counters (a Python wrapper per pyzmq call,
     # which costs raw pyzmq's per-frame calls more than rda's one call per message).
     if args.mode in ("in_process", "both"):
-        report["in_process"] = alternate(
-            rounds, lambda: raw_benchmarks(args), lambda: rda_benchmarks(args)
-        )
+        report["in_process"] = in_process(args)
     if args.mode in ("separate_process", "both"):
-        raw_child, rda_child = Child("raw"), Child("rda")
-        try:
-            report["separate_process"] = alternate(
-                rounds,
-                lambda: raw_benchmarks(args, raw_child.endpoint),
-                lambda: rda_benchmarks(args, rda_child.endpoint),
-            )
-        finally:
-            raw_child.close()
-            rda_child.close()
+        report["separate_process"] = separate_process(args)
     if not args.no_structure:
         # Counted from here on, in this process and in the children started now.
         _structure.install()
@@ -624,6 +338,9 @@ def main() -> None:
         report["structure_per_operation"] = {
             "raw": _structure.raw_structure(Child, args.structure_ops),
             "rda": _structure.rda_structure(Child, args.structure_ops),
+            "rda_inline": _structure.rda_structure(
+                Child, args.structure_ops, kind="rda_inline", notifications=False
+            ),
         }
     report["load_average_after"] = os.getloadavg()
     json.dump(report, sys.stdout, indent=2)

@@ -1,0 +1,425 @@
+"""The contestants of ``benchmarks/rpc.py``: raw pyzmq and rda, each behind one interface.
+
+A contestant is a client connected to its server (a thread of this process or a child
+process, ``rpc.py --serve raw|rda|rda_inline``) that can run every measure of the benchmark:
+``round_trip(what)`` (one get or set, for the latency series), ``in_flight``, ``mib`` and
+``subscribers``. ``rpc.py`` keeps every contestant of an arrangement connected for the whole
+run and alternates them measure by measure, and the latency series block by block, so that
+each ratio compares passes made within seconds of each other on this shared machine.
+
+* :class:`Raw`: a DEALER against :class:`RawServer` (a ROUTER answering pre-encoded bytes);
+* :class:`Rda`: a ``ClientService`` against an rda ``Server`` (:func:`rda_server`), whose
+  handlers run on workers (the default) or inline (declared non-blocking).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+from _in_flight import gets_in_flight
+
+from rda.business.client import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+from rda.business.server import Server, ServerBuilder
+from rda.business.server_requests import (
+    GetRequest,
+    RequestReplyCallback,
+    SetRequest,
+    SubscriptionCallback,
+)
+from rda.serialization import _binary
+from rda.serialization._data import Data, DataType
+from rda.serialization._header import UpdateType
+
+SCALAR = Data(current=1.5)
+OBJECT = Data()
+OBJECT.append("ints", np.arange(40, dtype=np.int32), DataType.INT32_ARRAY)
+OBJECT.append("doubles", np.linspace(0.0, 1.0, 40))
+OBJECT.append("strings", [f"element-{i:02d}" for i in range(40)])
+MIB = Data(values=np.zeros(131072, dtype=np.float64))  # 1 MiB of float64
+# The same 1 MiB made read-only: rda sends it as a frame of its own instead of copying it into
+# the DATA body (docs/serialization.md, "Out of band"); its raw baseline is MIB's.
+_FROZEN = np.zeros(131072, dtype=np.float64)
+_FROZEN.flags.writeable = False
+MIB_READ_ONLY = Data(values=_FROZEN)
+
+PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
+RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
+MIB_BYTES = len(RAW_PAYLOADS["MIB"])  # what a 1 MiB get moves, for MB/s
+
+
+def pct(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {"p50_us": s[len(s) // 2] * 1e6, "p99_us": s[int(len(s) * 0.99)] * 1e6}
+
+
+# ----------------------------------------------------------------------------- raw pyzmq
+
+
+class RawServer:
+    """ROUTER thread: a request ``[name]`` gets the pre-encoded payload ``name``; a request
+    ``[b"PUB", n]`` makes it send n notifications to every DEALER that said hello."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.sndhwm = 0  # unbounded: measure delivery, not zmq's silent ROUTER drops
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="raw-server", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        sock = self.sock
+        subscribers: list[bytes] = []
+        while not self.stop.is_set():
+            if not sock.poll(50):
+                continue
+            peer, *frames = sock.recv_multipart(copy=False)
+            head = frames[0].bytes
+            if head == b"HELLO":
+                subscribers.append(peer.bytes)
+            elif head == b"RESET":  # a new burst: forget the subscribers of the last one
+                subscribers.clear()
+                sock.send_multipart([peer, b"OK"])
+            elif head == b"PUB":
+                n = int(frames[1].bytes)
+                payload = RAW_PAYLOADS["SCALAR"]
+                for i in range(n):
+                    seq = str(i).encode()
+                    for sub in subscribers:
+                        sock.send_multipart([sub, seq, payload])
+            else:
+                sock.send_multipart([peer, frames[-1], RAW_PAYLOADS[head.decode()]], copy=False)
+        sock.close()
+
+
+def raw_in_flight(dealer: zmq.Socket[bytes], seconds: float) -> float:
+    done = 0
+    for i in range(64):
+        dealer.send_multipart([b"SCALAR", str(i).encode()])
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        dealer.recv_multipart(copy=False)
+        done += 1
+        dealer.send_multipart([b"SCALAR", b"x"])
+    elapsed = time.perf_counter() - t0
+    for _ in range(64):
+        dealer.recv_multipart(copy=False)
+    return done / elapsed
+
+
+def raw_subscribers(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, count: int, updates: int
+) -> dict[str, Any]:
+    control = ctx.socket(zmq.DEALER)
+    control.linger = 0
+    control.connect(endpoint)
+    control.send(b"RESET")  # answered: the closed subscribers of an earlier round are gone
+    assert control.poll(10_000), "the raw server did not answer RESET"
+    control.recv()
+    socks = []
+    poller = zmq.Poller()
+    for _ in range(count):
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.rcvhwm = 0
+        s.connect(endpoint)
+        s.send(b"HELLO")
+        poller.register(s, zmq.POLLIN)
+        socks.append(s)
+    time.sleep(0.2)  # HELLOs arrive before PUB (same pipe order per DEALER)
+    control.send_multipart([b"PUB", str(updates).encode()])
+    expected = updates * count
+    received = 0
+    t0 = time.perf_counter()
+    deadline = t0 + 60
+    while received < expected and time.perf_counter() < deadline:
+        for s, _ in poller.poll(1000):
+            while True:
+                try:
+                    s.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                received += 1
+    elapsed = time.perf_counter() - t0
+    for s in [*socks, control]:
+        s.close()
+    return {"sent": expected, "received": received, "updates_per_s": received / elapsed}
+
+
+class Raw:
+    """Raw pyzmq: one DEALER for the round trips, fresh ones per subscription burst."""
+
+    name = "raw"
+    subscriptions = True
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> None:
+        self.ctx, self.endpoint = ctx, endpoint
+        self.dealer = ctx.socket(zmq.DEALER)
+        self.dealer.linger = 0
+        self.dealer.connect(endpoint)
+        self._i = 0
+
+    def round_trip(self, what: str) -> Callable[[], object]:
+        # raw has no set: its set is the same small round trip as a scalar get.
+        name = b"OBJECT" if what == "get_object" else b"SCALAR"
+        dealer = self.dealer
+
+        def call() -> object:
+            self._i += 1
+            dealer.send_multipart([name, str(self._i).encode()])
+            return dealer.recv_multipart(copy=False)
+
+        return call
+
+    def in_flight(self, seconds: float) -> float:
+        return raw_in_flight(self.dealer, seconds)
+
+    def mib(self, n: int, read_only: bool) -> float:
+        """Seconds taken by ``n`` 1 MiB gets (raw sends the same bytes either way)."""
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.dealer.send_multipart([b"MIB", str(i).encode()])
+            self.dealer.recv_multipart(copy=False)
+        return time.perf_counter() - t0
+
+    def subscribers(self, count: int, updates: int) -> dict[str, Any]:
+        return raw_subscribers(self.ctx, self.endpoint, count, updates)
+
+    def close(self) -> None:
+        self.dealer.close()
+
+
+# ----------------------------------------------------------------------------- rda
+
+
+class Handler(RequestReplyCallback):
+    """get answers the payload named by the device; a set of ``SCALAR/Publish`` with ``n``
+    makes a server thread notify every source n times (the separate-process publisher)."""
+
+    server: Server | None = None
+
+    def get(self, request: GetRequest) -> None:
+        request.complete(PAYLOADS.get(request.device, SCALAR))
+
+    def set(self, request: SetRequest) -> None:
+        data = request.data
+        if request.property == "Publish" and self.server is not None:
+            server, n = self.server, int(data["n"])
+            threading.Thread(target=publish, args=(server, n), daemon=True).start()
+        request.complete()
+
+
+def publish(server: Server, n: int) -> None:
+    sources = [s for s in server.subscriptions() if s.property == "Acquisition"]
+    for i in range(n):
+        for source in sources:
+            source.notify(Data(current=float(i)))
+
+
+def rda_server(port: int = 0, inline: bool = False) -> Server:
+    """The benchmark's server; ``inline``: handlers declared non-blocking run on the
+    dispatcher (``ServerBuilder.inline_handlers``), else on workers (the default)."""
+    handler = Handler()
+    server = (
+        ServerBuilder("BENCH")
+        .endpoint(f"tcp://127.0.0.1:{port}")
+        .request_reply(handler)
+        .subscription(SubscriptionCallback())
+        .devices("*")
+        .immediate_updates(False)
+        .directory(None)
+        .inline_handlers(inline)
+        .build()
+    )
+    handler.server = server
+    return server
+
+
+class Rda:
+    """An rda ``ClientService``; ``server``: the server when it runs in this process (its
+    subscriptions are then fed directly, else through a ``SCALAR/Publish`` set)."""
+
+    subscriptions = True
+
+    def __init__(self, name: str, endpoint: str, server: Server | None = None) -> None:
+        self.name = name
+        self.server = server
+        self.client = ClientService(StaticDirectory({"*": endpoint}), Config(workers=2))
+        self._publisher = self.client.access_point("SCALAR", "Publish")
+        self._stats0 = self.client.statistics()
+
+    def round_trip(self, what: str) -> Callable[[], object]:
+        if what == "set":
+            setting = self.client.access_point("SCALAR", "Setting")
+            return lambda: setting.set(SCALAR)
+        if what == "get_object":
+            obj = self.client.access_point("OBJECT", "Acquisition")
+            return lambda: obj.get().data["doubles"]
+        scalar = self.client.access_point("SCALAR", "Acquisition")
+        return lambda: scalar.get().data["current"]
+
+    def in_flight(self, seconds: float) -> float:
+        return gets_in_flight(self.client.access_point("SCALAR", "Acquisition"), seconds)
+
+    def mib(self, n: int, read_only: bool) -> float:
+        """Seconds taken by ``n`` 1 MiB gets (``read_only``: the array sent out of band)."""
+        mib = self.client.access_point("MIBRO" if read_only else "MIB", "Acquisition")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            assert len(mib.get().data["values"]) == 131072
+        return time.perf_counter() - t0
+
+    def _notify(self, n: int) -> None:
+        if self.server is not None:
+            publish(self.server, n)
+        else:
+            self._publisher.set(Data(n=n))
+
+    def subscribers(self, count: int, updates: int) -> dict[str, Any]:
+        return rda_subscribers(self.client, self._notify, count, updates)
+
+    def statistics(self) -> dict[str, Any]:
+        """The client's request and loss counters over the whole run."""
+        now, before = self.client.statistics(), self._stats0
+        keys = ("requests", "replies", "late_replies", "timeouts", "gaps", "dropped")
+        return {k: getattr(now, k) - getattr(before, k) for k in keys}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def rda_subscribers(
+    client: ClientService, notify: Callable[[int], None], count: int, updates: int
+) -> dict[str, Any]:
+    subs = [
+        client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100_000)
+        for _ in range(count)
+    ]
+    for sub in subs:
+        first = sub.poll(10)
+        assert first is not None and first.update_type is UpdateType.FIRST
+    stats0 = client.statistics()
+    received = [0] * count
+    gaps = [0] * count
+    last_seq = [0] * count
+
+    # One consumer thread for all subscriptions, woken by the dispatcher when a queue that
+    # was empty receives a notification (the same hook rda.aio uses).
+    wake = threading.Event()
+    for sub in subs:
+        sub.set_wakeup(wake.set)
+
+    def consume() -> None:
+        pending = set(range(count))
+        deadline = time.perf_counter() + 60
+        while pending and time.perf_counter() < deadline:
+            wake.clear()
+            for i in list(pending):
+                while (n := subs[i].poll_nowait()) is not None:
+                    received[i] += 1
+                    gaps[i] += n.gap
+                    last_seq[i] = n.seq
+                    if n.seq >= updates + 1:  # FIRST was seq 1
+                        pending.discard(i)
+                        break
+            if pending:
+                wake.wait(0.1)
+
+    consumer = threading.Thread(target=consume, name="bench-consumer")
+    t0 = time.perf_counter()
+    consumer.start()
+    notify(updates)
+    consumer.join()
+    elapsed = time.perf_counter() - t0
+    stats1 = client.statistics()
+    for sub in subs:
+        sub.close()
+    total = sum(received)
+    counted = total + sum(gaps)
+    return {
+        "sent": updates * count,
+        "received": total,
+        "gaps": sum(gaps),
+        "dropped": stats1.dropped - stats0.dropped,
+        "uncounted_losses": updates * count - counted,
+        "updates_per_s": total / elapsed,
+    }
+
+
+def rda_slow_consumer(client: ClientService, server: Server, updates: int) -> dict[str, Any]:
+    """A consumer that reads nothing until the publisher is done, with a 100-slot queue:
+    most updates are dropped (client side) or conflated (server side), and every one of them
+    must show up in ``.gap``."""
+    sub = client.access_point("SCALAR", "Acquisition").subscribe(queue_size=100)
+    first = sub.poll(10)
+    assert first is not None and first.update_type is UpdateType.FIRST
+    stats0 = client.statistics()
+    for i in range(updates):
+        for source in server.subscriptions():
+            source.notify(Data(current=float(i)))
+    # Let everything arrive (received or known missed) before reading anything.
+    deadline = time.perf_counter() + 60
+    while time.perf_counter() < deadline:
+        now = client.statistics()
+        if now.notifications - stats0.notifications + now.gaps - stats0.gaps >= updates:
+            break
+        time.sleep(0.01)
+    received = gaps = 0
+    last = 1
+    while last < updates + 1:
+        n = sub.poll(10)
+        if n is None:
+            break
+        received += 1
+        gaps += n.gap
+        last = n.seq
+    stats1 = client.statistics()
+    sub.close()
+    return {
+        "sent": updates,
+        "received": received,
+        "gaps": gaps,
+        "dropped_here": stats1.dropped - stats0.dropped,
+        "conflated_at_server": (stats1.gaps - stats0.gaps),
+        "uncounted_losses": updates - received - gaps,
+    }
+
+
+def rda_resume(restarts: int) -> dict[str, Any]:
+    server = rda_server()
+    server.start()
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    times = []
+    try:
+        sub = client.access_point("SCALAR", "Acquisition").subscribe()
+        assert sub.poll(10) is not None
+        for _ in range(restarts):
+            server.stop()
+            lost = sub.poll(10)
+            assert lost is not None and lost.error is not None
+            server = rda_server(port)
+            server.start()
+            listening = time.perf_counter()
+            first = sub.poll(10)
+            assert first is not None and first.update_type is UpdateType.FIRST
+            times.append(time.perf_counter() - listening)
+    finally:
+        client.close()
+        server.stop()
+    return {
+        "restarts": restarts,
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+    }
