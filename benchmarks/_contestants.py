@@ -250,10 +250,16 @@ class Rda:
     """An rda ``ClientService``; ``server``: the server when it runs in this process (its
     subscriptions are then fed directly, else through a ``SCALAR/Publish`` set)."""
 
-    subscriptions = True
-
-    def __init__(self, name: str, endpoint: str, server: Server | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        server: Server | None = None,
+        subscriptions: bool = True,
+    ) -> None:
         self.name = name
+        # False: no subscription passes (a server whose handlers differ, not its notifications)
+        self.subscriptions = subscriptions
         self.server = server
         self.client = ClientService(StaticDirectory({"*": endpoint}), Config(workers=2))
         self._publisher = self.client.access_point("SCALAR", "Publish")

@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import _structure
 import zmq
@@ -63,49 +63,48 @@ from _contestants import (
 )
 
 Contestant = Raw | Rda
+T = TypeVar("T")
 LATENCIES = ("get_scalar", "get_object", "set")
 BLOCK = 50  # round trips per contestant before the next one takes over
 CHUNKS = 6  # the in-flight measure, in turns of --seconds / CHUNKS
 MIB_BLOCK = 10  # 1 MiB gets per turn
 
 
-def interleaved_latencies(contestants: Sequence[Contestant], n: int) -> list[dict[str, Any]]:
-    """Per contestant, p50/p99 of ``n`` round trips of each kind in ``LATENCIES``, taken in
-    blocks of ``BLOCK`` that rotate between the contestants (and start with a different one
-    each block): drift of the machine's load hits them all alike."""
-    out: list[dict[str, Any]] = [{} for _ in contestants]
-    for what in LATENCIES:
-        calls = [c.round_trip(what) for c in contestants]
-        for call in calls:
-            for _ in range(200):  # warm up (and connected)
-                call()
-        samples: list[list[float]] = [[] for _ in contestants]
-        block = 0
-        while len(samples[0]) < n:
-            size = min(BLOCK, n - len(samples[0]))
-            for k in range(len(contestants)):
-                i = (block + k) % len(contestants)
-                call, mine = calls[i], samples[i]
-                for _ in range(size):
-                    t0 = time.perf_counter()
-                    call()
-                    mine.append(time.perf_counter() - t0)
-            block += 1
-        for i, mine in enumerate(samples):
-            out[i][what] = pct(mine)
-    return out
-
-
 def interleaved(
-    contestants: Sequence[Contestant], run: Callable[[Contestant], float], chunks: int
-) -> list[list[float]]:
-    """``run`` ``chunks`` times per contestant, the contestants taking turns (the first of
-    each turn rotating); per contestant, its results in order."""
-    out: list[list[float]] = [[] for _ in contestants]
-    for turn in range(chunks):
+    contestants: Sequence[Contestant], run: Callable[[Contestant], T], turns: int
+) -> list[list[T]]:
+    """``run`` ``turns`` times per contestant, the contestants taking turns (the first of
+    each turn rotating): drift of the machine's load hits them all alike. Per contestant,
+    its results in order."""
+    out: list[list[T]] = [[] for _ in contestants]
+    for turn in range(turns):
         for k in range(len(contestants)):
             i = (turn + k) % len(contestants)
             out[i].append(run(contestants[i]))
+    return out
+
+
+def interleaved_latencies(contestants: Sequence[Contestant], n: int) -> list[dict[str, Any]]:
+    """Per contestant, p50/p99 of ``n`` round trips (in whole blocks of ``BLOCK``) of each
+    kind in ``LATENCIES``, the contestants taking turns block by block."""
+    out: list[dict[str, Any]] = [{} for _ in contestants]
+    for what in LATENCIES:
+        calls = {id(c): c.round_trip(what) for c in contestants}
+        for call in calls.values():
+            for _ in range(200):  # warm up (and connected)
+                call()
+
+        def block(c: Contestant, calls: dict[int, Callable[[], object]] = calls) -> list[float]:
+            call, samples = calls[id(c)], []
+            for _ in range(BLOCK):
+                t0 = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - t0)
+            return samples
+
+        blocks = interleaved(contestants, block, max(1, n // BLOCK))
+        for i, mine in enumerate(blocks):
+            out[i][what] = pct([t for b in mine for t in b])
     return out
 
 
@@ -243,9 +242,7 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
     try:
         contestants.append(Raw(ctx, children[0].endpoint))
         contestants.append(Rda("rda", children[1].endpoint))
-        inline = Rda("rda_inline", children[2].endpoint)
-        inline.subscriptions = False
-        contestants.append(inline)
+        contestants.append(Rda("rda_inline", children[2].endpoint, subscriptions=False))
         return run_rounds(contestants, args)
     finally:
         for c in contestants:
