@@ -43,7 +43,7 @@ __all__ = [
 
 
 class _Builder(Protocol):
-    """The part of ``rda.business.server.ServerBuilder`` that ``install`` uses."""
+    """The part of ``rda.business.server.builder.ServerBuilder`` that ``install`` uses."""
 
     metrics_port_value: int | None
 

@@ -2,7 +2,7 @@
 disconnect, reload-policy, commands.
 
 Each reads the server introspection API (``AdminServer``: snapshots from
-``rda.business.server_stats``) and answers plain data, so a script can use ``--json`` and a
+``rda.business.server.statistics``) and answers plain data, so a script can use ``--json`` and a
 human gets a table. Snapshots are converted generically (frozen dataclasses -> dicts) so a
 counter the server adds later shows up here without a change.
 """
@@ -25,7 +25,7 @@ import pydantic
 
 from rda.admin.metrics import metrics_endpoint
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
-from rda.business.server_stats import HistogramSnapshot
+from rda.business.server.statistics import HistogramSnapshot
 from rda.serialization._data import Data, DataType
 
 __all__ = ["histogram_quantile", "plain"]

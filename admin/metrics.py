@@ -28,8 +28,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from rda.admin.registry import AdminServer
-from rda.business.client_stats import ClientStatistics
-from rda.business.server_stats import HistogramSnapshot, ServerStatistics
+from rda.business.client.statistics import ClientStatistics
+from rda.business.server.statistics import HistogramSnapshot, ServerStatistics
 
 __all__ = [
     "ClientCollector",

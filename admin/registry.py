@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import pydantic
 
-from rda.business.server_stats import ClientSnapshot, ServerStatistics, SourceSnapshot
+from rda.business.server.statistics import ClientSnapshot, ServerStatistics, SourceSnapshot
 from rda.serialization._data import Data
 from rda.serialization.errors import NoSuchDeviceError, RdaError
 

@@ -24,16 +24,12 @@ import numpy as np
 import zmq
 from _in_flight import gets_in_flight
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
-    GetRequest,
-    RequestReplyCallback,
-    SetRequest,
-    SubscriptionCallback,
-)
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization import _binary
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import UpdateType

@@ -29,12 +29,12 @@ from typing import Any
 import zmq
 from _in_flight import gets_in_flight
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.security import ClientSecurity, KeyPair, ServerSecurity, generate_keypair
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization import _binary
 from rda.serialization._data import Data
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import zmq
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.serialization._data import Data

@@ -2,7 +2,7 @@
 
 rda's default get runs its handler on a worker (the handler may block), so the server
 dispatcher wakes a worker and the worker's reply wakes the dispatcher: 4.3 context switches
-and 8 system calls per get more than raw pyzmq (docs/server.md, "Structural counts"). This
+and 8 system calls per get more than raw pyzmq (docs/performance.md, "Structural counts"). This
 benchmark asks whether another arrangement of threads could keep a blocking-capable handler
 off the dispatcher for less, with rda taken out of the picture: bare pyzmq and threads, a
 trivial handler, the server in a child process, round trips from a DEALER here.

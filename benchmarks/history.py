@@ -35,9 +35,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from rda.pipeline.converter import STORE_COLUMNS, partition_path
-from rda.pipeline.history import History, col
-from rda.pipeline.schema import SchemaCatalog
+from rda.pipeline.history.api import History, col
+from rda.pipeline.recorder.converter import STORE_COLUMNS, partition_path
+from rda.pipeline.recorder.schema import SchemaCatalog
 from rda.pipeline.spark_session import local_session
 
 DAY0 = 1_795_219_200_000_000_000  # 2026-11-21T00:00:00Z

@@ -39,7 +39,7 @@ def rss_kib(pid: int | None = None) -> int:
 def client_process(endpoint: str, clients: int, subscriptions: int) -> None:
     """Child: report RSS idle, after connecting, after subscribing; one line each, driven by
     stdin lines so that the parent measures every process in the same phase."""
-    from rda.business.client import ClientService
+    from rda.business.client.service import ClientService
     from rda.business.config import Config
     from rda.business.directory import StaticDirectory
 

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rda.pipeline.recorder import Recorder, Sample
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.pipeline.spark_session import local_session
-from rda.pipeline.stream import (
+from rda.pipeline.stream.sources import (
     JournalDataSource,
     JournalOptions,
     JournalStreamReader,

@@ -48,8 +48,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pyspark
 
-from rda.pipeline.history import History
-from rda.pipeline.recorder import Recorder, Sample
+from rda.pipeline.history.api import History
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 

@@ -17,7 +17,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from rda.pipeline.history import History
+from rda.pipeline.history.api import History
 
 
 def main(argv: list[str]) -> int:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rda.pipeline.converter import Converter, compact
-from rda.pipeline.metrics import start_recorder_metrics
-from rda.pipeline.recorder import Recorder, RecorderStatistics, Sample
-from rda.pipeline.schema import SchemaCatalog
+from rda.pipeline.recorder.converter import Converter, compact
+from rda.pipeline.recorder.metrics import start_recorder_metrics
+from rda.pipeline.recorder.schema import SchemaCatalog
+from rda.pipeline.recorder.service import Recorder, RecorderStatistics, Sample
 
 if TYPE_CHECKING:
-    from rda.pipeline.history import History, to_pandas
+    from rda.pipeline.history.api import History, to_pandas
     from rda.pipeline.spark_session import local_session
 
 __all__ = [
@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "History": "rda.pipeline.history",
-    "to_pandas": "rda.pipeline.history",
+    "History": "rda.pipeline.history.api",
+    "to_pandas": "rda.pipeline.history.api",
     "local_session": "rda.pipeline.spark_session",
 }
 

@@ -9,13 +9,12 @@ and ``rda.pipeline`` (history; extra ``[pipeline]``) are sub-packages.
 import rda.admin as admin
 import rda.security as security
 from rda._server import ServerBuilder
-from rda.business.client import ClientService
-from rda.business.client_access import AccessPoint
-from rda.business.client_stats import ClientStatistics, ServerConnectionStatistics
-from rda.business.client_subscription import Notification, Subscription
+from rda.business.client.access import AccessPoint
+from rda.business.client.service import ClientService
+from rda.business.client.statistics import ClientStatistics, ServerConnectionStatistics
+from rda.business.client.subscriptions import Notification, Subscription
 from rda.business.common import AcquiredData
 from rda.business.config import Config, ConfigError
-from rda.business.device import Device, prop
 from rda.business.directory import (
     ChainDirectory,
     Directory,
@@ -24,17 +23,17 @@ from rda.business.directory import (
     default_directory,
 )
 from rda.business.scheduler import GroupTaskScheduler
-from rda.business.server import Server
-from rda.business.server_requests import (
+from rda.business.server.builder import Server
+from rda.business.server.devices import Device, prop
+from rda.business.server.requests import (
     ClientInfo,
     GetRequest,
     RequestReplyCallback,
     SetRequest,
-    SubscriptionCallback,
     SubscriptionRequest,
 )
-from rda.business.server_stats import ServerStatistics
-from rda.business.subscriptions import SubscriptionSource
+from rda.business.server.statistics import ServerStatistics
+from rda.business.server.subscriptions import SubscriptionCallback, SubscriptionSource
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (

@@ -1,9 +1,9 @@
 """The ``rda`` console script: the admin commands plus, with the ``pipeline`` extra, the history.
 
 ``rda.admin`` must not import ``rda.pipeline`` (layer direction), so this facade module, which
-may import both, builds the full command: the admin group (``rda.admin.cli.cli``) gains
-``record`` and ``compact`` (``rda.pipeline.cli``) and the ``history`` group
-(``rda.pipeline.history_cli``) when pyarrow is importable; without the extra they are absent.
+may import both, builds the full command: the admin group (``rda.admin.cli.main.cli``) gains
+``record`` and ``compact`` (``rda.pipeline.recorder.cli``) and the ``history`` group
+(``rda.pipeline.history.cli``) when pyarrow is importable; without the extra they are absent.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.util
 
 import click
 
-from rda.admin.cli import cli
+from rda.admin.cli.main import cli
 
 __all__ = ["build", "main"]
 
@@ -20,8 +20,8 @@ __all__ = ["build", "main"]
 def build() -> click.Group:
     """The ``rda`` group with every command this installation can run."""
     if importlib.util.find_spec("pyarrow") is not None and "history" not in cli.commands:
-        from rda.pipeline.cli import compact, record
-        from rda.pipeline.history_cli import history
+        from rda.pipeline.history.cli import history
+        from rda.pipeline.recorder.cli import compact, record
 
         cli.add_command(record)
         cli.add_command(compact)

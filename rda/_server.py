@@ -9,7 +9,7 @@ is set.
 from __future__ import annotations
 
 from rda.admin import install
-from rda.business.server import ServerBuilder as _BusinessServerBuilder
+from rda.business.server.builder import ServerBuilder as _BusinessServerBuilder
 
 __all__ = ["ServerBuilder"]
 

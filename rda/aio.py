@@ -23,9 +23,9 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from rda.business import client as core
-from rda.business.client_stats import ClientStatistics
-from rda.business.client_subscription import Notification
+from rda.business.client import service as core
+from rda.business.client.statistics import ClientStatistics
+from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import Directory

@@ -32,7 +32,6 @@ from pydantic import BaseModel, Field
 
 from rda.business.common import AcquiredData
 from rda.business.config import Config
-from rda.business.device import Device, prop
 from rda.business.directory import FileDirectory
 from rda.business.security import (
     ServerSecurity,
@@ -41,8 +40,9 @@ from rda.business.security import (
     save_keypair,
     save_public_key,
 )
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device, prop
+from rda.business.server.requests import GetRequest, SetRequest
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 

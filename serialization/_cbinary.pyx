@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, embedsignature=True
 """The binary Data codec compiled with Cython: the same wire format and the same errors as the
-pure-Python ``rda.serialization._binary`` (docs/serialization.md, "Binary format").
+pure-Python codec (``rda.serialization._binary_encoder`` and ``_binary_decoder``, the layout
+in ``_binary_format``; docs/serialization.md, "Binary format").
 
 ``_binary`` imports this module when it was built (and ``RDA_PURE_PYTHON`` is not set) and
 rebinds its ``encode``/``decode`` to these. The decoder mirrors the Python one check for check,
@@ -69,9 +70,9 @@ cdef enum:
     # meets Python's recursion limit near the same depth, and says the same).
     C_MAX_DEPTH = 500
     BIG = 1 << 16
-    OOB_BIT = 0x80  # _binary.OUT_OF_BAND
+    OOB_BIT = 0x80  # _binary_format.OUT_OF_BAND
 
-# _binary.OUT_OF_BAND_MIN; _binary refuses a build whose value differs (an older format).
+# _binary_format.OUT_OF_BAND_MIN; _binary refuses a build whose value differs (an older format).
 OUT_OF_BAND_MIN = 1 << 16
 cdef Py_ssize_t OOB_MIN = OUT_OF_BAND_MIN
 
@@ -94,13 +95,13 @@ cdef object object_new = object.__new__
 cdef object DataClass = Data
 cdef object EMPTY = ""
 
-# Set by _binary (the one source of the defaults) through set_default_limits().
+# Set by _binary through set_default_limits() (_binary_format: the one source of the defaults).
 cdef int64_t default_max_depth = 64
 cdef int64_t default_max_elements = 1 << 27
 
 
 def set_default_limits(limits):
-    """Take the defaults of ``decode(buffer, None)`` from ``_binary.DEFAULT_LIMITS``."""
+    """Take the defaults of ``decode(buffer, None)`` from ``_binary_format.DEFAULT_LIMITS``."""
     global default_max_depth, default_max_elements
     default_max_depth = _clamp(limits.max_depth)
     default_max_elements = _clamp(limits.max_elements)
@@ -158,7 +159,7 @@ def decode(buffer, limits=None, arrays=()):
     cdef tuple ext = None
     if type(buffer) is not bytes:
         # A read-only byte view, so decoded arrays can never be written through (as in
-        # _binary.decode); it is also the base object of every decoded array.
+        # _binary_decoder); it is also the base object of every decoded array.
         buffer = _byte_view(buffer)
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
@@ -242,7 +243,7 @@ cdef object _read_entries(Reader* r, object owner, Py_ssize_t* ppos, Py_ssize_t 
     start = pos
     for i in range(count):
         start = pos
-        if pos + 8 > r.buflen:  # as _binary: only a header past the whole buffer says this
+        if pos + 8 > r.buflen:  # as _binary_decoder: only a header past the whole buffer says this
             raise DecodeError(f"truncated: an entry header needs 8 bytes, {end - pos} left", pos)
         p = buf + pos
         tag = p[0]
@@ -457,7 +458,7 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
 
 cdef tuple _read_out_of_band(Reader* r, Py_ssize_t start, int tag, int ndim, Py_ssize_t bpos,
                              Py_ssize_t pos, object name):
-    """An entry whose elements are the next out-of-band array (as _binary._read_out_of_band,
+    """An entry whose elements are the next out-of-band array (as _binary_decoder._read_out_of_band,
     check for check): its body is the dims (ndim > 1) and the u32 index of that array."""
     cdef const uint8_t* b = r.buf + bpos
     cdef Py_ssize_t want, width, nbytes
@@ -629,7 +630,7 @@ cdef inline int64_t _u32_size(int64_t size) except -1:
 
 
 cdef inline bint _out_of_band(int code, cnp.ndarray arr) noexcept:
-    """As _binary._goes_out_of_band: big, read-only, C-contiguous, numeric and not bool."""
+    """As _binary_encoder._goes_out_of_band: big, read-only, C-contiguous, numeric and not bool."""
     return (
         0x12 <= code <= 0x17
         and cnp.PyArray_NBYTES(arr) >= OOB_MIN
@@ -788,7 +789,7 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
 
 cdef Py_ssize_t _pack_scalar(int tag, object v, uint8_t* out) except -1:
     """Write scalar ``v`` of ``tag`` little-endian into ``out``: its width. Range errors as
-    struct.pack gives them in _binary (ValueError)."""
+    struct.pack gives them in _binary_encoder (ValueError)."""
     cdef long long ll
     cdef uint64_t u
     cdef double d

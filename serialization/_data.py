@@ -1,4 +1,4 @@
-"""``Data``: the ordered, typed mapping every rda message body carries (DESIGN.md §4).
+"""``Data``: the ordered, typed mapping every rda message body carries (docs/serialization.md).
 
 Types are RDA3's, chosen so C++ and Java peers can hold every value: bool, int8..int64,
 float32, float64, string, N-D arrays of each, nested ``Data`` and 1-D arrays of ``Data``.

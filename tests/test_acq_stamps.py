@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback
-from rda.pipeline.history_local import local_get
-from rda.pipeline.metrics import RecorderCollector
-from rda.pipeline.recorder import Recorder, Sample
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback
+from rda.pipeline.history.local import local_get
+from rda.pipeline.recorder.metrics import RecorderCollector
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
 from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory
@@ -170,7 +170,7 @@ def test_recorder_counts_logs_and_flags_rows_without_a_stamp(
     recorder = Recorder(tmp_path, [], recorder_id="zero", flush_interval=0.02)
     recorder.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="rda.pipeline.recorder"):
+        with caplog.at_level(logging.WARNING, logger="rda.pipeline.recorder.service"):
             before = time.time_ns()
             for i in range(3):
                 assert recorder.offer("PS1", "Acquisition", None, Sample(Data(x=i)))

@@ -21,7 +21,7 @@ import rda.admin
 from rda.admin.builtins import histogram_quantile, plain
 from rda.admin.registry import REGISTRY, AdminArgumentsError, AdminContext, CommandRegistry
 from rda.business.scheduler import SchedulerStatistics
-from rda.business.server_stats import (
+from rda.business.server.statistics import (
     DURATION_BUCKETS,
     ClientSnapshot,
     HistogramSnapshot,

@@ -23,12 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 import rda.admin
 from rda.admin.metrics import metrics_endpoint, start_client_metrics
 from rda.admin.registry import AdminContext, CommandRegistry
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
-from rda.business.device import Device
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device
+from rda.business.server.requests import GetRequest, SetRequest
 from rda.serialization._data import Data, DataType
 from rda.serialization.errors import NoSuchDeviceError, OverloadError, RemoteError
 

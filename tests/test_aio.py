@@ -12,13 +12,9 @@ import rda.aio
 import rda.serialization.errors as errors
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
-    GetRequest,
-    RequestReplyCallback,
-    SetRequest,
-    SubscriptionCallback,
-)
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
 

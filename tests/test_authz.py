@@ -16,13 +16,13 @@ import pytest
 
 import rda
 from rda.admin.metrics import ServerCollector
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
-from rda.business.device import Device
 from rda.business.directory import StaticDirectory
 from rda.business.policy import DenialLog, Policy, PolicyError
-from rda.business.server import Server
-from rda.business.server_requests import ClientInfo, GetRequest, SetRequest
+from rda.business.server.builder import Server
+from rda.business.server.devices import Device
+from rda.business.server.requests import ClientInfo, GetRequest, SetRequest
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType

@@ -19,11 +19,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import rda.admin
-from rda.admin.cli import cli
-from rda.admin.cli_common import ExitCode, exit_code_for
-from rda.business.device import Device
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, SetRequest
+from rda.admin.cli.common import ExitCode, exit_code_for
+from rda.admin.cli.main import cli
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device
+from rda.business.server.requests import GetRequest, SetRequest
 from rda.serialization._data import Data, DataType
 from rda.serialization.errors import (
     DisconnectedError,
@@ -217,7 +217,7 @@ def test_directory_list(server: tuple[Server, Corrector]) -> None:
 
 SERVED = textwrap.dedent(
     """
-    from rda.business.device import Device
+    from rda.business.server.devices import Device
     from rda.serialization._data import Data
 
     class Thermometer(Device):
@@ -228,7 +228,7 @@ SERVED = textwrap.dedent(
     def make():
         return Thermometer()
 
-    from rda.business.server import ServerBuilder
+    from rda.business.server.builder import ServerBuilder
 
     builder = ServerBuilder("UserBuilt").device("TB1", Thermometer())
     prebuilt = ServerBuilder("Prebuilt").device("TS1", Thermometer()).directory(None).build()

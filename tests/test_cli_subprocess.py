@@ -26,7 +26,7 @@ RDA = str(Path(sys.executable).with_name("rda"))
 SERVED = textwrap.dedent(
     """
     import threading
-    from rda.business.device import Device
+    from rda.business.server.devices import Device
     from rda.serialization._data import Data
 
     class Counter(Device):

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from rda.business.client import ClientService
-from rda.business.client_subscription import Notification, Subscription
+from rda.business.client.service import ClientService
+from rda.business.client.subscriptions import Notification, Subscription
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.serialization import _binary

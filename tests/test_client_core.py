@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import rda.serialization.errors as errors
-from rda.business.client import ClientService
-from rda.business.client_subscription import Notification
+from rda.business.client.service import ClientService
+from rda.business.client.subscriptions import Notification
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.serialization import _binary

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 
 import rda.serialization.errors as errors
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     SetRequest,
-    SubscriptionCallback,
     SubscriptionRequest,
 )
+from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
 

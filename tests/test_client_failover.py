@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rda.admin.metrics import ClientCollector
-from rda.business.client import ClientService
-from rda.business.client_stats import ServerConnectionStatistics
+from rda.business.client.service import ClientService
+from rda.business.client.statistics import ServerConnectionStatistics
 from rda.business.config import Config
 from rda.business.directory import FileDirectory, StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
 from rda.serialization.errors import DisconnectedError

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rda.serialization.errors as errors
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.serialization import _binary
 from rda.serialization._data import Data

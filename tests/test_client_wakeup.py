@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 import rda.serialization.errors as errors
-from rda.business.client import ClientService
-from rda.business.client_replies import ReplyWaiter
+from rda.business.client.replies import ReplyWaiter
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message

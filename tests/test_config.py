@@ -208,7 +208,7 @@ def test_reference_doc_lists_every_setting_with_its_variable() -> None:
 def test_peer_hwm_reaches_the_servers_router(monkeypatch: pytest.MonkeyPatch) -> None:
     import zmq
 
-    from rda.business.server import ServerBuilder
+    from rda.business.server.builder import ServerBuilder
 
     def router_hwm(builder: ServerBuilder) -> int:
         server = builder.endpoint("tcp://127.0.0.1:0").devices("X").directory(None).build()

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rda.pipeline.converter import Converter, compact, partition_path
-from rda.pipeline.journal import Journal, SegmentBuilder
-from rda.pipeline.schema import arrow_type_of
+from rda.pipeline.recorder.converter import Converter, compact, partition_path
+from rda.pipeline.recorder.journal import Journal, SegmentBuilder
+from rda.pipeline.recorder.schema import arrow_type_of
 from rda.serialization._data import Data
 
 DAY1 = int(datetime.datetime(2024, 3, 1, 23, 59, tzinfo=datetime.UTC).timestamp() * 1e9)

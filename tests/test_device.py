@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 import pytest
 from pydantic import BaseModel, Field
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
-from rda.business.device import Device, DeviceProperty, PropertyValidationError, prop
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device, DeviceProperty, PropertyValidationError, prop
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import NoSuchDeviceError, RemoteError

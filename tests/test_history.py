@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 import pytest
 
-from rda.pipeline.history import BASE_COLUMNS, History, to_pandas
-from rda.pipeline.recorder import Recorder, Sample
+from rda.pipeline.history.api import BASE_COLUMNS, History, to_pandas
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 

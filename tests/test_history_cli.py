@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from rda._cli import build
-from rda.pipeline.history_cli import parse_cli_time
-from rda.pipeline.recorder import Recorder, Sample
+from rda.pipeline.history.cli import parse_cli_time
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import RemoteError

@@ -11,8 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rda.pipeline.converter import partition_path
-from rda.pipeline.history_paths import (
+from rda.pipeline.history.paths import (
     DAY_NS,
     StoreIndex,
     days_between,
@@ -21,6 +20,7 @@ from rda.pipeline.history_paths import (
     parse_signals,
     parse_time,
 )
+from rda.pipeline.recorder.converter import partition_path
 
 T = 1_795_305_600_000_000_000  # 2026-11-22T00:00:00Z
 

@@ -8,8 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from rda.pipeline.journal import MAX_KEYS, Journal, SegmentBuilder, read_segment, write_durably
-from rda.pipeline.schema import arrow_type_of
+from rda.pipeline.recorder.journal import (
+    MAX_KEYS,
+    Journal,
+    SegmentBuilder,
+    read_segment,
+    write_durably,
+)
+from rda.pipeline.recorder.schema import arrow_type_of
 from rda.serialization._data import Data
 
 

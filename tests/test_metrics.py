@@ -22,9 +22,9 @@ from rda.admin.metrics import (
     start_metrics,
     stop_metrics,
 )
-from rda.business.client_stats import ClientStatistics
+from rda.business.client.statistics import ClientStatistics
 from rda.business.scheduler import SchedulerStatistics
-from rda.business.server_stats import (
+from rda.business.server.statistics import (
     DURATION_BUCKETS,
     ClientSnapshot,
     HistogramSnapshot,

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rda.pipeline.schema import (
+from rda.pipeline.recorder.schema import (
     SchemaCatalog,
     arrow_type_of,
     build_array,

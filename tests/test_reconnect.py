@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rda.business.client_timer import Timer
-from rda.business.reconnect import Backoff, BackoffPolicy
+from rda.business.client.reconnect import Backoff, BackoffPolicy
+from rda.business.client.timer import Timer
 from rda.testing._clock import FakeClock
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import rda.pipeline.journal as journal_module
-from rda.pipeline.metrics import start_recorder_metrics
-from rda.pipeline.recorder import Recorder, Sample, parse_pattern
+import rda.pipeline.recorder.journal as journal_module
+from rda.pipeline.recorder.metrics import start_recorder_metrics
+from rda.pipeline.recorder.service import Recorder, Sample, parse_pattern
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import DecodeError, RemoteError
@@ -179,7 +179,7 @@ def test_full_disk_stops_acknowledging_loudly_then_recovers(
     recorder.offer("PS1", "Acq", None, Sample(Data(x=0)))
     assert recorder.flush()
     monkeypatch.setattr(journal_module, "write_durably", full)
-    with caplog.at_level(logging.ERROR, logger="rda.pipeline.recorder"):
+    with caplog.at_level(logging.ERROR, logger="rda.pipeline.recorder.service"):
         for i in range(1, 6):
             recorder.offer("PS1", "Acq", None, Sample(Data(x=i)))
         _wait(lambda: recorder.statistics().state == "error")
@@ -371,8 +371,8 @@ def test_one_recorder_id_runs_once_per_root(tmp_path: Path) -> None:
 
 def test_the_core_never_imports_pyarrow() -> None:
     code = (
-        "import sys, rda, rda.business.client, rda.business.server, rda.serialization._data;"
-        "import rda.admin.cli;"
+        "import sys, rda, rda.business.client.service, rda.business.server.builder, rda.serialization._data;"
+        "import rda.admin.cli.main;"
         "print('pyarrow' in sys.modules)"
     )
     result = subprocess.run(

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from rda.pipeline.recorder import Recorder
+from rda.pipeline.recorder.service import Recorder
 
 CHILD = r"""
 import sys, time
 import numpy as np
-from rda.pipeline.recorder import Recorder, Sample
+from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 
-import rda.pipeline.converter as converter
-import rda.pipeline.journal as journal
+import rda.pipeline.recorder.converter as converter
+import rda.pipeline.recorder.journal as journal
 
 root, acks, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 out = open(acks, "a")

@@ -14,22 +14,22 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from rda.admin.cli_common import Options
-from rda.business.client import ClientService
+from rda.admin.cli.common import Options
+from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     SetRequest,
-    SubscriptionCallback,
     SubscriptionRequest,
 )
+from rda.business.server.subscriptions import SubscriptionCallback
 from rda.demo import build_demo_server
-from rda.pipeline.cli import record
-from rda.pipeline.recorder import Recorder
+from rda.pipeline.recorder.cli import record
+from rda.pipeline.recorder.service import Recorder
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
 

@@ -15,17 +15,17 @@ import pytest
 
 import rda
 import rda.security as security
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import FileDirectory, StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     SetRequest,
-    SubscriptionCallback,
     SubscriptionRequest,
 )
+from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
 from rda.testing import FakeClock

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import rda.security as security
-from rda.admin.cli import cli
-from rda.admin.cli_common import ExitCode
+from rda.admin.cli.common import ExitCode
+from rda.admin.cli.main import cli
 from rda.business.config import Config
 from rda.demo import demo_security
 

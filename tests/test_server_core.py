@@ -13,18 +13,20 @@ from typing import Any
 
 import pytest
 
-from rda.business import subscriptions as subscriptions_module
 from rda.business.common import AcquiredData
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import (
+from rda.business.server import subscriptions as subscriptions_module
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     SetRequest,
-    SubscriptionCallback,
     SubscriptionRequest,
+)
+from rda.business.server.subscriptions import (
+    SubscriptionCallback,
+    SubscriptionSource,
     UnsubscribeRequest,
 )
-from rda.business.subscriptions import SubscriptionSource
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, Header, HeaderFlags, RequestType, UpdateType

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.demo import CYCLES, build_demo_server

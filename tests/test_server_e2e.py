@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import FileDirectory, StaticDirectory
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, Header, RequestType, UpdateType

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 import rda.admin
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
-from rda.business.device import Device
 from rda.business.directory import StaticDirectory
 from rda.business.scheduler import GroupTaskScheduler
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback, SetRequest
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device
+from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 
 WAIT = 10.0

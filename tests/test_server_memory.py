@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from rda.business.client import ClientService
+from rda.business.client.service import ClientService
 from rda.business.config import Config
-from rda.business.server import Server, ServerBuilder
-from rda.business.server_requests import GetRequest, RequestReplyCallback
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType, UpdateType

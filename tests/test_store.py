@@ -14,14 +14,14 @@ import pyarrow.fs as pafs
 import pytest
 from click.testing import CliRunner
 
-import rda.pipeline.converter as converter
+import rda.pipeline.recorder.converter as converter
 from rda._cli import build
-from rda.pipeline.converter import Converter
-from rda.pipeline.history import History
-from rda.pipeline.history_local import local_get, local_search
-from rda.pipeline.recorder import Recorder, Sample
-from rda.pipeline.schema import SchemaCatalog
-from rda.pipeline.store import Store
+from rda.pipeline.history.api import History
+from rda.pipeline.history.local import local_get, local_search
+from rda.pipeline.recorder.converter import Converter
+from rda.pipeline.recorder.schema import SchemaCatalog
+from rda.pipeline.recorder.service import Recorder, Sample
+from rda.pipeline.recorder.store import Store
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 

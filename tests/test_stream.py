@@ -19,8 +19,8 @@ import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThan, In
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows
 
-from rda.pipeline.recorder import Recorder, Sample
-from rda.pipeline.stream import (
+from rda.pipeline.recorder.service import Recorder, Sample
+from rda.pipeline.stream.sources import (
     JournalBatchReader,
     JournalDataSource,
     JournalError,

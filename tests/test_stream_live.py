@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from rda.business.config import Config
-from rda.business.server import Server
+from rda.business.server.builder import Server
 from rda.demo import build_demo_server
-from rda.pipeline.stream_live import LiveDataSource, LiveStreamReader, notification_row
+from rda.pipeline.stream.live import LiveDataSource, LiveStreamReader, notification_row
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import DecodeError

@@ -1,8 +1,8 @@
-"""Wire protocol v2, sans-I/O: frames in, events out; events in, frames out.
+"""Wire protocol v3, sans-I/O: frames in, events out; events in, frames out.
 
 No zmq here (docs/protocol.md has the byte layouts). A message is one packed ZeroMQ frame,
 plus one frame per large body. Frame 0 always starts with the kind byte (:class:`Kind`) and
-the protocol version (u8, 2):
+the protocol version (u8, 3):
 
 * ``CONNECT`` / ``CONNECT_ACK``: kind, version, then a UTF-8 JSON object (client info /
   server info);

@@ -1,6 +1,6 @@
 """The client transport: one dispatcher thread over one DEALER per server connection.
 
-Threading (DESIGN.md §2, RDA3 paper "Dispatcher Thread"): the thread named
+Threading (docs/architecture.md, RDA3 paper "Dispatcher Thread"): the thread named
 ``rda-client-dispatcher`` owns every zmq socket of this transport. User threads reach it through
 a bounded mailbox (``_mailbox``: a deque of Python objects, 2 x ``send_hwm`` messages, and a
 wake-up descriptor written only while the dispatcher sleeps), so a flooding producer blocks.
@@ -286,7 +286,7 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         assert self._context is not None
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        # The transport never reconnects by itself (DESIGN.md §5): a lost connection is closed.
+        # The transport never reconnects by itself (docs/architecture.md): a lost connection is closed.
         sock.setsockopt(zmq.RECONNECT_IVL, -1)
         sock.setsockopt(zmq.ROUTING_ID, b"c" + uuid.uuid4().bytes)
         sock.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_size)

@@ -6,7 +6,7 @@ dispatcher costs the caller's hand-off to the dispatcher, the dispatcher's wake-
 request, another for the reply, and the caller's wake-up: two thread wake-ups and about
 eleven system calls per get more than raw pyzmq, and half the client's CPU per get. A lane is
 what raw pyzmq does: the calling thread sends on its own socket and waits in a blocking
-receive on it. Each socket still has exactly one owner (DESIGN.md §5): the thread that made
+receive on it. Each socket still has exactly one owner (docs/architecture.md): the thread that made
 the lane is the only one that sends and receives on it; the transport closes it only while
 holding the lane's lock, after its thread died or when the transport closes.
 

@@ -15,13 +15,10 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rda.testing._clock import FakeClock
 from rda.transport.api import Buffer
-
-if TYPE_CHECKING:
-    from rda.testing._memory_server import MemoryServerTransport
 
 __all__ = ["Barrier", "ClientEnd", "Dispatcher", "Inbox", "Link", "frames_size", "wire_copy"]
 
@@ -48,6 +45,17 @@ class ClientEnd(Protocol):
     def _link_gone(self, conn: int) -> None: ...
 
 
+class ServerEnd(Protocol):
+    """The server side of a :class:`Link`: a ``MemoryServerTransport``. A protocol, so that
+    this module does not import _memory_server.py, which imports it."""
+
+    def _link_arrival(self, link: Link, frames: list[memoryview], stamp: float) -> None: ...
+
+    def _link_closed(self, peer: bytes) -> None: ...
+
+    def _link_writable(self, peer: bytes) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Link:
     """One client connection to one server endpoint (a DEALER's TCP connection)."""
@@ -56,7 +64,7 @@ class Link:
     peer: bytes  # the routing id the server sees
     client: ClientEnd
     conn: int  # the client's connection id
-    server: MemoryServerTransport | None = None
+    server: ServerEnd | None = None
     closed: bool = False
     # Frames sent before any server bound the endpoint (ZeroMQ queues them in the DEALER).
     waiting: list[list[memoryview]] = field(default_factory=list)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError
@@ -44,12 +44,28 @@ from rda.transport.protocol import (
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
 
-if TYPE_CHECKING:
-    from rda.testing._memory import MemoryNetwork
-
 __all__ = ["MemoryClientTransport"]
 
 log = logging.getLogger("rda.testing")
+
+
+class Network(Protocol):
+    """What a client transport uses of its ``MemoryNetwork`` (a protocol, so that this module
+    does not import _memory.py, which imports it)."""
+
+    clock: Callable[[], float]
+
+    def _bump(self) -> None: ...
+
+    def _forget(self, d: Dispatcher) -> None: ...
+
+    def _open_link(self, endpoint: str, client: Any, conn: int) -> Link: ...
+
+    def _close_link(self, link: Link) -> None: ...
+
+    def _client_send(self, link: Link, frames: Sequence[Buffer]) -> None: ...
+
+
 _HEARTBEAT = encode_heartbeat(from_server=False)
 _instances = itertools.count(1)
 
@@ -101,7 +117,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
 
     def __init__(
         self,
-        network: MemoryNetwork,
+        network: Network,
         handler: ClientHandler,
         settings: TransportSettings,
         client_info: dict[str, Any] | None,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
@@ -50,16 +50,32 @@ from rda.transport.protocol import (
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
 
-if TYPE_CHECKING:
-    from rda.testing._memory import MemoryNetwork
-
 __all__ = ["MemoryServerTransport"]
 
 # The client-info key of the identity a transport authenticated (the business layer's
-# rda.business.server_requests.AUTHENTICATED_PRINCIPAL; spelt here, transports sit below it).
+# rda.business.server.requests.AUTHENTICATED_PRINCIPAL; spelt here, transports sit below it).
 AUTHENTICATED_PRINCIPAL = "authenticated_principal"
 
 log = logging.getLogger("rda.testing")
+
+
+class Network(Protocol):
+    """What a server transport uses of its ``MemoryNetwork`` (a protocol, so that this module
+    does not import _memory.py, which imports it)."""
+
+    clock: Callable[[], float]
+
+    def _bump(self) -> None: ...
+
+    def _forget(self, d: Dispatcher) -> None: ...
+
+    def _bind(self, server: MemoryServerTransport) -> None: ...
+
+    def _unbind(self, server: MemoryServerTransport) -> None: ...
+
+    def _server_send(self, link: Link, frames: Sequence[Buffer]) -> bool: ...
+
+
 _HEARTBEAT = encode_heartbeat(from_server=True)
 _instances = itertools.count(1)
 
@@ -116,7 +132,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
 
     def __init__(
         self,
-        network: MemoryNetwork,
+        network: Network,
         endpoint: str,
         handler: ServerHandler,
         settings: TransportSettings,

@@ -1,0 +1,447 @@
+"""The ``rda`` command-line tool: get, set, subscribe, admin, directory (serve/bench: cli_run;
+keys: cli_keys).
+
+Human output by default (tables, summarised arrays, times with units), ``--json`` for
+scripts; expected failures print one line and exit with a code from
+:class:`~rda.admin.cli.common.ExitCode`. Shell completion is click's:
+``eval "$(_RDA_COMPLETE=bash_source rda)"``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from click.shell_completion import CompletionItem
+
+from rda.admin.cli.common import (
+    CliError,
+    ExitCode,
+    Options,
+    emit_json,
+    open_client,
+    reporting,
+    security_options,
+    split_address,
+)
+from rda.admin.cli.keys import keys
+from rda.admin.cli.run import bench, serve
+from rda.admin.cli.values import BadValueError, build_data, parse_assignments
+from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
+from rda.business.client.subscriptions import Notification
+from rda.business.common import AcquiredData
+from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext
+from rda.serialization.errors import RdaError
+
+__all__ = ["cli", "main"]
+
+_TIMEOUT = click.option(
+    "--timeout", type=float, default=None, help="Seconds to wait (default: RDA_REQUEST_TIMEOUT)."
+)
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+_SELECTOR = click.option("--selector", "-s", default="", help="Cycle selector, e.g. CPS.USER.ALL.")
+
+
+def _complete_address(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Shell completion of DEVICE/ from the directory (names only, not glob patterns).
+
+    Properties would need a request to the server; completion must stay instant and offline.
+    """
+    try:
+        known = default_directory().devices()
+    except RdaError:
+        return []
+    names = sorted(n for n in known if not any(c in n for c in "*?[") and n.startswith(incomplete))
+    return [CompletionItem(f"{n}/", type="plain") for n in names]
+
+
+class _Group(click.Group):
+    """Turns rda errors escaping a command into a one-line message and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with reporting():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--endpoint",
+    "-e",
+    envvar="RDA_ENDPOINT",
+    default=None,
+    help="Send every request to this endpoint (tcp://host:port), bypassing the directory.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A TOML configuration file (RDA_* variables still win).",
+)
+@click.version_option(package_name="rda", prog_name="rda")
+@click.pass_context
+def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> None:
+    """rda: get, set and subscribe to device properties; run and inspect servers."""
+    if endpoint is not None and "://" not in endpoint:
+        raise click.BadParameter(f"{endpoint!r} is not an endpoint like tcp://host:port")
+    ctx.obj = Options(endpoint=endpoint, config_file=config_file)
+
+
+@cli.command()
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
+@_SELECTOR
+@click.option("--field", "-f", default=None, help="Print only this field (a.b for nested).")
+@_JSON
+@_TIMEOUT
+@security_options
+@click.pass_obj
+def get(
+    options: Options,
+    address: str,
+    selector: str,
+    field: str | None,
+    as_json: bool,
+    timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
+    """Read a property once and print its value."""
+    device, prop = split_address(address)
+    with open_client(options, key_file, server_key) as client:
+        acq = client.access_point(device, prop).get(selector=selector or None, timeout=timeout)
+    if field is not None:
+        value = _field(acq.data, field, address)
+        if as_json:
+            emit_json(value.to_dict() if isinstance(value, Data) else value)
+        elif isinstance(value, Data):
+            click.echo(format_mapping(value.to_dict()))
+        else:
+            click.echo(format_value(value))
+        return
+    if as_json:
+        emit_json(_acquired_json(address, acq))
+        return
+    click.echo(f"{address}  {_context_line(acq.context)}".rstrip())
+    click.echo(format_mapping(acq.data.to_dict(), indent=2))
+
+
+@cli.command("set")
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
+@click.argument("values", nargs=-1, metavar="NAME=VALUE...")
+@click.option("--json", "json_text", default=None, help="The value as a JSON object.")
+@_SELECTOR
+@_TIMEOUT
+@click.option(
+    "--no-read",
+    is_flag=True,
+    help="Do not read the current value first (types are inferred from the literals).",
+)
+@security_options
+@click.pass_obj
+def set_(
+    options: Options,
+    address: str,
+    values: tuple[str, ...],
+    json_text: str | None,
+    selector: str,
+    timeout: float | None,
+    no_read: bool,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
+    """Write a property: each NAME=VALUE is converted to that field's current type."""
+    device, prop = split_address(address)
+    given = _set_values(values, json_text)
+    with open_client(options, key_file, server_key) as client:
+        ap = client.access_point(device, prop)
+        template = None if no_read else ap.get(selector=selector or None, timeout=timeout).data
+        with reporting():
+            data = build_data(given, template)
+        ap.set(data, selector=selector or None, timeout=timeout)
+    click.echo(f"{address}: set {', '.join(data)}", err=True)
+
+
+def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any]:
+    if values and json_text is not None:
+        raise click.UsageError("give NAME=VALUE pairs or --json, not both")
+    if json_text is not None:
+        try:
+            parsed = json.loads(json_text)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--json: not valid JSON: {exc.msg}", ExitCode.BAD_VALUE) from None
+        if not isinstance(parsed, dict) or not parsed:
+            raise CliError("--json: expected a non-empty JSON object", ExitCode.BAD_VALUE)
+        return parsed
+    if not values:
+        raise click.UsageError("nothing to set: give NAME=VALUE pairs or --json '{...}'")
+    try:
+        return dict(parse_assignments(values))
+    except BadValueError as exc:
+        raise CliError(str(exc), ExitCode.BAD_VALUE) from None
+
+
+@cli.command()
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
+@_SELECTOR
+@click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
+@click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")
+@_JSON
+@security_options
+@click.pass_obj
+def subscribe(
+    options: Options,
+    address: str,
+    selector: str,
+    count: int | None,
+    duration: float | None,
+    as_json: bool,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
+    """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
+    device, prop = split_address(address)
+    tally = _Tally()
+    with open_client(options, key_file, server_key) as client:
+        sub = client.access_point(device, prop).subscribe(selector=selector or None)
+        try:
+            deadline = None if duration is None else time.monotonic() + duration
+            while count is None or tally.updates < count:
+                wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+                notification = sub.poll(timeout=wait)
+                if notification is None:
+                    if sub.closed:
+                        break
+                    continue
+                line = tally.add(notification)
+                if as_json:
+                    emit_json(line)
+                else:
+                    click.echo(_notification_line(line))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            # Connections re-established while watching (server restarts, moves: issue 12).
+            tally.reconnects = client.statistics().reconnects
+            sub.close()
+    summary = tally.summary()
+    if as_json:
+        emit_json({"summary": summary})
+    else:
+        click.echo(_summary_line(summary), err=True)
+    if tally.updates == 0 and tally.last_error is not None:
+        raise tally.last_error
+
+
+class _Tally:
+    """Counts what a subscription delivered, for the live lines and the exit summary."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.updates = 0
+        self.gaps = 0
+        self.errors = 0
+        self.reconnects = 0
+        self.last_error: RdaError | None = None
+
+    def add(self, notification: Notification) -> dict[str, Any]:
+        self.gaps += notification.gap
+        line: dict[str, Any] = {
+            "time": time.time(),
+            "update": notification.update_type.name,
+            "seq": notification.seq,
+            "gap": notification.gap,
+        }
+        error = notification.error
+        if error is not None:
+            self.errors += 1
+            self.last_error = error
+            line["error"] = str(error)
+            line["error_type"] = type(error).__name__
+            return line
+        self.updates += 1
+        line["context"] = _context_json(notification.context)
+        line["data"] = notification.data.to_dict()
+        return line
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.started
+        return {
+            "updates": self.updates,
+            "seconds": round(elapsed, 3),
+            "rate": self.updates / elapsed if elapsed > 0 else 0.0,
+            "gaps": self.gaps,
+            "errors": self.errors,
+            "reconnects": self.reconnects,
+        }
+
+
+def _notification_line(line: dict[str, Any]) -> str:
+    stamp = _dt.datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S.%f")[:-3]
+    head = f"{stamp} {line['update']:<9} seq={line['seq']}"
+    if line["gap"]:
+        head += f" gap={line['gap']}"
+    if "error" in line:
+        return f"{head}  ERROR {line['error_type']}: {line['error']}"
+    fields = ", ".join(f"{k}={format_value(v)}" for k, v in line["data"].items())
+    return f"{head}  {fields}"
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    return (
+        f"{summary['updates']} updates in {format_duration(summary['seconds'])} "
+        f"({summary['rate']:.3g}/s), {summary['gaps']} missed (gaps), {summary['errors']} errors"
+        + (f", {summary['reconnects']} reconnects" if summary["reconnects"] else "")
+    )
+
+
+@cli.command()
+@click.argument("target")
+@click.argument("command")
+@click.argument("arguments", nargs=-1, metavar="[KEY=VALUE]...")
+@_JSON
+@_TIMEOUT
+@security_options
+@click.pass_obj
+def admin(
+    options: Options,
+    target: str,
+    command: str,
+    arguments: tuple[str, ...],
+    as_json: bool,
+    timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
+    """Run an admin COMMAND on TARGET (server name, device name or endpoint).
+
+    Commands: ping, info, clients, subscriptions, stats, devices, log-level, disconnect,
+    commands (and plugins). Values are sent as text; the server's argument model converts them.
+    """
+    try:
+        args = parse_assignments(arguments)
+    except BadValueError as exc:
+        raise CliError(str(exc), ExitCode.BAD_VALUE) from None
+    with open_client(options, key_file, server_key) as client:
+        reply = client.admin(target, command, timeout=timeout, **args)
+    result = reply.to_dict()
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(format_mapping(humanize(result, now=time.time())))
+
+
+@cli.group()
+def directory() -> None:
+    """Where devices are: the static mapping and the servers running on this machine."""
+
+
+@directory.command("list")
+@_JSON
+@click.pass_obj
+def directory_list(options: Options, as_json: bool) -> None:
+    """List registered servers (with their devices) and static mappings."""
+    config = options.config()
+    servers: list[dict[str, Any]] = []
+    static: dict[str, str] = {}
+    for part in _parts(default_directory(config)):
+        if isinstance(part, FileDirectory):
+            for entry in part.servers():
+                servers.append(
+                    {
+                        "name": entry.name,
+                        "endpoint": entry.endpoint,
+                        "devices": list(entry.devices),
+                        "pid": entry.pid,
+                        "host": entry.host,
+                        "registered_at": entry.registered_at,
+                    }
+                )
+        else:
+            static.update(part.devices())
+    if as_json:
+        emit_json({"servers": servers, "static": static, "file": str(config.directory_file)})
+        return
+    click.echo(f"directory file: {config.directory_file}")
+    if servers:
+        rows = [
+            {
+                "server": s["name"],
+                "endpoint": s["endpoint"],
+                "pid": s["pid"],
+                "devices": ", ".join(s["devices"]),
+            }
+            for s in servers
+        ]
+        click.echo(format_table(rows))
+    else:
+        click.echo("no servers registered")
+    for pattern, endpoint in static.items():
+        click.echo(f"static  {pattern} -> {endpoint}")
+
+
+def _parts(directory: Directory) -> list[Directory]:
+    if isinstance(directory, ChainDirectory):
+        return [p for inner in directory.directories for p in _parts(inner)]
+    return [directory]
+
+
+def _field(data: Data, path: str, address: str) -> Any:
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, Data) or part not in value:
+            fields = ", ".join(value) if isinstance(value, Data) else "none"
+            raise CliError(
+                f"{address} has no field {path!r} (fields: {fields})", ExitCode.NO_SUCH_DEVICE
+            )
+        value = value[part]
+    return value
+
+
+def _context_json(context: DataContext) -> dict[str, Any]:
+    return {
+        "cycle_name": context.cycle_name,
+        "cycle_stamp": context.cycle_stamp,
+        "acq_stamp": context.acq_stamp,
+        "selector": context.selector,
+    }
+
+
+def _acquired_json(address: str, acq: AcquiredData) -> dict[str, Any]:
+    return {"address": address, "context": _context_json(acq.context), "data": acq.data.to_dict()}
+
+
+def _context_line(context: DataContext) -> str:
+    parts = []
+    if context.acq_stamp:
+        stamp = _dt.datetime.fromtimestamp(context.acq_stamp / 1e9)
+        parts.append("acquired " + stamp.isoformat(sep=" ", timespec="milliseconds"))
+    if context.cycle_name:
+        parts.append(f"cycle {context.cycle_name}")
+    if context.selector:
+        parts.append(f"selector {context.selector}")
+    return "  ".join(parts)
+
+
+# serve and bench live in their own module (cli_run) to keep each file to one job.
+cli.add_command(serve)
+cli.add_command(bench)
+cli.add_command(keys)
+
+
+def main() -> None:
+    """Console-script entry point (``rda``)."""
+    cli.main(prog_name="rda")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

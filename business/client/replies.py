@@ -1,0 +1,224 @@
+"""Replies of the client: the future a request returns and the conversion of its reply.
+
+The dispatcher completes a request's future with the *undecoded* reply message; converting it
+(decoding the body, mapping an EXCEPTION frame to its rda error) happens when someone asks for
+the result, in their thread (STYLE.md 6).
+
+Two kinds of completion: :class:`ReplyFuture` (a ``concurrent.futures.Future``, what
+``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: the
+caller waits on its thread's ``Wakeup`` (an eventfd) and the completing thread sets it. A
+Future costs a Condition (an RLock), a Python-level ``notify_all`` and callback bookkeeping on
+the dispatcher, and a fresh waiter lock in the caller. The client dispatcher sets the wake-up
+through the transport's ``wake_later``: right before it polls again, with the GIL released
+for the system call, so the woken caller does not have to wait for the GIL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+from rda.business.client.subscriptions import remote_error
+from rda.business.common import AcquiredData, new_acquired
+from rda.serialization._data import Data
+from rda.serialization._header import RequestType
+from rda.serialization._message import Message
+from rda.serialization.errors import ProtocolError
+from rda.transport._mailbox import Wakeup
+
+__all__ = [
+    "LaneCompletion",
+    "Pending",
+    "ReplyFuture",
+    "ReplyWaiter",
+    "admin_result",
+    "complete",
+    "get_result",
+    "op_name",
+    "set_result",
+]
+
+
+class ReplyFuture(Future[Any]):
+    """A future completed with the undecoded reply; ``result()`` converts it in the caller.
+
+    ``concurrent.futures`` and ``asyncio.wrap_future`` read a future only through ``result()``
+    and ``exception()``, so converting there keeps decoding off the dispatcher.
+    """
+
+    def __init__(self, convert: Callable[[Message], Any]) -> None:
+        super().__init__()
+        self._convert = convert
+        self._converted = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.on_cancel: Callable[[], None] | None = None
+
+    def _conversion(self, message: Message) -> Any:
+        if not self._converted:
+            try:
+                self._value = self._convert(message)
+            except Exception as exc:
+                self._error = exc
+            self._converted = True
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._conversion(super().result(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        if error is not None:
+            return error
+        try:
+            self._conversion(super().result(0))
+        except Exception as exc:
+            return exc
+        return None
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
+
+
+class ReplyWaiter:
+    """Completion of a blocking request: ``result()`` waits, then converts in the caller.
+
+    Completed at most once: the client hands an outcome only to the entry it popped from its
+    pending table (reply, deadline, disconnection and close all pop), so exactly one thread
+    completes it; a second call is ignored, as a Future would refuse it. ``result()`` needs no
+    timeout of its own: every request has a deadline on the client's timer.
+    """
+
+    __slots__ = ("_convert", "_outcome", "_wake", "_wakeup")
+
+    def __init__(
+        self,
+        convert: Callable[[Message], Any],
+        wake: Callable[[Wakeup], None] | None = None,
+    ) -> None:
+        self._convert = convert
+        # The creating thread's wake-up: only that thread calls result().
+        self._wakeup = Wakeup.of_thread()
+        self._outcome: Message | BaseException | None = None
+        # How the completing thread wakes the caller: the transport's ``wake_later`` (on its
+        # dispatcher, deferred to right before it polls again), else at once.
+        self._wake = wake
+
+    def set_result(self, message: Message) -> None:
+        self._complete(message)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(error)
+
+    def _complete(self, outcome: Message | BaseException) -> None:
+        if self._outcome is None:
+            self._outcome = outcome
+            if self._wake is None:
+                self._wakeup.set()
+            else:
+                self._wake(self._wakeup)
+
+    def result(self) -> Any:
+        wakeup = self._wakeup
+        # A pending set left by an earlier request of this thread (one that was interrupted)
+        # ends a wait early: wait again until our own outcome is there.
+        while self._outcome is None:
+            wakeup.wait()
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return self._convert(outcome)
+
+
+class LaneCompletion:
+    """How a request on a lane is ended by someone else (disconnection, close) or by its
+    caller at its deadline: the outcome is only recorded; the caller, waiting in its lane,
+    looks at it every ``WAIT_SLICE``."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: Message | BaseException | None = None
+
+    def set_result(self, message: Message) -> None:
+        if self.outcome is None:
+            self.outcome = message
+
+    def set_exception(self, error: BaseException) -> None:
+        if self.outcome is None:
+            self.outcome = error
+
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+
+Completion = ReplyFuture | ReplyWaiter | LaneCompletion
+
+
+class Pending:
+    __slots__ = ("connection", "device", "future", "op", "property", "timeout")
+
+    def __init__(
+        self, future: Completion, connection: int, op: str, device: str, prop: str, timeout: float
+    ) -> None:
+        self.future = future
+        self.connection = connection
+        self.op = op
+        self.device = device
+        self.property = prop
+        self.timeout = timeout
+
+
+def complete(future: Completion, outcome: Message | BaseException) -> None:
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:
+        pass  # cancelled by its owner meanwhile
+
+
+# Enum ``.name`` is a Python-level property: looked up once per type, not per request.
+_OP_NAMES = {t: t.name.lower() for t in RequestType}
+
+
+def op_name(op: RequestType) -> str:
+    return _OP_NAMES[op]
+
+
+def _raise_if_exception(message: Message) -> None:
+    header = message.header
+    if header.request_type is RequestType.EXCEPTION:
+        exc = message.exception
+        if exc is None:
+            raise ProtocolError(
+                f"{header.device}/{header.property}: EXCEPTION reply without an EXCEPTION frame"
+            )
+        raise remote_error(header.device, header.property, exc[0], exc[1])
+
+
+def get_result(message: Message) -> AcquiredData:
+    _raise_if_exception(message)
+    data = message.data
+    if data is None:
+        header = message.header
+        raise ProtocolError(f"{header.device}/{header.property}: get reply without a DATA frame")
+    return new_acquired(data, message.context)
+
+
+def set_result(message: Message) -> None:
+    _raise_if_exception(message)
+
+
+def admin_result(message: Message) -> Data:
+    _raise_if_exception(message)
+    data = message.data
+    return data if data is not None else Data()

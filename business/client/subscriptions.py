@@ -1,0 +1,523 @@
+"""Client subscriptions: notifications, the bounded queue behind ``poll``, gap counting.
+
+Notifications arrive on the transport's dispatcher thread. There the subscription does only
+constant-time work: it reads the 8-byte sequence number at the start of the DATA_CONTEXT frame
+(docs/protocol.md, "Application messages"), computes the gap, and hands the *undecoded*
+message on: into the bounded queue read by ``poll``/iteration, or to the client scheduler
+(group = subscription id, so one subscription's listener calls run in order and never on the
+dispatcher). The body is decoded on first access of ``Notification.data``, in the consumer's
+thread (STYLE.md 6).
+
+``Notification.gap`` counts the updates missed before this one: those the server's sequence
+numbers say were never received (conflated towards a slow client, or lost), plus those this
+client discarded because the queue was full (drop oldest). A ``FIRST`` update restarts the
+sequence (the server numbers each subscription from 1 again after a re-subscribe), so it
+never reports a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rda.business.client.statistics import ClientCounters
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext, RequestType, UpdateType
+from rda.serialization._message import Message
+from rda.serialization.errors import ProtocolError, RdaError, error_from_remote
+
+__all__ = ["Notification", "Subscription", "remote_error"]
+
+log = logging.getLogger(__name__)
+
+_UNSET: Any = object()
+
+# What the queue and the scheduler carry: the undecoded message (or a locally made error), the
+# gap the server's sequence numbers show, and the sequence number.
+Payload = Message | RdaError
+Entry = tuple[Payload, int, int]
+Submit = Callable[[str, Callable[[], None], Callable[[], None] | None], bool]
+
+
+def remote_error(device: str, prop: str, type_name: str, message: str) -> RdaError:
+    """An EXCEPTION frame's error, its message naming the access point if the server's did not."""
+    if device and device not in message:
+        message = f"{device}/{prop}: {message}"
+    return error_from_remote(type_name, message)
+
+
+class Notification:
+    """One update of a subscription. Immutable; ``.data`` is decoded on first access.
+
+    ``.error`` is None for a value; otherwise the update carries no value and reading ``.data``
+    raises that error. ``.gap`` is the number of updates missed just before this one, ``.seq``
+    the server's sequence number (0 for locally made notifications such as a disconnection).
+    """
+
+    __slots__ = ("_context", "_data", "_error", "_message", "_name", "gap", "seq", "update_type")
+
+    _message: Message | None
+    _name: tuple[str, str]
+    _data: Any
+    _error: Any
+    _context: Any
+    gap: int
+    seq: int
+    update_type: UpdateType
+
+    def __init__(
+        self,
+        data: Data | None = None,
+        context: DataContext | None = None,
+        update_type: UpdateType = UpdateType.NORMAL,
+        error: RdaError | None = None,
+        gap: int = 0,
+        seq: int = 0,
+    ) -> None:
+        init = object.__setattr__
+        init(self, "_message", None)
+        init(self, "_name", ("", ""))
+        init(self, "_data", data)
+        init(self, "_context", context if context is not None else DataContext())
+        init(self, "_error", error)
+        init(self, "update_type", update_type)
+        init(self, "gap", gap)
+        init(self, "seq", seq)
+
+    @classmethod
+    def from_message(
+        cls, message: Message, device: str, prop: str, gap: int, seq: int
+    ) -> Notification:
+        """A notification over an undecoded NOTIFICATION_* or SUBSCRIBE_EXCEPTION message."""
+        return _from_message(message, (device, prop), gap, seq)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Notification is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Notification is immutable (cannot delete {name!r})")
+
+    @property
+    def error(self) -> RdaError | None:
+        error = self._error
+        if error is _UNSET:
+            message = self._message
+            assert message is not None
+            error = None
+            if message.header.request_type is not RequestType.NOTIFICATION_DATA:
+                device, prop = self._name
+                exc = message.exception
+                if exc is None:
+                    error = ProtocolError(
+                        f"{device}/{prop}: {message.header.request_type.name} without an "
+                        "EXCEPTION frame"
+                    )
+                else:
+                    error = remote_error(device, prop, exc[0], exc[1])
+            object.__setattr__(self, "_error", error)
+        return error  # type: ignore[no-any-return]
+
+    @property
+    def data(self) -> Data:
+        """The value; raises ``.error`` if this notification reports one."""
+        error = self.error
+        if error is not None:
+            raise error
+        data = self._data
+        if data is _UNSET:
+            message = self._message
+            assert message is not None
+            data = message.data
+            if data is None:
+                device, prop = self._name
+                raise ProtocolError(f"{device}/{prop}: notification without a DATA frame")
+            object.__setattr__(self, "_data", data)
+        if data is None:
+            raise ProtocolError("notification carries no data")
+        return data  # type: ignore[no-any-return]
+
+    @property
+    def context(self) -> DataContext:
+        context = self._context
+        if context is _UNSET:
+            message = self._message
+            assert message is not None
+            context = message.context
+            object.__setattr__(self, "_context", context)
+        return context  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        what = f"error={self.error!r}" if self.error is not None else "data=..."
+        return (
+            f"Notification({what}, update_type={self.update_type.name}, gap={self.gap}, "
+            f"seq={self.seq})"
+        )
+
+
+# Notification.from_message runs once per notification a consumer reads: the slots are set
+# through their descriptors (what object.__setattr__ finds after a lookup in the type; 0.53
+# instead of 0.80 us for the eight).
+_new_notification = object.__new__
+_set_message, _set_name, _set_data, _set_context, _set_error, _set_update, _set_gap, _set_seq = (
+    vars(Notification)[slot].__set__
+    for slot in ("_message", "_name", "_data", "_context", "_error", "update_type", "gap", "seq")
+)
+
+
+def _from_message(message: Message, name: tuple[str, str], gap: int, seq: int) -> Notification:
+    self: Notification = _new_notification(Notification)
+    _set_message(self, message)
+    _set_name(self, name)
+    _set_data(self, _UNSET)
+    _set_context(self, _UNSET)
+    _set_error(self, _UNSET)
+    _set_update(self, message.header.update_type)
+    _set_gap(self, gap)
+    _set_seq(self, seq)
+    return self
+
+
+class _Inbox:
+    """The bounded queue behind ``poll``: drop-oldest on overflow, the drops carried as a gap."""
+
+    def __init__(self, capacity: int, counters: ClientCounters) -> None:
+        self.capacity = capacity
+        self._counters = counters
+        self._lock = threading.Lock()
+        # Made by the first poll that waits: a Condition is ~1 KiB (its __dict__ of bound
+        # lock methods), more than the rest of a subscription, and iterator-less consumers
+        # (listeners, poll_nowait, rda.aio) never wait.
+        self._cond: threading.Condition | None = None
+        self._waiting = 0  # threads blocked in get(): put notifies only when someone waits
+        self._items: deque[Entry] = deque()
+        self._carry = 0  # updates dropped since the last one handed out
+        self._closed = False
+        self.waker: Callable[[], None] | None = None
+
+    def put(self, entry: Entry) -> None:
+        """Dispatcher thread, once per notification: the bare lock (a C-level ``with``), and
+        ``Condition.notify`` (Python code) only when a ``poll`` is actually waiting."""
+        dropped = 0
+        with self._lock:
+            if self._closed:
+                return
+            items = self._items
+            was_empty = not items
+            if len(items) >= self.capacity:
+                _, old_gap, _ = items.popleft()
+                # The dropped update and whatever it had missed before it.
+                self._carry += old_gap + 1
+                dropped = 1
+            items.append(entry)
+            if self._waiting:
+                assert self._cond is not None
+                self._cond.notify()
+        if dropped:
+            self._counters.add_dropped(dropped)
+        if was_empty and self.waker is not None:
+            self.waker()
+
+    def put_many(self, entries: list[Entry]) -> None:
+        """Dispatcher thread, once per subscription per drained batch: what ``put`` does for
+        each entry, in order, under one lock; then one ``notify`` for the waiting pollers and
+        at most one waker call (if the queue was empty before the first entry, the consumer
+        may be asleep; otherwise it has not drained the queue yet and needs no signal)."""
+        dropped = 0
+        with self._lock:
+            if self._closed:
+                return
+            items = self._items
+            was_empty = not items
+            room = self.capacity - len(items)
+            if len(entries) <= room:
+                items.extend(entries)
+            else:
+                # Drop oldest, exactly as the same entries put one by one would.
+                for entry in entries:
+                    if len(items) >= self.capacity:
+                        _, old_gap, _ = items.popleft()
+                        self._carry += old_gap + 1
+                        dropped += 1
+                    items.append(entry)
+            if self._waiting:
+                assert self._cond is not None
+                self._cond.notify(len(entries))
+        if dropped:
+            self._counters.add_dropped(dropped)
+        if was_empty and self.waker is not None:
+            self.waker()
+
+    def get(self, timeout: float | None) -> Entry | None:
+        """The oldest entry, waiting up to ``timeout`` (None: forever); None if closed or none."""
+        with self._lock:
+            items = self._items
+            if not items and not self._closed and timeout != 0:
+                cond = self._cond
+                if cond is None:
+                    self._cond = cond = threading.Condition(self._lock)
+                self._waiting += 1
+                try:
+                    cond.wait_for(lambda: items or self._closed, timeout)
+                finally:
+                    self._waiting -= 1
+            if not items:
+                return None
+            payload, gap, seq = items.popleft()
+            if self._carry:
+                gap += self._carry
+                self._carry = 0
+            return payload, gap, seq
+
+    def close(self, discard: bool) -> None:
+        with self._lock:
+            self._closed = True
+            if discard:
+                self._items.clear()
+            if self._cond is not None:
+                self._cond.notify_all()
+        if self.waker is not None:
+            self.waker()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Subscription:
+    """A live subscription to ``(device, property, selector, filters)``.
+
+    Without a listener, read notifications with ``poll(timeout)`` or by iterating; with one,
+    the listener receives each notification on the client scheduler. ``close()`` sends
+    UNSUBSCRIBE (idempotent). The subscription survives disconnections (each reported as a
+    notification whose ``.error`` is a ``DisconnectedError``) and is re-established when the
+    connection comes back, starting again with a ``FIRST`` update. It ends when the server
+    rejects it (a notification with ``.error``, then iteration stops), or when it or the
+    client service is closed.
+    """
+
+    def __init__(
+        self,
+        sub_id: int,
+        endpoint: str,
+        device: str,
+        prop: str,
+        selector: str,
+        filters: Data | None,
+        listener: Callable[[Notification], object] | None,
+        queue_size: int,
+        counters: ClientCounters,
+        submit: Submit,
+        on_close: Callable[[Subscription], None],
+    ) -> None:
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        self.id = sub_id
+        self.endpoint = endpoint
+        self.device = device
+        self.property = prop
+        self.selector = selector
+        self.filters = filters
+        self.listener = listener
+        self._counters = counters
+        self._submit = submit
+        self._on_close = on_close
+        self._group = f"sub-{sub_id}"
+        self._inbox = _Inbox(queue_size, counters)
+        self._lock = threading.Lock()
+        self._listener_carry = 0
+        self._expected = 0  # next sequence number expected; 0: unknown (FIRST pending)
+        self._ended = False  # no more notifications will come
+        self._closed = False  # closed by the user or the service: discard what is queued
+        self._in_outage = False  # a disconnection was reported and nothing came since
+        # Notifications of the transport's current batch not yet delivered (dispatcher only;
+        # None between batches, so an idle subscription holds no list).
+        self._batch: list[Entry] | None = None
+        self.received = 0
+        # The connection the SUBSCRIBE was last sent on; owned by the client service.
+        self.connection: int | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "ended" if self._ended else "live"
+        sel = f"@{self.selector}" if self.selector else ""
+        return f"<Subscription {self.id} {self.device}/{self.property}{sel} {state}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once no further notification will be delivered."""
+        return self._ended
+
+    # -- consumer side ---------------------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> Notification | None:
+        """The next notification, waiting up to ``timeout`` seconds (None: until one comes).
+
+        Returns None when the time is up, or at once when the subscription has ended and its
+        queue is drained.
+        """
+        self._check_pollable()
+        return self._make(self._inbox.get(timeout))
+
+    def poll_nowait(self) -> Notification | None:
+        """The next queued notification, or None without waiting."""
+        self._check_pollable()
+        return self._make(self._inbox.get(0))
+
+    def set_wakeup(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` (on the dispatcher thread: it must be fast and thread-safe) when a
+        notification lands in an empty queue and when the subscription ends. For event-loop
+        integration (``rda.aio``); then drain with ``poll_nowait``."""
+        self._inbox.waker = callback
+
+    def __iter__(self) -> Iterator[Notification]:
+        return self
+
+    def __next__(self) -> Notification:
+        notification = self.poll(None)
+        if notification is None:
+            raise StopIteration
+        return notification
+
+    def close(self) -> None:
+        """Unsubscribe and stop delivery; idempotent, safe from a listener."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._ended = True
+        self._inbox.close(discard=True)
+        self._on_close(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_pollable(self) -> None:
+        if self.listener is not None:
+            raise RuntimeError(
+                f"subscription to {self.device}/{self.property} delivers to its listener; "
+                "poll and iteration serve subscriptions made without one"
+            )
+
+    def _make(self, entry: Entry | None) -> Notification | None:
+        if entry is None:
+            return None
+        payload, gap, seq = entry
+        if isinstance(payload, Message):
+            return _from_message(payload, (self.device, self.property), gap, seq)
+        return Notification(error=payload, gap=gap, seq=seq)
+
+    # -- dispatcher side (the client service calls these) ----------------------------------
+
+    def deliver_message(self, message: Message, staged: list[Subscription] | None = None) -> None:
+        """A NOTIFICATION_* or SUBSCRIBE_EXCEPTION for this subscription (dispatcher thread).
+
+        With ``staged`` (a batch, see ``ClientService._on_messages``) the notification waits
+        in this subscription's batch, and the subscription is added to ``staged`` once, until
+        the service calls :meth:`flush` at the end of the batch; gaps and counters are
+        counted here either way."""
+        if self._ended:
+            return
+        self._in_outage = False
+        header = message.header
+        seq = message.peek_seq()
+        gap = 0
+        if header.update_type is UpdateType.FIRST or self._expected == 0:
+            pass  # a (re)started sequence: nothing to compare with
+        elif seq > self._expected:
+            gap = seq - self._expected
+            self._counters.gaps += gap
+        if seq:
+            self._expected = seq + 1
+        self.received += 1
+        self._counters.notifications += 1
+        if staged is None:
+            self._deliver((message, gap, seq))
+        else:
+            batch = self._batch
+            if batch is None:
+                self._batch = batch = []
+                staged.append(self)
+            batch.append((message, gap, seq))
+        if header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+            self.flush()  # what came before the end is delivered before it
+            self.end()
+
+    def flush(self) -> None:
+        """Deliver the staged batch (dispatcher thread): into the queue under one lock with
+        one wake-up, or to the scheduler in order, one task each (the first wakes a worker;
+        the rest normally queue behind it in the subscription's group without a wake-up)."""
+        batch = self._batch
+        if batch is None:
+            return
+        self._batch = None
+        if self.listener is None:
+            self._inbox.put_many(batch)
+            return
+        for entry in batch:
+            self._deliver(entry)
+
+    def deliver_error(self, error: RdaError) -> None:
+        """A locally detected problem (e.g. disconnection); the subscription lives on."""
+        if self._ended or self._in_outage:
+            return
+        # Reported once per outage, not once per failed reconnection attempt.
+        self._in_outage = True
+        # Whatever comes next is a FIRST of a new sequence (re-subscribe) or unknown.
+        self._expected = 0
+        self._deliver((error, 0, 0))
+
+    def terminate(self) -> None:
+        """The client service is closing: stop at once, discarding what is queued."""
+        with self._lock:
+            self._closed = True
+            self._ended = True
+        self._inbox.close(discard=True)
+
+    def end(self) -> None:
+        """No more notifications: queued ones can still be read, then iteration stops."""
+        with self._lock:
+            self._ended = True
+        self._inbox.close(discard=False)
+
+    def _deliver(self, entry: Entry) -> None:
+        if self.listener is None:
+            self._inbox.put(entry)
+            return
+        gap = entry[1]
+        if not self._submit(self._group, self._listener_task(entry), self._dropped(gap)):
+            self._dropped(gap)()
+
+    def _dropped(self, gap: int) -> Callable[[], None]:
+        def on_drop() -> None:
+            with self._lock:
+                self._listener_carry += gap + 1
+            self._counters.add_dropped()
+
+        return on_drop
+
+    def _listener_task(self, entry: Entry) -> Callable[[], None]:
+        def run() -> None:
+            if self._closed:
+                return
+            payload, gap, seq = entry
+            with self._lock:
+                gap += self._listener_carry
+                self._listener_carry = 0
+            notification = self._make((payload, gap, seq))
+            assert notification is not None and self.listener is not None
+            try:
+                self.listener(notification)
+            except Exception:
+                self._counters.add_listener_error()
+                log.exception(
+                    "listener of subscription %s to %s/%s raised; the subscription continues",
+                    self.id,
+                    self.device,
+                    self.property,
+                )
+
+        return run

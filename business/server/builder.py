@@ -1,0 +1,259 @@
+"""``ServerBuilder``: the fluent set-up of a server (RDA3's ``ServerBuilder``), and ``Server``.
+
+The builder collects endpoint, callbacks or devices, threads, security and policy, validates
+the configuration and builds a :class:`~rda.business.server.runtime.Server` (re-exported here:
+``rda.business.server.builder`` is where users and the ``rda`` facade import both from).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rda.business.config import Config
+from rda.business.directory import FileDirectory
+from rda.business.policy import Policy
+from rda.business.scheduler import InlineRule, OverflowPolicy
+from rda.business.server.devices import Device, DeviceRouter
+from rda.business.server.requests import RequestReplyCallback
+from rda.business.server.runtime import AdminHandler, Hook, Server, TransportFactory
+from rda.business.server.subscriptions import SubscriptionCallback
+from rda.serialization.errors import RdaError
+
+if TYPE_CHECKING:  # zmq stays unloaded for servers on the in-memory transport
+    from rda.business.security import ServerSecurity
+
+__all__ = ["Server", "ServerBuilder", "TransportFactory"]
+
+_UNSET: Any = object()
+
+
+class ServerBuilder:
+    """Configure a :class:`Server`; every method returns the builder.
+
+    Values not set here come from ``config`` (``Config()``, i.e. ``RDA_*`` variables, unless
+    :meth:`config` gives one).
+    """
+
+    def __init__(self, name: str) -> None:
+        if not name or not name.strip():
+            raise ValueError("a server needs a non-empty name")
+        self.name = name
+        self._endpoint = "tcp://127.0.0.1:0"
+        self._rr: RequestReplyCallback | None = None
+        self._subs: SubscriptionCallback | None = None
+        self._devices: dict[str, Device] = {}
+        self._device_names: list[str] = []
+        self._config: Config | None = None
+        self._overrides: dict[str, Any] = {}
+        self._immediate = True
+        self._inline = False
+        self._inline_patterns: list[str] = []
+        self._directory: FileDirectory | None = _UNSET
+        self._transport: TransportFactory | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._admin: AdminHandler | None = None
+        self.metrics_port_value: int | None = None
+        self._policy: Policy | None = None
+        self._policy_file: Path | None = None
+        self._trust_declared = False
+        self._on_start: list[Hook] = []
+        self._on_stop: list[Hook] = []
+        self._security: ServerSecurity | None = None
+
+    def endpoint(self, endpoint: str) -> ServerBuilder:
+        """Where to bind, e.g. "tcp://127.0.0.1:0" (port 0: any free port) or "tcp://*:5555"."""
+        self._endpoint = endpoint
+        return self
+
+    def request_reply(self, callback: RequestReplyCallback) -> ServerBuilder:
+        self._rr = callback
+        return self
+
+    def subscription(self, callback: SubscriptionCallback) -> ServerBuilder:
+        self._subs = callback
+        return self
+
+    def device(self, name: str, device: Device) -> ServerBuilder:
+        """Serve a declarative :class:`~rda.business.server.devices.Device` under ``name``."""
+        if name in self._devices:
+            raise ValueError(f"device {name!r} is already served by this builder")
+        self._devices[name] = device
+        self._inline_patterns.extend(
+            f"{_glob_escape(name)}/{_glob_escape(p.name)}"
+            for p in type(device).properties().values()
+            if not p.blocking
+        )
+        return self
+
+    def devices(self, *names: str) -> ServerBuilder:
+        """Device names or glob patterns served by the raw callbacks (for the directory)."""
+        self._device_names.extend(names)
+        return self
+
+    def heartbeat(self, interval: float, timeout: float) -> ServerBuilder:
+        self._overrides["heartbeat_interval"] = interval
+        self._overrides["heartbeat_timeout"] = timeout
+        return self
+
+    def workers(self, n: int) -> ServerBuilder:
+        self._overrides["workers"] = n
+        return self
+
+    def queue_limit(self, n: int) -> ServerBuilder:
+        self._overrides["queue_limit"] = n
+        return self
+
+    def overflow_policy(self, policy: OverflowPolicy) -> ServerBuilder:
+        self._overrides["overflow_policy"] = policy
+        return self
+
+    def peer_hwm(self, messages: int) -> ServerBuilder:
+        """Messages ZeroMQ buffers for one client before notifications to it are conflated:
+        larger lets longer bursts through whole, and lets a slow client fall further behind
+        before it is brought up to date (``Config.peer_hwm``, default 1000)."""
+        self._overrides["peer_hwm"] = messages
+        return self
+
+    def request_timeout(self, seconds: float) -> ServerBuilder:
+        """Deadline for requests whose client sent none (and for FIRST/IMMEDIATE gets)."""
+        self._overrides["request_timeout"] = seconds
+        return self
+
+    def inline_handlers(self, enabled: bool = True) -> ServerBuilder:
+        """Run gets and sets on the transport's dispatcher thread when their device has
+        nothing queued or running (no worker hop: lower latency). Only for handlers that never
+        block: while one runs, the server receives nothing, admin requests included."""
+        self._inline = enabled
+        return self
+
+    def inline_properties(self, *patterns: str) -> ServerBuilder:
+        """As :meth:`inline_handlers`, for some properties only: those whose
+        ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs, e.g. ``"PS*/Acquisition"``).
+        For servers where some handlers return a cached value and others wait on hardware.
+        A :class:`~rda.business.server.devices.Device` property declared ``blocking=False`` is added
+        by :meth:`device` itself."""
+        InlineRule(patterns=patterns)  # a malformed pattern fails here, at the call
+        self._inline_patterns.extend(patterns)
+        return self
+
+    def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
+        """After a successful set, send subscribers of the property an IMMEDIATE update."""
+        self._immediate = enabled
+        return self
+
+    def config(self, config: Config) -> ServerBuilder:
+        self._config = config
+        return self
+
+    def directory(self, directory: FileDirectory | None) -> ServerBuilder:
+        """Register into ``directory`` on start (None: register nowhere)."""
+        self._directory = directory
+        return self
+
+    def transport(self, factory: TransportFactory) -> ServerBuilder:
+        """Build the transport with ``factory(handler, settings, server_info)`` (tests use
+        ``rda.testing.MemoryNetwork``); default: a ZeroMQ ROUTER on the endpoint."""
+        self._transport = factory
+        return self
+
+    def clock(self, clock: Callable[[], float]) -> ServerBuilder:
+        """Monotonic clock for deadlines and durations (a ``FakeClock`` in tests)."""
+        self._clock = clock
+        return self
+
+    def admin_handler(self, handler: AdminHandler) -> ServerBuilder:
+        self._admin = handler
+        return self
+
+    def metrics_port(self, port: int | None) -> ServerBuilder:
+        self.metrics_port_value = port
+        return self
+
+    def security(self, security: ServerSecurity | None) -> ServerBuilder:
+        """CURVE encryption and client authentication (docs/security.md): only the clients
+        listed in ``security.clients`` can connect. Needs the default ZeroMQ transport."""
+        self._security = security
+        return self
+
+    def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
+        """Authorize every get, set, subscribe and admin request by ``policy`` (a
+        :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
+        not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
+        :meth:`Server.reload_policy` re-reads. None: no authorization (everything allowed)."""
+        if policy is None or isinstance(policy, Policy):
+            self._policy, self._policy_file = policy, None
+        else:
+            self._policy_file = Path(policy)
+            self._policy = Policy.from_toml(self._policy_file)
+        return self
+
+    def trust_declared_principals(self, trust: bool = True) -> ServerBuilder:
+        """Take the principal a client declares (``ClientService(principal=...)``) at its word
+        when the transport authenticated none. For test stands only: without CURVE anyone can
+        claim any name."""
+        self._trust_declared = trust
+        return self
+
+    def on_start(self, hook: Hook) -> ServerBuilder:
+        self._on_start.append(hook)
+        return self
+
+    def on_stop(self, hook: Hook) -> ServerBuilder:
+        self._on_stop.append(hook)
+        return self
+
+    def build(self) -> Server:
+        base = self._config if self._config is not None else Config()
+        config = base.model_copy(update=self._overrides) if self._overrides else base
+        if self._overrides:
+            # model_copy skips validation; re-validate so a bad value fails here, clearly.
+            config = Config(**config.model_dump())
+        if self.metrics_port_value is None:
+            self.metrics_port_value = config.metrics_port
+        directory = self._directory
+        if directory is _UNSET:
+            directory = FileDirectory(config.directory_file)
+        rr: RequestReplyCallback
+        subs: SubscriptionCallback
+        if self._devices:
+            router = DeviceRouter(self._devices, self._rr, self._subs)
+            rr, subs = router, router
+        else:
+            rr = self._rr if self._rr is not None else RequestReplyCallback()
+            subs = self._subs if self._subs is not None else SubscriptionCallback()
+        curve = None
+        if self._security is not None:
+            if self._transport is not None:
+                raise RdaError("security (CURVE) needs the ZeroMQ transport, not a custom one")
+            # Key files are read here: a bad one stops the server before it binds.
+            curve = self._security.curve()
+        return Server(
+            name=self.name,
+            endpoint=self._endpoint,
+            config=config,
+            request_reply=rr,
+            subscription=subs,
+            devices=list(dict.fromkeys([*self._devices, *self._device_names])),
+            device_objects=dict(self._devices),
+            immediate_updates=self._immediate,
+            inline_handlers=InlineRule(self._inline, self._inline_patterns),
+            directory=directory,
+            transport_factory=self._transport,
+            clock=self._clock,
+            admin_handler=self._admin,
+            metrics_port=self.metrics_port_value,
+            policy=self._policy,
+            policy_file=self._policy_file,
+            trust_declared=self._trust_declared,
+            on_start=list(self._on_start),
+            on_stop=list(self._on_stop),
+            curve=curve,
+        )
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` as a glob that matches only itself (``[*]`` for ``*``, as glob.escape)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

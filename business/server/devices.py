@@ -1,0 +1,307 @@
+"""Declarative devices, in the manner of PyTango's high-level server.
+
+::
+
+    class PowerSupply(Device):
+        @Device.property("Setting", schema=SettingModel)
+        def setting(self, request: GetRequest) -> Data:
+            return Data(current=self.current)
+
+        @setting.setter
+        def write_setting(self, value: SettingModel, request: SetRequest) -> None:
+            self.current = value.current
+
+    server = ServerBuilder("PS").device("PS1", PowerSupply()).build()
+
+``Device.property(name, schema=None)`` (also importable as :func:`prop`) turns a getter into a
+:class:`DeviceProperty`; ``@<attr>.setter`` adds the setter (and returns the same property, so
+the setter function may keep the getter's name as with ``builtins.property``; a distinct name, as
+above, keeps ``mypy`` from reporting a redefinition). The getter may return ``Data``,
+a ``dict``, an ``AcquiredData`` or a pydantic model (stamped with the current time unless it is
+an ``AcquiredData``), or ``None`` when it completes the request itself (later, from any thread).
+With a schema the setter receives the validated model; without one, the ``Data``. Validation
+failures reach the client as ``RemoteError`` naming the field:
+``"PS1/Setting: current: Input should be a valid number, ..."``.
+
+This is no second runtime: :class:`DeviceRouter` is an ordinary ``RequestReplyCallback`` and
+``SubscriptionCallback`` that routes by device name, and ``Device.publish`` calls
+``SubscriptionSource.notify`` on the server's sources.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from rda.business.common import AcquiredData
+from rda.business.server.requests import (
+    GetRequest,
+    RequestReplyCallback,
+    SetRequest,
+    SubscriptionRequest,
+)
+from rda.business.server.subscriptions import (
+    SubscriptionCallback,
+    SubscriptionSource,
+    UnsubscribeRequest,
+)
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.errors import NoSuchDeviceError, RdaError
+
+__all__ = [
+    "Device",
+    "DeviceProperty",
+    "DeviceRouter",
+    "PropertyValidationError",
+    "ReadOnlyPropertyError",
+    "prop",
+    "to_acquired",
+]
+
+Getter = Callable[[Any, GetRequest], Any]
+Setter = Callable[[Any, Any, SetRequest], None]
+
+
+class PropertyValidationError(ValueError):
+    """Set data failed the property's schema; the message names each bad field."""
+
+
+class ReadOnlyPropertyError(RdaError):
+    """A set on a property declared without a setter."""
+
+
+class DeviceProperty:
+    """One property of a :class:`Device` class: wire name, getter, optional setter and schema."""
+
+    def __init__(
+        self,
+        name: str,
+        getter: Getter,
+        schema: type[BaseModel] | None = None,
+        setter: Setter | None = None,
+        blocking: bool = True,
+    ) -> None:
+        if not name:
+            raise ValueError("a device property needs a non-empty name")
+        self.name = name
+        self.getter = getter
+        self.schema = schema
+        self.set_function = setter
+        # False: getter and setter never block (a cached value, a computation), so the
+        # server may run them on its dispatcher (ServerBuilder.inline_properties).
+        self.blocking = blocking
+        self.__doc__ = getter.__doc__
+
+    def __repr__(self) -> str:
+        access = "read/write" if self.set_function is not None else "read-only"
+        return f"<DeviceProperty {self.name!r} {access}>"
+
+    def setter(self, function: Setter) -> DeviceProperty:
+        """Decorator adding the setter; returns this property (so the attribute stays it)."""
+        self.set_function = function
+        return self
+
+    def validate(self, device: str, data: Data) -> Any:
+        """The value the setter receives: the schema's model, or ``data`` without a schema."""
+        if self.schema is None:
+            return data
+        try:
+            return self.schema.model_validate(data.to_dict())
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(value)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise PropertyValidationError(f"{device}/{self.name}: {problems}") from None
+
+
+def prop(
+    name: str, schema: type[BaseModel] | None = None, *, blocking: bool = True
+) -> Callable[[Getter], DeviceProperty]:
+    """Declare a device property from its getter (``Device.property`` is the same function).
+    ``blocking=False`` promises that its getter and setter never block: the server then runs
+    them on its dispatcher when the device is idle (no worker hop, docs/server.md)."""
+
+    def decorate(getter: Getter) -> DeviceProperty:
+        return DeviceProperty(name, getter, schema, blocking=blocking)
+
+    return decorate
+
+
+def to_acquired(value: Any, what: str) -> AcquiredData:
+    """A getter's or publisher's value as ``AcquiredData``; plain values get a time stamp."""
+    if isinstance(value, AcquiredData):
+        return value
+    if isinstance(value, Data):
+        data = value
+    elif isinstance(value, BaseModel):
+        data = Data.from_dict(value.model_dump())
+    elif isinstance(value, Mapping):
+        data = Data.from_dict(value)
+    else:
+        raise TypeError(
+            f"{what}: expected Data, dict, AcquiredData or a pydantic model, "
+            f"got {type(value).__name__}"
+        )
+    return AcquiredData(data, DataContext(acq_stamp=time.time_ns()))
+
+
+class Device:
+    """Base class of declarative devices; see the module docstring."""
+
+    _properties_cache: ClassVar[dict[type, dict[str, DeviceProperty]]] = {}
+    # Class-level defaults, so a subclass whose __init__ forgets super().__init__() (as
+    # PyTango users often write) still works.
+    _name: str | None = None
+    _sources: Callable[[str], list[SubscriptionSource]] | None = None
+
+    def __init__(self) -> None:
+        self._name = None
+        self._sources = None
+
+    @property
+    def name(self) -> str | None:
+        """The name it is served under (None until a server starts serving it)."""
+        return self._name
+
+    @classmethod
+    def properties(cls) -> dict[str, DeviceProperty]:
+        """Wire name -> property, including those inherited from base classes."""
+        found = Device._properties_cache.get(cls)
+        if found is None:
+            found = {}
+            for klass in reversed(cls.__mro__):
+                for value in vars(klass).values():
+                    if isinstance(value, DeviceProperty):
+                        found[value.name] = value
+            Device._properties_cache[cls] = found
+        return found
+
+    def publish(
+        self,
+        property: str,
+        value: Any,
+        update_type: UpdateType = UpdateType.NORMAL,
+        selector: str | None = None,
+    ) -> int:
+        """Push a value to the subscribers of ``property`` (all selectors, or only the sources
+        subscribed with ``selector``); returns how many sources were notified."""
+        sources = self._sources_of(property, selector)
+        if not sources:
+            return 0
+        acquired = to_acquired(value, f"{self._name}/{property}")
+        for source in sources:
+            source.notify(acquired, update_type)
+        return len(sources)
+
+    def publish_error(
+        self, property: str, error: BaseException | str, selector: str | None = None
+    ) -> int:
+        """Send subscribers of ``property`` an error notification."""
+        sources = self._sources_of(property, selector)
+        for source in sources:
+            source.notify_error(error)
+        return len(sources)
+
+    def _sources_of(self, property: str, selector: str | None) -> list[SubscriptionSource]:
+        if property not in self.properties():
+            raise NoSuchDeviceError(f"{self._name}/{property}: no such property")
+        if self._sources is None:
+            return []
+        sources = self._sources(property)
+        if selector is not None:
+            sources = [s for s in sources if s.selector == selector]
+        return sources
+
+    def _attach(self, name: str, sources: Callable[[str], list[SubscriptionSource]]) -> None:
+        if self._name is not None and self._name != name:
+            raise ValueError(f"device object already served as {self._name!r}, not {name!r}")
+        self._name = name
+        self._sources = sources
+
+    def _detach(self) -> None:
+        self._sources = None
+
+    # ``Device.property(...)`` is the decorator; bound last so the builtin ``property`` above
+    # still means the builtin.
+    property = staticmethod(prop)
+
+
+class DeviceRouter(RequestReplyCallback, SubscriptionCallback):
+    """Routes requests by device name to :class:`Device` objects; other devices go to the
+    raw callbacks given (or are answered NoSuchDeviceError)."""
+
+    def __init__(
+        self,
+        devices: Mapping[str, Device],
+        request_reply: RequestReplyCallback | None = None,
+        subscription: SubscriptionCallback | None = None,
+    ) -> None:
+        self._devices = dict(devices)
+        self._rr = request_reply
+        self._subs = subscription
+
+    def _property(self, device: str, name: str) -> tuple[Device, DeviceProperty] | None:
+        obj = self._devices.get(device)
+        if obj is None:
+            return None
+        found = obj.properties().get(name)
+        if found is None:
+            known = ", ".join(sorted(obj.properties())) or "none"
+            raise NoSuchDeviceError(f"{device}/{name}: no such property (known: {known})")
+        return obj, found
+
+    def get(self, request: GetRequest) -> None:
+        target = self._property(request.device, request.property)
+        if target is None:
+            if self._rr is None:
+                raise NoSuchDeviceError(f"{request.device}: no such device")
+            self._rr.get(request)
+            return
+        obj, p = target
+        value = p.getter(obj, request)
+        if value is None:
+            return  # the getter completes the request itself
+        request.complete(to_acquired(value, f"{request.device}/{request.property}"))
+
+    def set(self, request: SetRequest) -> None:
+        target = self._property(request.device, request.property)
+        if target is None:
+            if self._rr is None:
+                raise NoSuchDeviceError(f"{request.device}: no such device")
+            self._rr.set(request)
+            return
+        obj, p = target
+        if p.set_function is None:
+            raise ReadOnlyPropertyError(f"{request.device}/{request.property}: read-only property")
+        value = p.validate(request.device, request.data)
+        p.set_function(obj, value, request)
+        if not request.done:
+            request.complete()
+
+    def subscribe(self, request: SubscriptionRequest) -> None:
+        if request.device in self._devices:
+            self._property(request.device, request.property)  # raises for an unknown property
+            request.accept()
+        elif self._subs is not None:
+            self._subs.subscribe(request)
+        elif self._rr is not None:
+            request.accept()  # raw devices without a subscription callback: accept, as default
+        else:
+            raise NoSuchDeviceError(f"{request.device}: no such device")
+
+    def unsubscribe(self, request: UnsubscribeRequest) -> None:
+        if request.device not in self._devices and self._subs is not None:
+            self._subs.unsubscribe(request)
+
+    def source_added(self, source: SubscriptionSource) -> None:
+        if source.device not in self._devices and self._subs is not None:
+            self._subs.source_added(source)
+
+    def source_removed(self, source: SubscriptionSource) -> None:
+        if source.device not in self._devices and self._subs is not None:
+            self._subs.source_removed(source)

@@ -1,0 +1,587 @@
+"""The server's request/reply plumbing: from the transport's callback to the encoded answer.
+
+:class:`Dispatch` is the transport's ``ServerHandler``. Its ``on_*`` methods run on the
+dispatcher thread and do only constant-time work: look the peer up, build a request object,
+``scheduler.submit``. Everything that decodes a body or runs user code happens in a worker
+(``_run``) or in whichever thread answers the request (``_respond``).
+
+Outcomes and their replies (docs/protocol.md, "Application messages"):
+
+=================  =====================================  =========================
+what happened      reply                                   counted as
+=================  =====================================  =========================
+complete()         REPLY [DATA, DATA_CONTEXT] / REPLY      ok
+fail() / raise     EXCEPTION [EXCEPTION]                   error
+queue full         EXCEPTION OverloadError                 overload
+deadline passed    EXCEPTION TimeoutError                  timeout
+reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         rejected
+policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
+                   NotAuthorizedError
+=================  =====================================  =========================
+
+Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
+``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
+answered there, never reaches the scheduler or a handler, and its body is never decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from rda.business.common import AcquiredData
+from rda.business.policy import Authorizer, DenialLog
+from rda.business.scheduler import GroupTaskScheduler, InlineRule
+from rda.business.server.devices import PropertyValidationError
+from rda.business.server.requests import (
+    SERVER_CLIENT,
+    ClientInfo,
+    DeadlineWatcher,
+    GetRequest,
+    RequestReplyCallback,
+    ServerRequest,
+    describe_error,
+    new_request,
+)
+from rda.business.server.statistics import RequestCounters
+from rda.business.server.subscriptions import (
+    SubscriptionCallback,
+    SubscriptionRegistry,
+    SubscriptionSource,
+    UnsubscribeRequest,
+)
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import Header, RequestType, UpdateType, encode_context
+from rda.serialization._message import BodyKind, Message, encode_data_body, encode_exception
+from rda.serialization.errors import (
+    DecodeError,
+    NoSuchDeviceError,
+    NotAuthorizedError,
+    OverloadError,
+    ProtocolError,
+    RdaError,
+    TimeoutError,
+)
+from rda.transport.api import Buffer, ServerTransport
+from rda.transport.protocol import Kind, encode_routed
+
+__all__ = ["ADMIN_GROUP", "BoundAdminHandler", "Dispatch", "PeerState"]
+
+log = logging.getLogger("rda.server")
+
+ADMIN_GROUP = "__admin__"
+# The admin handler with its server already bound (runtime.py binds it), so that this module
+# needs only the server's name and never imports runtime.py, which imports it.
+BoundAdminHandler = Callable[[str, Data, ClientInfo], Data]
+
+_TYPE_NAMES = {t: t.name.lower() for t in RequestType}
+_REQUESTS = frozenset({RequestType.GET, RequestType.SET, RequestType.SUBSCRIBE})
+_CHECKED = _REQUESTS | {RequestType.ADMIN}
+
+
+def _with_roles(client: ClientInfo, policy: Authorizer | None) -> ClientInfo:
+    roles = () if policy is None else policy.roles_of(client.principal)
+    return client if roles == client.roles else dataclasses.replace(client, roles=roles)
+
+
+@dataclass(slots=True)
+class PeerState:
+    client: ClientInfo
+    connected_since: float
+    last_heard: float
+    # A client's direct lane (its blocking calls' own connection): a session for requests,
+    # not another client, so not listed or counted as one.
+    lane: bool = False
+
+
+class Dispatch:
+    """Routes requests to workers and answers them; one per started :class:`Server`."""
+
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        scheduler: GroupTaskScheduler,
+        deadlines: DeadlineWatcher,
+        counters: RequestCounters,
+        request_reply: RequestReplyCallback,
+        subscription: SubscriptionCallback,
+        admin_handler: BoundAdminHandler | None,
+        clock: Callable[[], float],
+        default_timeout: float,
+        immediate_updates: bool,
+        policy: Authorizer | None = None,
+        trust_declared: bool = False,
+        inline_handlers: InlineRule | None = None,
+    ) -> None:
+        self._server_name = server_name
+        self._scheduler = scheduler
+        self._deadlines = deadlines
+        self._counters = counters
+        self._rr = request_reply
+        self._subs = subscription
+        self._admin = admin_handler
+        self._clock = clock
+        self._default_timeout = default_timeout
+        self._immediate = immediate_updates
+        # Gets and sets run on the transport's dispatcher when their device group is idle
+        # (ServerBuilder.inline_handlers / inline_properties): those handlers never block.
+        self._inline = inline_handlers if inline_handlers else None
+        self._peers: dict[bytes, PeerState] = {}
+        self._peers_lock = threading.Lock()
+        # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
+        # (see set_policy), so a request is judged by one whole policy, old or new.
+        self.policy = policy
+        self._trust_declared = trust_declared
+        self._denials = DenialLog(clock)
+        self._transport: ServerTransport | None = None
+        self._registry: SubscriptionRegistry | None = None
+        # Set at stop: answers after that are dropped instead of sent to a closed transport.
+        self.stopping = False
+
+    def attach(self, transport: ServerTransport, registry: SubscriptionRegistry) -> None:
+        self._transport = transport
+        self._registry = registry
+
+    def peers(self) -> list[tuple[bytes, PeerState]]:
+        """The connected clients (lanes left out)."""
+        with self._peers_lock:
+            return [(peer, state) for peer, state in self._peers.items() if not state.lane]
+
+    # -- ServerHandler: the dispatcher thread ------------------------------------------------
+
+    def set_policy(self, policy: Authorizer | None) -> None:
+        """Swap the policy (one reference assignment), then give connected clients their roles
+        under it (a request already in flight keeps the ClientInfo it was built with)."""
+        self.policy = policy
+        with self._peers_lock:
+            for state in self._peers.values():
+                state.client = _with_roles(state.client, policy)
+
+    def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
+        now = time.time()
+        client = ClientInfo.from_info(peer, client_info, self._trust_declared)
+        state = PeerState(
+            _with_roles(client, self.policy), now, now, client_info.get("lane") is True
+        )
+        with self._peers_lock:
+            self._peers[peer] = state
+        if self._registry is not None:
+            self._registry.peer_connected(peer)
+
+    def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
+        with self._peers_lock:
+            state = self._peers.pop(peer, None)
+        if self._registry is None:
+            return
+        # A departed client (disconnect, heartbeat timeout, close) ends each of its
+        # subscriptions as an UNSUBSCRIBE would: a server keeping per-subscriber state hears of
+        # every one (issue 12).
+        client = state.client if state is not None else ClientInfo(peer)
+        for sub_id, source, emptied in self._registry.remove_peer(peer):
+            self._ended(source, sub_id, client, emptied)
+
+    def on_message(self, peer: bytes, message: Message) -> None:
+        received_at = self._clock()
+        state = self._peers.get(peer)
+        if state is not None:
+            state.last_heard = time.time()
+            client = state.client
+        else:
+            client = ClientInfo(peer)
+        header = message.header
+        rtype = header.request_type
+        policy = self.policy
+        if (
+            policy is not None
+            and rtype in _CHECKED
+            and not self._authorized(policy, peer, client, header, received_at)
+        ):
+            return
+        if rtype in _REQUESTS:
+            request = new_request(
+                message, client, received_at, self._respond, self._counters.late_completion
+            )
+            run = partial(self._run, request)
+            inline = self._inline
+            if (
+                inline is not None
+                and rtype is not RequestType.SUBSCRIBE
+                and inline.allows(header.device, header.property)
+                and self._scheduler.run_inline(header.device, run)
+            ):
+                return
+            if not self._scheduler.submit(header.device, run, partial(self._overload, request)):
+                self._overload(request)
+        elif rtype is RequestType.ADMIN:
+            task = partial(self._run_admin, peer, message, client, received_at)
+            if not self._scheduler.submit(ADMIN_GROUP, task):
+                overload = OverloadError(f"admin queue full; {header.device!r} rejected")
+                self._send_error(peer, header, RequestType.EXCEPTION, overload)
+                self._counters.record("admin", "overload", self._clock() - received_at)
+        elif rtype is RequestType.UNSUBSCRIBE:
+            self._unsubscribe(peer, header, client)
+        else:
+            error = ProtocolError(f"{rtype.name} is not a request a client may send")
+            self._send_error(peer, header, RequestType.EXCEPTION, error)
+
+    def _authorized(
+        self,
+        policy: Authorizer,
+        peer: bytes,
+        client: ClientInfo,
+        header: Header,
+        received_at: float,
+    ) -> bool:
+        """The policy check, from the header only; a denial is answered, counted and logged."""
+        rtype = header.request_type
+        if rtype is RequestType.ADMIN:
+            # Admin requests carry the command in the device field; rules see the server name
+            # as the device and the command as the property.
+            operation = "admin:" + header.device
+            device, prop = self._server_name, header.device
+        else:
+            operation = _TYPE_NAMES[rtype]
+            device, prop = header.device, header.property
+        if policy.allowed(client.principal, device, prop, operation):
+            return True
+        who = client.principal_name
+        roles = ", ".join(client.roles) or "none"
+        error = NotAuthorizedError(f"{who} (roles: {roles}) may not {operation} {device}/{prop}")
+        reply_type = (
+            RequestType.SUBSCRIBE_EXCEPTION
+            if rtype is RequestType.SUBSCRIBE
+            else RequestType.EXCEPTION
+        )
+        self._counters.denied(who, operation)
+        self._counters.record(_TYPE_NAMES[rtype], "denied", self._clock() - received_at)
+        self._send_error(peer, header, reply_type, error)
+        self._denials.denied(error, peer)
+        return False
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _run(self, request: ServerRequest) -> None:
+        """Worker: check the deadline, call the user callback, arm the deadline watcher."""
+        try:
+            timeout = _client_timeout(request.message)
+        except DecodeError as exc:
+            request._answer(None, exc)
+            return
+        if timeout is None:
+            timeout = self._default_timeout
+        deadline = request.received_at + timeout
+        if self._clock() >= deadline:
+            # The client gave up while this waited in the queue: running it would be a
+            # surprise (a set applied after the caller saw a timeout).
+            request._answer(None, _timeout_error(request, timeout, queued=True))
+            return
+        rtype = request.header.request_type
+        try:
+            if rtype is RequestType.GET:
+                self._rr.get(request)  # type: ignore[arg-type]
+            elif rtype is RequestType.SET:
+                self._rr.set(request)  # type: ignore[arg-type]
+            else:
+                self._subs.subscribe(request)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._handler_raised(request, exc)
+        self._arm(request, deadline, timeout)
+
+    def _arm(self, request: ServerRequest, deadline: float, timeout: float) -> None:
+        if request.done:
+            return
+        expire = partial(self._expire, request, timeout)
+        cancel = self._deadlines.add(deadline, expire)
+        if not request._arm(cancel):
+            cancel()
+
+    def _expire(self, request: ServerRequest, timeout: float) -> None:
+        request._answer(None, _timeout_error(request, timeout, queued=False))
+
+    def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
+        self._counters.handler_error()
+        # The client gets the error and the counter moves; the log is for whoever debugs the
+        # handler, so the traceback goes at INFO, and expected errors (rda's own, a value
+        # refused by a schema) at DEBUG.
+        if isinstance(exc, RdaError | PropertyValidationError):
+            log.debug("%r: handler raised %r", request, exc)
+        else:
+            log.info("%r: handler raised", request, exc_info=True)
+        if not request._answer(None, exc):
+            log.warning("%r: handler raised after answering: %r", request, exc)
+
+    def _overload(self, request: ServerRequest) -> None:
+        limit = self._scheduler.queue_limit
+        request._answer(
+            None,
+            OverloadError(
+                f"{request.device}: server overloaded ({limit} requests already queued for "
+                f"this device); {request.header.request_type.name} {request.property} rejected"
+            ),
+        )
+
+    def _run_admin(self, peer: bytes, message: Message, client: ClientInfo, at: float) -> None:
+        header = message.header
+        try:
+            if self._admin is None:
+                raise NoSuchDeviceError("no admin interface")
+            args = message.data if message.data is not None else Data()
+            result = self._admin(header.device, args, client)
+            body = [(BodyKind.DATA, _binary.encode(result))]
+            frames = encode_routed(
+                Kind.REPLY, RequestType.REPLY, header.id, header.device, header.property, "", body
+            )
+            outcome = "ok"
+        except Exception as exc:
+            if not isinstance(exc, RdaError):
+                log.warning("admin command %r raised", header.device, exc_info=True)
+                self._counters.handler_error()
+            frames = _error_frames(header, RequestType.EXCEPTION, exc)
+            outcome = "error"
+        # Counted before the answer leaves, as in _respond.
+        self._counters.record("admin", outcome, self._clock() - at)
+        self._send(peer, frames)
+
+    # -- answers: any thread -----------------------------------------------------------------
+
+    def _respond(
+        self, request: ServerRequest, result: AcquiredData | None, error: BaseException | None
+    ) -> None:
+        header = request.header
+        rtype = header.request_type
+        peer = request.client.peer
+        frames: list[Buffer] | None = None
+        if error is not None:
+            reply_type = (
+                RequestType.SUBSCRIBE_EXCEPTION
+                if rtype is RequestType.SUBSCRIBE
+                else RequestType.EXCEPTION
+            )
+            frames = _error_frames(header, reply_type, error)
+            outcome = _outcome(rtype, error)
+        elif rtype is RequestType.GET:
+            assert result is not None  # GetRequest.complete guarantees it
+            try:
+                body = encode_data_body(result.data)  # DATA, then any ARRAYs
+                body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
+            except Exception as exc:
+                # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
+                # gets an answer, and the handler's author a counted error.
+                self._counters.handler_error()
+                log.warning("%r: reply could not be encoded", request, exc_info=True)
+                frames = _error_frames(header, RequestType.EXCEPTION, exc)
+                outcome = "error"
+            else:
+                frames = _reply_frames(header, RequestType.REPLY, body)
+                outcome = "ok"
+        elif rtype is RequestType.SET:
+            frames = _reply_frames(header, RequestType.REPLY)
+            outcome = "ok"
+        else:
+            outcome = "ok"
+        # Counted before the answer leaves: a client that has its reply finds it counted (the
+        # worker would otherwise race the client's next look at the statistics).
+        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
+        if frames is not None:
+            self._send(peer, frames)
+        if error is not None:
+            return
+        if rtype is RequestType.SET:
+            if self._immediate:
+                self._updates(header.device, header.property)
+        elif rtype is RequestType.SUBSCRIBE:
+            self._accepted(request)
+
+    def _send_error(
+        self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
+    ) -> None:
+        self._send(peer, _error_frames(header, reply_type, error))
+
+    def _send(self, peer: bytes, frames: list[Buffer]) -> None:
+        transport = self._transport
+        if transport is None or self.stopping:
+            return
+        try:
+            transport.send(peer, frames)
+        except Exception:
+            log.warning("reply to %s could not be sent", peer.hex(), exc_info=True)
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def _accepted(self, request: ServerRequest) -> None:
+        registry = self._registry
+        if registry is None:
+            return
+        peer = request.client.peer
+        added = registry.add(
+            peer,
+            request.id,
+            request.client,
+            request.device,
+            request.property,
+            request.selector,
+            request.filters,
+        )
+        if added is None:
+            return  # the client left or unsubscribed meanwhile
+        source, created = added
+        if created:
+            try:
+                self._subs.source_added(source)
+            except Exception:
+                self._counters.handler_error()
+                log.exception("%r: source_added raised", source)
+        sub_id = request.id
+
+        def first(result: AcquiredData | None, error: BaseException | None) -> None:
+            source._send_first(peer, sub_id, result, error)
+
+        self._produce(source, first)
+
+    def _updates(self, device: str, prop: str) -> None:
+        """IMMEDIATE updates after a set, one get per source of (device, property)."""
+        registry = self._registry
+        if registry is None:
+            return
+        for source in registry.find(device, prop):
+            self._produce(source, partial(_deliver_immediate, source))
+
+    def _produce(
+        self,
+        source: SubscriptionSource,
+        deliver: Callable[[AcquiredData | None, BaseException | None], None],
+    ) -> None:
+        """Run the get handler for a source in its device group; ``deliver`` gets the result."""
+
+        def answered(
+            _: ServerRequest, result: AcquiredData | None, error: BaseException | None
+        ) -> None:
+            deliver(result, error)
+
+        header = Header(RequestType.GET, 0, source.device, source.property, source.selector)
+        request = GetRequest(
+            Message(header), SERVER_CLIENT, self._clock(), answered, filters=source.filters
+        )
+
+        def task() -> None:
+            try:
+                self._rr.get(request)
+            except Exception as exc:
+                self._handler_raised(request, exc)
+            self._arm(request, request.received_at + self._default_timeout, self._default_timeout)
+
+        if not self._scheduler.submit(source.device, task, partial(self._overload, request)):
+            self._overload(request)
+
+    def _unsubscribe(self, peer: bytes, header: Header, client: ClientInfo) -> None:
+        registry = self._registry
+        if registry is None:
+            return
+        removed = registry.remove(peer, header.id)
+        if removed is None:
+            return
+        source, emptied = removed
+        self._ended(source, header.id, client, emptied)
+
+    def _ended(
+        self, source: SubscriptionSource, sub_id: int, client: ClientInfo, emptied: bool
+    ) -> None:
+        """``unsubscribe`` for one ended subscription, then ``source_removed`` if it was the
+        source's last (both in the device's group: in this order)."""
+        request = UnsubscribeRequest(
+            source.device, source.property, source.selector, source.filters, client, sub_id, source
+        )
+        self._submit_callback(source.device, self._subs.unsubscribe, request)
+        if emptied:
+            self._submit_callback(source.device, self._subs.source_removed, source)
+
+    def _submit_callback(self, group: str, callback: Callable[[Any], None], arg: Any) -> None:
+        """User notification callbacks run on a worker, in the device's order."""
+
+        def task() -> None:
+            try:
+                callback(arg)
+            except Exception:
+                self._counters.handler_error()
+                log.exception("subscription callback %r raised", callback)
+
+        if not self._scheduler.submit(group, task):
+            log.warning("%s: queue full, %r not called for %r", group, callback, arg)
+
+
+# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
+# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
+# decodes each distinct one once instead of running the binary codec for every request.
+_TIMEOUTS: dict[bytes, float | None] = {}
+_TIMEOUTS_MAX = 256
+_TIMEOUT_FRAME_MAX = 64
+
+
+def _client_timeout(message: Message) -> float | None:
+    frame = message.frame(BodyKind.REQUEST_CONTEXT)
+    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
+        return message.timeout
+    key = bytes(frame)
+    try:
+        return _TIMEOUTS[key]
+    except KeyError:
+        pass
+    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
+    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
+        _TIMEOUTS[key] = timeout
+    return timeout
+
+
+def _deliver_immediate(
+    source: SubscriptionSource, result: AcquiredData | None, error: BaseException | None
+) -> None:
+    if result is not None:
+        source.notify(result, UpdateType.IMMEDIATE)
+    else:
+        source.notify_error(error or RuntimeError("no update"), UpdateType.IMMEDIATE)
+
+
+def _error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
+    frame = encode_exception(*describe_error(error))
+    return _reply_frames(header, reply_type, [(BodyKind.EXCEPTION, frame)])
+
+
+def _reply_frames(
+    header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
+) -> list[Buffer]:
+    """The answer to the request with ``header``: it repeats the request's id and names."""
+    return encode_routed(
+        Kind.REPLY,
+        reply_type,
+        header.id,
+        header.device,
+        header.property,
+        header.selector,
+        body or (),
+    )
+
+
+def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
+    where = "waited in the queue past" if queued else "was not completed within"
+    return TimeoutError(
+        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
+        f"the client's deadline of {timeout:.3g} s"
+    )
+
+
+def _outcome(rtype: RequestType, error: BaseException) -> str:
+    if isinstance(error, OverloadError):
+        return "overload"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if rtype is RequestType.SUBSCRIBE:
+        return "rejected"
+    return "error"

@@ -1,0 +1,298 @@
+"""``rda history search|get|stats ROOT ...``: pulls from the history store on the command line.
+
+Small pulls read the Parquet files with pyarrow (``rda.pipeline.history.local``; no JVM);
+``--spark`` runs the same call through ``rda.pipeline.history.api.History`` on a local Spark session.
+Output is a table on stdout, or ``--json`` (one document), ``--csv FILE``, ``--parquet FILE``.
+Times are ISO 8601 (UTC unless an offset is given), ns integers, ``now``, or ``-1h`` (that long
+before now); signals are ``DEV/Prop``, ``DEV/Prop#field`` or globs. Bad input prints one line
+and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from rda.pipeline.history.local import local_get, local_search, local_stats
+from rda.pipeline.history.paths import parse_duration, parse_time
+from rda.pipeline.recorder.store import Store
+
+__all__ = ["history", "parse_cli_time"]
+
+_MAX_CELL = 60
+
+
+def parse_cli_time(text: str, argument: str, now: int | None = None) -> int:
+    """ns UTC from ``now``, ``-<duration>`` (before now), an ns integer or an ISO 8601 time."""
+    text = text.strip()
+    current = time.time_ns() if now is None else now
+    if text == "now":
+        return current
+    if text.startswith("-") and not text[1:].isdigit():
+        return current - parse_duration(text[1:], argument)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return parse_time(text, argument)
+
+
+class _Output:
+    """Where the result goes: a table on stdout, JSON, a CSV or a Parquet file."""
+
+    def __init__(self, as_json: bool, csv_file: Path | None, parquet_file: Path | None) -> None:
+        if sum((as_json, csv_file is not None, parquet_file is not None)) > 1:
+            raise click.ClickException("give at most one of --json, --csv, --parquet")
+        self.as_json = as_json
+        self.csv_file = csv_file
+        self.parquet_file = parquet_file
+
+    def write(self, table: pa.Table) -> None:
+        if self.parquet_file is not None:
+            pq.write_table(table, self.parquet_file)
+            click.echo(f"{table.num_rows} rows written to {self.parquet_file}", err=True)
+        elif self.csv_file is not None:
+            pacsv.write_csv(_flat(table), self.csv_file)
+            click.echo(f"{table.num_rows} rows written to {self.csv_file}", err=True)
+        elif self.as_json:
+            rows = _json_value(table.to_pylist())
+            click.echo(json.dumps(rows, default=_json_default, allow_nan=False))
+        else:
+            click.echo(_format_table(table))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _flat(table: pa.Table) -> pa.Table:
+    """Nested columns (lists, structs) as JSON text: CSV has no nested types."""
+    columns = []
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_nested(kind):
+            text = [
+                None if v is None else json.dumps(_json_value(v), default=_json_default)
+                for v in column.to_pylist()
+            ]
+            columns.append(pa.array(text, pa.string()))
+        else:
+            columns.append(column)
+    return pa.table(columns, names=table.schema.names)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ").replace("+00:00", "Z")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list) and len(value) > 8:
+        head = ", ".join(_cell(v) for v in value[:6])
+        return f"[{head}, … ({len(value)})]"
+    text = str(value)
+    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 1] + "…"
+
+
+def _format_table(table: pa.Table) -> str:
+    names = table.schema.names
+    rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
+    widths = [max([len(n), *(len(r[i]) for r in rows)]) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append(f"({len(rows)} rows)")
+    return "\n".join(lines)
+
+
+def _spark_history(root: Store) -> Any:
+    from rda.pipeline.history.api import History
+
+    return History.local(root)
+
+
+def _spark_table(frame: Any) -> pa.Table:
+    table: pa.Table = frame.toArrow()
+    return table
+
+
+def _run(action: Callable[[], pa.Table], output: _Output) -> None:
+    try:
+        table = action()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    output.write(table)
+
+
+def _output_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--spark", is_flag=True, help="Run through Spark (History) instead of pyarrow."
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
+        click.option(
+            "--csv",
+            "csv_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Write CSV here (nested values as JSON).",
+        ),
+        click.option(
+            "--parquet",
+            "parquet_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Write Parquet here.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _store(ctx: click.Context, param: click.Parameter, value: str) -> Store:
+    """ROOT: an existing local directory or a URI pyarrow.fs resolves (s3://, file://, ...)."""
+    try:
+        store = Store.open(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if store.local and not store.is_dir(store.base):
+        raise click.BadParameter(f"{value!r} is not a directory")
+    return store
+
+
+_ROOT = click.argument("root", metavar="ROOT", callback=_store)
+_SIGNALS = click.argument("signals", nargs=-1, required=True, metavar="DEV/PROP[#FIELD]...")
+_START = click.option("--start", "-s", default="-1h", show_default=True, help="Window start.")
+_END = click.option("--end", "-e", default="now", show_default=True, help="Window end (excluded).")
+
+
+def _window(start: str, end: str) -> tuple[int, int]:
+    try:
+        now = time.time_ns()
+        return parse_cli_time(start, "start", now), parse_cli_time(end, "end", now)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def history() -> None:
+    """Search and pull recorded values from a history store (ROOT of `rda record`).
+
+    ROOT is a directory or a pyarrow.fs URI (file://, s3://, gs://, hdfs://).
+    """
+
+
+@history.command()
+@_ROOT
+@click.argument("pattern", default="*/*")
+@_output_options
+def search(
+    root: Store,
+    pattern: str,
+    spark: bool,
+    as_json: bool,
+    csv_file: Path | None,
+    parquet_file: Path | None,
+) -> None:
+    """Recorded DEVICE/PROPERTY pairs matching PATTERN (a glob, default */*), with their days."""
+    output = _Output(as_json, csv_file, parquet_file)
+    if spark:
+        _run(lambda: _spark_table(_spark_history(root).search(pattern)), output)
+    else:
+        _run(lambda: local_search(root, pattern), output)
+
+
+@history.command()
+@_ROOT
+@_SIGNALS
+@_START
+@_END
+@click.option("--field", "-f", "fields", multiple=True, help="Only these fields (a.b: nested).")
+@click.option("--selector", default=None, help="Only rows of this selector (a glob is allowed).")
+@click.option("--errors", is_flag=True, help="Include error rows (and the error column).")
+@_output_options
+def get(
+    root: Store,
+    signals: tuple[str, ...],
+    start: str,
+    end: str,
+    fields: tuple[str, ...],
+    selector: str | None,
+    errors: bool,
+    spark: bool,
+    as_json: bool,
+    csv_file: Path | None,
+    parquet_file: Path | None,
+) -> None:
+    """Values of SIGNALS with start <= acq_stamp < end (default: the last hour)."""
+    output = _Output(as_json, csv_file, parquet_file)
+    window = _window(start, end)
+    chosen: Sequence[str] | None = list(fields) or None
+    if spark:
+        _run(
+            lambda: _spark_table(
+                _spark_history(root).get(list(signals), *window, chosen, selector, errors)
+            ),
+            output,
+        )
+    else:
+        _run(lambda: local_get(root, list(signals), *window, chosen, selector, errors), output)
+
+
+@history.command()
+@_ROOT
+@_SIGNALS
+@_START
+@_END
+@click.option("--every", default=None, help="Bin width, e.g. 10s, 5min, 1h (default: one bin).")
+@_output_options
+def stats(
+    root: Store,
+    signals: tuple[str, ...],
+    start: str,
+    end: str,
+    every: str | None,
+    spark: bool,
+    as_json: bool,
+    csv_file: Path | None,
+    parquet_file: Path | None,
+) -> None:
+    """count, first, last, min, max, mean, std, errors, NaN count per signal (and bin)."""
+    output = _Output(as_json, csv_file, parquet_file)
+    window = _window(start, end)
+    try:
+        width = None if every is None else parse_duration(every, "every")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if spark:
+        _run(
+            lambda: _spark_table(_spark_history(root).stats(list(signals), *window, every=every)),
+            output,
+        )
+    else:
+        _run(lambda: local_stats(root, list(signals), *window, every=width), output)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    history()

@@ -1,0 +1,197 @@
+"""``rda record ROOT PATTERN...`` (and ``compact``): the recorder from the command line.
+
+``record`` is a plain click command so the ``rda`` group (rda.admin.cli.main) can register it
+without this module importing rda.admin; it reads ``--endpoint`` from the group's context
+object when there is one. Standalone: ``python -m rda.pipeline.recorder.cli record ROOT PATTERN...``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from rda.pipeline.recorder.converter import compact as compact_day
+from rda.pipeline.recorder.metrics import start_recorder_metrics
+from rda.pipeline.recorder.service import Recorder, RecorderStatistics
+
+__all__ = ["compact", "main", "parse_duration", "record"]
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"30s"``, ``"10m"``, ``"24h"``, ``"2d"`` -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 10m, 24h or 2d")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def _counter_line(stats: RecorderStatistics, rate: float) -> str:
+    return (
+        f"{stats.state:7}  {rate:9.0f} rows/s  acked seq {stats.acked_seq}  "
+        f"queue {stats.queue_depth}/{stats.queue_limit}  lag {stats.lag_seconds:.2f}s  "
+        f"overflow {stats.overflow}  parquet files {stats.parquet_files}"
+    )
+
+
+def _client(ctx: click.Context) -> Any:
+    """A ClientService honouring the ``rda`` group's ``--endpoint``/``--config``, if any."""
+    endpoint = getattr(ctx.obj, "endpoint", None)
+    make_config = getattr(ctx.obj, "config", None)
+    if endpoint is None and make_config is None:
+        return None  # the recorder makes a ClientService on the default directory
+    from rda.business.client.service import ClientService
+    from rda.business.directory import StaticDirectory, default_directory
+
+    config = make_config() if make_config is not None else None
+    directory = (
+        StaticDirectory({"*": endpoint}) if endpoint is not None else default_directory(config)
+    )
+    return ClientService(directory=directory, config=config)
+
+
+@click.command()
+@click.argument("root", metavar="ROOT")
+@click.argument("patterns", nargs=-1, required=True, metavar="DEVICE/PROPERTY[@SELECTOR]...")
+@click.option(
+    "--journal",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local journal directory (required when ROOT is a URI such as s3://bucket/history).",
+)
+@click.option("--id", "recorder_id", default=None, help="Recorder id (default: host name).")
+@click.option("--retention", default="24h", help="Keep converted segments this long (24h).")
+@click.option("--queue-limit", type=int, default=100_000, show_default=True)
+@click.option("--convert-every", default="5s", help="Convert segments to Parquet this often.")
+@click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C).")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final statistics as JSON.")
+@click.pass_context
+def record(
+    ctx: click.Context,
+    root: str,
+    patterns: tuple[str, ...],
+    journal: Path | None,
+    recorder_id: str | None,
+    retention: str,
+    queue_limit: int,
+    convert_every: str,
+    duration: str | None,
+    metrics_port: int | None,
+    as_json: bool,
+) -> None:
+    """Record subscriptions into ROOT (journal, then Parquet) until Ctrl-C or --duration.
+
+    ROOT is a directory or a pyarrow.fs URI (file://, s3://, gs://, hdfs://); a URI store keeps
+    its journal in --journal on this machine.
+
+    Device names may be globs (resolved through the directory): rda record /data 'PS*/Acq'.
+    """
+    client = None
+    try:
+        client = _client(ctx)
+        recorder = Recorder(
+            root,
+            patterns,
+            client,
+            recorder_id=recorder_id,
+            journal=journal,
+            queue_limit=queue_limit,
+            retention=parse_duration(retention),
+            convert_interval=parse_duration(convert_every),
+        )
+    except ValueError as exc:
+        if client is not None:
+            client.close()
+        raise click.BadParameter(str(exc)) from None
+    stop = threading.Event()
+    limit = None if duration is None else time.monotonic() + parse_duration(duration)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminate)
+    endpoint = None
+    recorder.start()
+    try:
+        if metrics_port is not None:
+            endpoint = start_recorder_metrics(recorder, metrics_port)
+        _run(recorder, stop, limit)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        recorder.stop()
+        if client is not None:
+            client.close()
+        if endpoint is not None:
+            endpoint.close()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    stats = recorder.statistics()
+    if as_json:
+        click.echo(json.dumps(asdict(stats)))
+    else:
+        click.echo(
+            f"stopped: {stats.acked_rows} rows acked (last seq {stats.acked_seq}), "
+            f"overflow {stats.overflow}, write errors {stats.write_errors}, "
+            f"{stats.parquet_files} parquet files",
+            err=True,
+        )
+    if stats.write_errors or stats.conversion_errors:
+        raise click.exceptions.Exit(1)
+
+
+def _run(recorder: Recorder, stop: threading.Event, limit: float | None) -> None:
+    interactive = sys.stderr.isatty()
+    last = recorder.statistics()
+    last_time = time.monotonic()
+    while not stop.is_set():
+        wait = 1.0 if limit is None else max(0.0, min(1.0, limit - time.monotonic()))
+        if stop.wait(wait) or (limit is not None and time.monotonic() >= limit):
+            return
+        now, stats = time.monotonic(), recorder.statistics()
+        rate = (stats.acked_rows - last.acked_rows) / max(1e-9, now - last_time)
+        line = _counter_line(stats, rate)
+        click.echo(f"\r{line}" if interactive else line, err=True, nl=not interactive)
+        last, last_time = stats, now
+
+
+@click.command()
+@click.argument("root", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("address", metavar="DEVICE/PROPERTY")
+@click.argument("date", metavar="YYYY-MM-DD")
+def compact(root: Path, address: str, date: str) -> None:
+    """Rewrite a closed day of one property into one file per recorder and schema version."""
+    device, _, prop = address.partition("/")
+    if not device or not prop:
+        raise click.BadParameter(f"{address!r}: expected DEVICE/PROPERTY")
+    try:
+        outputs = compact_day(root, device, prop, date)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{len(outputs)} file(s) written" + "".join(f"\n  {p}" for p in outputs))
+
+
+@click.group()
+def main() -> None:
+    """The history recorder (``rda record`` is the same ``record`` command)."""
+
+
+main.add_command(record)
+main.add_command(compact)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,437 @@
+"""Journal segments -> the Hive-partitioned Parquet store, idempotently; retention; compaction.
+
+Store layout (the contract with the History API, docs/history.md):
+``root/device=D/property=P/date=YYYY-MM-DD/part-<recorder_id>-<firstseq>-<lastseq>.parquet``.
+
+Idempotence: a conversion takes a *group* of closed segments. Before writing, the group and the
+file names it will produce are recorded as ``planned`` in ``progress.json`` (atomically
+replaced); each file is written tmp -> fsync -> rename; then the group moves to ``done``. A
+restart first redoes a planned group with the same segments, hence the same names: files are
+overwritten, never duplicated. File names derive only from the rows (recorder, first and last
+seq of the rows of one key and day), never from time or chance.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rda.pipeline.recorder.journal import (
+    Journal,
+    Segment,
+    fsync_directory,
+    read_segment,
+    write_durably,
+)
+from rda.pipeline.recorder.schema import SchemaCatalog, merge_types, partition_escape
+from rda.pipeline.recorder.store import Store
+
+__all__ = [
+    "STORE_COLUMNS",
+    "Converter",
+    "ConverterStatistics",
+    "compact",
+    "journal_root",
+    "partition_dir",
+    "partition_path",
+]
+
+log = logging.getLogger("rda.pipeline.recorder.converter")
+
+_DAY_NS = 86_400 * 10**9
+_PART = re.compile(r"^part-(.+)-(\d+)-(\d+)\.parquet$")
+STORE_COLUMNS = (
+    "acq_stamp",
+    "ts",
+    "cycle_stamp",
+    "cycle_name",
+    "selector",
+    "recv_stamp",
+    "recorder_id",
+    "seq",
+    "error",
+    "data",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConverterStatistics:
+    converted_segments: int
+    files_written: int
+    errors: int
+    last_error: str | None
+
+
+def partition_path(root: Path | str, device: str, prop: str, date: str) -> Path:
+    """The directory of one (device, property, day) partition."""
+    return (
+        Path(root)
+        / f"device={partition_escape(device)}"
+        / f"property={partition_escape(prop)}"
+        / f"date={date}"
+    )
+
+
+def partition_dir(store: Store, device: str, prop: str, date: str) -> str:
+    """The store path of one (device, property, day) partition."""
+    return store.path(
+        f"device={partition_escape(device)}", f"property={partition_escape(prop)}", f"date={date}"
+    )
+
+
+class _Target(NamedTuple):
+    """Where a Parquet file goes: one argument, so ``_write_parquet(target, table)`` stays the
+    single seam a crash test wraps."""
+
+    store: Store
+    path: str
+
+
+def _write_parquet(target: _Target, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    target.store.write(target.path, sink.getvalue())
+
+
+def _store_table(
+    recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
+) -> pa.Table:
+    # A row the server sent without an acquisition stamp (0: an older or foreign server) is
+    # stored at the recorder's receive time, so that a time window finds it instead of it
+    # sitting at 1970-01-01; it stays recognisable (acq_stamp == recv_stamp exactly, which a
+    # stamp made before the network hop never is) and the journal keeps the stamp as sent
+    # (docs/history.md). The recorder counts and logs such rows (missing_acq_stamps).
+    sent = meta.column("acq_stamp").combine_chunks()
+    recv = meta.column("recv_stamp").combine_chunks()
+    acq = pa.compute.if_else(pa.compute.equal(sent, 0), recv, sent)
+    ts = pa.compute.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    metadata = {
+        "rda.device": key[0],
+        "rda.property": key[1],
+        "rda.schema_version": str(key[2]),
+    }
+    columns: dict[str, Any] = {
+        "acq_stamp": acq,
+        "ts": ts,
+        "cycle_stamp": meta.column("cycle_stamp"),
+        "cycle_name": meta.column("cycle_name"),
+        "selector": meta.column("selector"),
+        "recv_stamp": recv,
+        "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
+        "seq": meta.column("seq"),
+        "error": meta.column("error"),
+        "data": data,
+    }
+    return pa.table(columns).replace_schema_metadata(metadata)
+
+
+def journal_root(store: Store, journal: Path | str | None) -> Path:
+    """Where ``_journal/`` lives: ``journal``, else the store's root when it is local.
+
+    The journal is fsynced, renamed, locked and tailed file by file: it needs a local disk,
+    so a store on another filesystem needs an explicit local ``journal`` directory.
+    """
+    if journal is not None:
+        return Path(journal)
+    if not store.local:
+        raise ValueError(
+            f"store {store.uri!r} is not on the local disk: give a local journal directory "
+            "(journal=... / --journal)"
+        )
+    return Path(store.base)
+
+
+class Converter:
+    """Converts one recorder's closed segments into the Parquet store (see module docstring).
+
+    ``root`` is the store (a local path, a URI ``pyarrow.fs`` resolves, or a ``Store``);
+    ``journal`` the local directory holding ``_journal/<recorder_id>`` (default: the root, which
+    must then be local).
+    """
+
+    def __init__(
+        self,
+        root: Store | Path | str,
+        recorder_id: str,
+        catalog: SchemaCatalog | None = None,
+        *,
+        journal: Path | str | None = None,
+        retention: float = 86_400.0,
+        max_group_rows: int = 1_000_000,
+        max_group_bytes: int = 256 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = Store.open(root)
+        self.recorder_id = recorder_id
+        self.journal = Journal(journal_root(self.store, journal), recorder_id)
+        self.catalog = catalog or SchemaCatalog(self.store, recorder_id)
+        self.retention = retention
+        self.max_group_rows = max_group_rows
+        self.max_group_bytes = max_group_bytes  # a group is converted in memory
+        self._clock = clock
+        self._path = self.journal.directory / "progress.json"
+        self._lock = threading.Lock()  # the converter thread and stop() may both call in
+        self._progress: dict[str, Any] = {"max_seq": 0, "done": {}, "planned": None}
+        self._converted = 0
+        self._files = 0
+        self._errors = 0
+        self._last_error: str | None = None
+        self.recover()
+
+    @property
+    def max_seq(self) -> int:
+        """The highest seq ever converted (kept after retention deleted its segment)."""
+        return int(self._progress["max_seq"])
+
+    def recover(self) -> None:
+        """Reload the progress record; drop tmp files an interrupted conversion left."""
+        with self._lock:
+            if self._path.exists():
+                self._progress = json.loads(self._path.read_text())
+            planned = self._progress.get("planned")
+            for name in planned["files"] if planned else []:
+                self.store.delete(self.store.tmp_name(self.store.path(name)))
+
+    def statistics(self) -> ConverterStatistics:
+        return ConverterStatistics(self._converted, self._files, self._errors, self._last_error)
+
+    def _save(self) -> None:
+        write_durably(self._path, json.dumps(self._progress).encode())
+
+    def convert_pending(self) -> int:
+        """Convert every closed segment not yet converted; return how many were."""
+        with self._lock:
+            total = 0
+            try:
+                planned = self._progress.get("planned")
+                if planned:
+                    by_name = {s.name: s for s in self.journal.segments()}
+                    group = [by_name[name] for name in planned["segments"] if name in by_name]
+                    total += self._convert_group(group)
+                while True:
+                    done = self._progress["done"]
+                    pending = [s for s in self.journal.segments() if s.name not in done]
+                    if not pending:
+                        return total
+                    group, rows, size = [], 0, 0
+                    for segment in pending:
+                        group.append(segment)
+                        rows += segment.last_seq - segment.first_seq + 1
+                        size += segment.path.stat().st_size
+                        if rows >= self.max_group_rows or size >= self.max_group_bytes:
+                            break
+                    total += self._convert_group(group)
+            except Exception as exc:
+                self._errors += 1
+                self._last_error = f"conversion failed: {exc}"
+                log.exception("converter %s: conversion failed", self.recorder_id)
+                raise
+
+    def _convert_group(self, group: list[Segment]) -> int:
+        if not group:
+            self._progress["planned"] = None
+            return 0
+        parts: dict[tuple[tuple[str, str, int], str], list[tuple[pa.Table, pa.Array]]] = (
+            defaultdict(list)
+        )
+        for segment in group:
+            for key, meta, data in read_segment(segment.path):
+                if not len(meta):
+                    continue
+                acq = meta.column("acq_stamp").to_numpy()
+                recv = meta.column("recv_stamp").to_numpy()
+                days = np.where(acq > 0, acq, recv) // _DAY_NS
+                for day in np.unique(days):
+                    day_date = datetime.date.fromordinal(
+                        datetime.date(1970, 1, 1).toordinal() + int(day)
+                    )
+                    mask = pa.array(days == day)
+                    parts[(key, day_date.isoformat())].append(
+                        (meta.filter(mask), data.filter(mask))
+                    )
+        outputs: list[tuple[str, pa.Table]] = []
+        for (key, date), pieces in sorted(parts.items()):
+            meta = pa.concat_tables([m for m, _ in pieces])
+            data = self._unify([d for _, d in pieces], key)
+            seqs = meta.column("seq")
+            name = f"part-{self.recorder_id}-{seqs[0].as_py()}-{seqs[-1].as_py()}.parquet"
+            outputs.append(
+                (
+                    f"{partition_dir(self.store, key[0], key[1], date)}/{name}",
+                    _store_table(self.recorder_id, meta, data, key),
+                )
+            )
+        self._progress["planned"] = {
+            "segments": [s.name for s in group],
+            "files": [self.store.relative(path) for path, _ in outputs],
+        }
+        self._save()
+        for path, table in outputs:
+            _write_parquet(_Target(self.store, path), table)
+            self._files += 1
+        now = self._clock()
+        for segment in group:
+            self._progress["done"][segment.name] = now
+        self._progress["max_seq"] = max(self.max_seq, group[-1].last_seq)
+        self._progress["planned"] = None
+        self._save()
+        self._converted += len(group)
+        return len(group)
+
+    def _unify(self, arrays: list[pa.Array], key: tuple[str, str, int]) -> pa.Array:
+        """One array from a key's pieces; segments may carry narrower (older) struct types."""
+        target: pa.DataType = arrays[0].type
+        for array in arrays[1:]:
+            merged = merge_types(target, array.type)
+            target = merged if merged is not None else target
+        if pa.types.is_struct(target) and target.num_fields == 0:
+            # Errors recorded before any value: no struct to store (Parquet has no empty
+            # struct), so use the property's current schema, else a null column.
+            current = self.catalog.current(key[0], key[1])
+            target = current.arrow_type if current is not None else pa.null()
+            return pa.nulls(sum(len(a) for a in arrays), target)
+        return pa.concat_arrays([a if a.type.equals(target) else a.cast(target) for a in arrays])
+
+    def apply_retention(self) -> int:
+        """Delete converted segments older than the retention; return how many were deleted."""
+        with self._lock:
+            limit = self._clock() - self.retention
+            done: dict[str, float] = self._progress["done"]
+            expired = [name for name, at in done.items() if at <= limit]
+            if not expired:
+                return 0
+            for name in expired:
+                (self.journal.directory / name).unlink(missing_ok=True)
+                del done[name]
+            fsync_directory(self.journal.directory)
+            self._save()
+            return len(expired)
+
+
+# --- compaction ------------------------------------------------------------------------------
+
+
+def _planned_elsewhere(root: Path, partition: Path) -> bool:
+    prefix = str(partition.relative_to(root)) + "/"
+    for progress in (root / "_journal").glob("*/progress.json"):
+        planned = json.loads(progress.read_text()).get("planned")
+        if planned and any(f.startswith(prefix) for f in planned["files"]):
+            return True
+    return False
+
+
+def compact(
+    root: Path | str,
+    device: str,
+    prop: str,
+    date: str,
+    *,
+    grace: float = 3_600.0,
+    clock: Callable[[], float] = time.time,
+) -> list[Path]:
+    """Rewrite a closed day into one file per (recorder, schema version); return the outputs.
+
+    Idempotent and crash-safe: the plan is recorded in ``_compaction.json`` before any file is
+    written; outputs are written atomically, inputs deleted only once outputs are durable; a
+    rerun finishes an interrupted compaction. A day is closed once it ended ``grace`` seconds
+    ago and no recorder has a planned conversion into it.
+    """
+    store = Store.open(root)
+    if not store.local:  # the plan, fsyncs and the check of planned conversions need a local disk
+        raise ValueError(f"{store.uri}: compaction runs on a local store only")
+    root = Path(store.base)
+    partition = partition_path(root, device, prop, date)
+    day_end = datetime.datetime.fromisoformat(date).replace(
+        tzinfo=datetime.UTC
+    ) + datetime.timedelta(days=1)
+    if clock() < day_end.timestamp() + grace:
+        raise ValueError(f"{device}/{prop} {date}: the day is not closed yet")
+    if _planned_elsewhere(root, partition):
+        raise ValueError(f"{device}/{prop} {date}: a conversion into this day is in progress")
+    record = partition / "_compaction.json"
+    if record.exists():
+        plan = json.loads(record.read_text())
+    else:
+        plan = _plan(partition)
+        if not plan:
+            return []
+        write_durably(record, json.dumps(plan).encode())
+    outputs = []
+    for group in plan:
+        output = partition / group["output"]
+        if not output.exists():
+            _merge_files(output, [partition / name for name in group["inputs"]])
+        for name in group["inputs"]:
+            (partition / name).unlink(missing_ok=True)
+        outputs.append(output)
+    fsync_directory(partition)
+    record.unlink()
+    fsync_directory(partition)
+    return outputs
+
+
+def _plan(partition: Path) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for path in sorted(partition.glob("part-*.parquet")):
+        match = _PART.match(path.name)
+        if not match:
+            continue
+        metadata = pq.read_schema(path).metadata or {}
+        version = metadata.get(b"rda.schema_version", b"0").decode()
+        groups[(match[1], version)].append((int(match[2]), int(match[3]), path.name))
+    plan = []
+    for (recorder_id, _), files in sorted(groups.items()):
+        if len(files) < 2:
+            continue
+        first = min(f[0] for f in files)
+        last = max(f[1] for f in files)
+        plan.append(
+            {
+                "output": f"part-{recorder_id}-{first}-{last}.parquet",
+                "inputs": [f[2] for f in sorted(files)],
+            }
+        )
+    return plan
+
+
+def _merge_files(output: Path, inputs: list[Path]) -> None:
+    """Stream ``inputs`` into ``output`` one file at a time (a day may not fit in memory).
+
+    The inputs of one (recorder, schema version) hold disjoint seq ranges, each sorted, and the
+    plan lists them by first seq: appending them in that order keeps the output sorted by seq.
+    """
+    schemas = [pq.read_schema(path) for path in inputs]
+    target: pa.DataType = schemas[0].field("data").type
+    for schema in schemas[1:]:
+        merged = merge_types(target, schema.field("data").type)
+        target = merged if merged is not None else target
+    index = schemas[0].get_field_index("data")
+    schema = schemas[0].set(index, pa.field("data", target))
+    tmp = output.with_name(f".{output.name}.tmp")
+    with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+        for path in inputs:
+            table = pq.read_table(path)
+            if not table.schema.field("data").type.equals(target):
+                table = table.set_column(index, "data", table.column("data").cast(target))
+            writer.write_table(table.replace_schema_metadata(schema.metadata))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, output)
+    fsync_directory(output.parent)

@@ -1,0 +1,577 @@
+"""The history recorder: subscriptions -> bounded queue -> one writer -> durable journal segments.
+
+The storage core needs no network: ``Recorder.offer(device, property, selector, notification)``
+takes anything shaped like ``rda.Notification`` (``.data``, ``.context``, ``.error``), so a
+fire-hose, a test or the subscription layer feed it the same way. With patterns and a client,
+``start()`` subscribes and its listeners call ``offer``.
+
+Guarantees (docs/history.md): the queue is bounded and its overflow is counted, never silent;
+a single writer thread appends rows and every ``flush_interval`` (~200 ms) or ``flush_rows``
+(5,000) writes a journal segment; only once it is durable does ``acked_seq`` advance. ``seq``
+continues after the last durable one across restarts. A write failure (full disk, permission)
+puts the recorder in the ``error`` state: it logs, counts, stops acknowledging, keeps its rows
+in memory (bounded: the queue then overflows, counted) and retries.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import fnmatch
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import pyarrow as pa
+
+from rda.pipeline.recorder.converter import Converter, journal_root
+from rda.pipeline.recorder.journal import Journal, SegmentBuilder
+from rda.pipeline.recorder.schema import SchemaCatalog, arrow_type_of, signature
+from rda.pipeline.recorder.store import Store
+from rda.serialization._header import DataContext
+
+__all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
+
+log = logging.getLogger("rda.pipeline.recorder.service")
+
+_EMPTY = pa.struct([])
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A notification-shaped value for feeding the recorder without a network."""
+
+    data: Any
+    context: DataContext = field(default_factory=DataContext)
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderStatistics:
+    """A snapshot of the recorder's counters (what the CLI and metrics show)."""
+
+    state: str  # "created", "running", "error", "stopped"
+    recorder_id: str
+    received: int  # rows taken from the queue (each got a seq)
+    overflow: int  # notifications refused because the queue was full
+    gaps: int  # updates the server-side subscription reported as missed
+    queue_depth: int
+    queue_limit: int
+    pending_rows: int  # rows in the writer waiting for their segment
+    acked_seq: int
+    acked_rows: int
+    segments_written: int
+    bytes_written: int
+    write_errors: int
+    last_error: str | None
+    lag_seconds: float  # age of the oldest row not yet acknowledged
+    schema_changes: int
+    converted_segments: int
+    parquet_files: int
+    conversion_errors: int
+    subscriptions: int
+    # Value rows the server sent without an acquisition stamp (acq_stamp 0): stored at their
+    # receive time (acq_stamp == recv_stamp, docs/history.md), logged once per signal.
+    missing_acq_stamps: int = 0
+
+
+class _Subscription(Protocol):
+    def close(self) -> None: ...
+
+
+def parse_pattern(pattern: str) -> tuple[str, str, str | None]:
+    """Split ``"DEV/Prop"`` or ``"DEV/Prop@SELECTOR"`` into (device glob, property, selector)."""
+    target, _, selector = pattern.partition("@")
+    device, sep, prop = target.partition("/")
+    if not sep or not device or not prop:
+        raise ValueError(f"pattern {pattern!r} is not DEVICE/PROPERTY[@SELECTOR]")
+    if _GLOB.search(prop):
+        raise ValueError(f"pattern {pattern!r}: only the device part may be a glob")
+    return device, prop, selector or None
+
+
+def _default_id() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "recorder"
+
+
+class Recorder:
+    """Records notifications into ``root`` (journal, then Parquet); see the module docstring."""
+
+    def __init__(
+        self,
+        root: Store | Path | str,
+        patterns: Sequence[str] = (),
+        client: Any = None,
+        *,
+        recorder_id: str | None = None,
+        directory: Any = None,
+        queue_limit: int = 100_000,
+        flush_interval: float = 0.2,
+        flush_rows: int = 5_000,
+        convert_interval: float = 5.0,
+        retention: float = 86_400.0,
+        convert: bool = True,
+        journal: Path | str | None = None,
+        on_ack: Callable[[int, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = Store.open(root)
+        self.root = self.store.uri
+        self.recorder_id = recorder_id or _default_id()
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.recorder_id):
+            raise ValueError(f"recorder id {self.recorder_id!r} must match [A-Za-z0-9_.-]+")
+        self.patterns = [parse_pattern(p) for p in patterns]
+        self.queue_limit = queue_limit
+        self.flush_interval = flush_interval
+        self.flush_rows = flush_rows
+        self.convert_interval = convert_interval
+        self._client = client
+        self._own_client = False
+        self._directory = directory
+        self._on_ack = on_ack
+        self._clock = clock
+        self._convert = convert
+        self.catalog = SchemaCatalog(self.store, self.recorder_id)
+        self.journal = Journal(journal_root(self.store, journal), self.recorder_id)
+        self.converter = Converter(
+            self.store, self.recorder_id, self.catalog, journal=journal, retention=retention
+        )
+        self._queue: collections.deque[tuple[str, str, str | None, Any, int]] = collections.deque()
+        self._cond = threading.Condition()
+        self._idle = False
+        self._stopping = False
+        self._flush_wanted = 0  # seq the caller of flush() waits for
+        self._state = "created"
+        self._next_seq = 1
+        self._acked_seq = 0
+        self._acked_rows = 0
+        self._received = 0
+        self._overflow = 0
+        self._gaps = 0
+        self._missing_stamps = 0
+        self._unstamped_signals: set[tuple[str, str]] = set()
+        self._segments = 0
+        self._bytes = 0
+        self._write_errors = 0
+        self._last_error: str | None = None
+        self._oldest_pending: int | None = None
+        self._pending = 0
+        self._draining = False
+        self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
+        self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
+        self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
+        self._subscriptions: list[_Subscription] = []
+        self._writer: threading.Thread | None = None
+        self._converter_thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._lock_file: BinaryIO | None = None
+
+    # --- public API ---------------------------------------------------------------------------
+
+    @property
+    def acked_seq(self) -> int:
+        """The highest seq whose row is durable in the journal (0 before the first)."""
+        return self._acked_seq
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def start(self) -> None:
+        """Recover the journal, start the writer and converter threads, then subscribe."""
+        if self._state != "created":
+            raise RuntimeError(f"recorder is {self._state}, it can be started once")
+        self._take_lock()
+        try:
+            self.converter.recover()
+            last = max(self.journal.recover(), self.converter.max_seq)
+        except BaseException:
+            assert self._lock_file is not None
+            self._lock_file.close()
+            self._lock_file = None
+            raise
+        self._next_seq = last + 1
+        self._acked_seq = last
+        self._state = "running"
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"rda-recorder-{self.recorder_id}"
+        )
+        self._writer.start()
+        if self._convert:
+            self._converter_thread = threading.Thread(
+                target=self._convert_loop, name=f"rda-converter-{self.recorder_id}"
+            )
+            self._converter_thread.start()
+        if self.patterns:
+            try:
+                self._subscribe()
+            except BaseException:
+                self.stop()
+                raise
+
+    def _take_lock(self) -> None:
+        # Two live recorders with one id would reuse seqs and overwrite each other's files.
+        # The kernel drops an flock when its process dies, so a SIGKILL leaves no stale lock.
+        handle = open(self.journal.directory / ".lock", "a+b")  # noqa: SIM115 (held until stop)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RuntimeError(
+                f"recorder {self.recorder_id!r} is already running on {self.root}"
+            ) from None
+        self._lock_file = handle
+
+    def offer(self, device: str, prop: str, selector: str | None, notification: Any) -> bool:
+        """Queue one notification; False (and counted) if the queue is full. Thread-safe."""
+        queue = self._queue
+        if len(queue) >= self.queue_limit or self._stopping:
+            with self._cond:
+                self._overflow += 1
+            return False
+        queue.append((device, prop, selector, notification, time.time_ns()))
+        if self._idle:
+            with self._cond:
+                self._cond.notify()
+        return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Write everything offered so far into a segment now; True once it is acknowledged."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._flush_wanted = max(self._flush_wanted, 1)
+            self._cond.notify()
+            while self._queue or self._pending or self._draining:
+                if self._writer is None or not self._writer.is_alive():
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(0.05, left))
+        return True
+
+    def convert_now(self) -> int:
+        """Convert every closed segment to Parquet now (also done periodically); segments done."""
+        return self.converter.convert_pending()
+
+    def stop(self, timeout: float = 30.0, convert: bool | None = None) -> None:
+        """Unsubscribe, write and acknowledge what is queued, convert it (by default), join."""
+        for sub in self._subscriptions:
+            try:
+                sub.close()
+            except Exception:
+                log.exception("recorder %s: closing a subscription failed", self.recorder_id)
+        self._subscriptions.clear()
+        if self._own_client and self._client is not None:
+            self._client.close()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._writer is not None:
+            self._writer.join(timeout)
+        self._stop_event.set()
+        if self._converter_thread is not None:
+            self._converter_thread.join(timeout)
+        if self._convert if convert is None else convert:
+            # A failure is logged and counted by the converter; the journal keeps the rows.
+            with contextlib.suppress(Exception):
+                self.converter.convert_pending()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
+        if self._state != "created":
+            self._state = "stopped" if self._state != "error" else "error"
+
+    def __enter__(self) -> Recorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def statistics(self) -> RecorderStatistics:
+        queue = self._queue
+        oldest = self._oldest_pending
+        if oldest is None and queue:
+            try:
+                oldest = queue[0][4]
+            except IndexError:
+                oldest = None
+        conv = self.converter.statistics()
+        return RecorderStatistics(
+            state=self._state,
+            recorder_id=self.recorder_id,
+            received=self._received,
+            overflow=self._overflow,
+            gaps=self._gaps,
+            queue_depth=len(queue),
+            queue_limit=self.queue_limit,
+            pending_rows=self._pending,
+            acked_seq=self._acked_seq,
+            acked_rows=self._acked_rows,
+            segments_written=self._segments,
+            bytes_written=self._bytes,
+            write_errors=self._write_errors,
+            last_error=self._last_error or conv.last_error,
+            lag_seconds=0.0 if oldest is None else max(0.0, (time.time_ns() - oldest) / 1e9),
+            schema_changes=self.catalog.changes,
+            converted_segments=conv.converted_segments,
+            parquet_files=conv.files_written,
+            conversion_errors=conv.errors,
+            subscriptions=len(self._subscriptions),
+            missing_acq_stamps=self._missing_stamps,
+        )
+
+    # --- subscription layer -------------------------------------------------------------------
+
+    def _resolve_devices(self, glob: str) -> list[str]:
+        if not _GLOB.search(glob):
+            return [glob]
+        directory = self._directory or getattr(self._client, "directory", None)
+        if directory is None:
+            from rda.business.directory import default_directory
+
+            directory = default_directory()
+        # A directory lists names and patterns (a pattern is not a device to subscribe to).
+        known = [d for d in directory.devices() if not _GLOB.search(d)]
+        devices = sorted(d for d in known if fnmatch.fnmatchcase(d, glob))
+        if not devices:
+            log.warning("recorder %s: no device matches %r", self.recorder_id, glob)
+        return devices
+
+    def _subscribe(self) -> None:
+        if self._client is None:
+            from rda.business.client.service import ClientService
+
+            self._client = ClientService()
+            self._own_client = True
+        for glob, prop, selector in self.patterns:
+            for device in self._resolve_devices(glob):
+                point = self._client.access_point(device, prop)
+                listener = self._listener(device, prop, selector)
+                self._subscriptions.append(point.subscribe(selector=selector, listener=listener))
+
+    def _listener(self, device: str, prop: str, selector: str | None) -> Callable[[Any], None]:
+        def deliver(notification: Any) -> None:
+            self.offer(device, prop, selector, notification)
+
+        return deliver
+
+    # --- the writer ---------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        builder = SegmentBuilder()
+        started = 0.0
+        retry_at = 0.0
+        backlog_limit = self.flush_rows * 4  # rows held in memory while the disk fails
+        queue = self._queue
+        while True:
+            with self._cond:
+                wait = (
+                    None
+                    if not len(builder)
+                    else max(0.0, started + self.flush_interval - self._clock())
+                )
+                if self._state == "error" and len(builder):
+                    wait = max(0.0, retry_at - self._clock())
+                if not queue and not self._stopping and not self._flush_wanted and wait != 0.0:
+                    self._idle = True
+                    self._cond.wait(wait)
+                    self._idle = False
+                stopping = self._stopping
+                flush_wanted = self._flush_wanted
+            # Set before the first pop: flush() must never see an empty queue and no pending
+            # rows while rows are in between.
+            self._draining = True
+            room = (backlog_limit if self._state == "error" else self.flush_rows) - len(builder)
+            taken = 0
+            while queue and taken < room:
+                if not len(builder):
+                    started = self._clock()
+                item = queue.popleft()
+                if not self._append(builder, *item):
+                    # 127 keys in one segment: close it and go on with a fresh one.
+                    if not self._flush(builder):
+                        queue.appendleft(item)
+                        break
+                    builder = SegmentBuilder()
+                    self._routes.clear()
+                    started = self._clock()
+                    self._append(builder, *item)
+                taken += 1
+            self._pending = len(builder)
+            self._draining = False
+            if len(builder) and self._oldest_pending is None:
+                self._oldest_pending = builder.recv_stamp[0]
+            due = (
+                len(builder) >= self.flush_rows
+                or (len(builder) and self._clock() - started >= self.flush_interval)
+                or (len(builder) and (stopping or flush_wanted))
+            )
+            if due and (self._state != "error" or self._clock() >= retry_at):
+                if self._flush(builder):
+                    builder = SegmentBuilder()
+                    self._routes.clear()
+                    self._pending = 0
+                    self._oldest_pending = None
+                elif stopping:
+                    # One last try failed: stop rather than retry forever; what is durable stays.
+                    log.error(
+                        "recorder %s: stopping with %d unacknowledged rows",
+                        self.recorder_id,
+                        len(builder) + len(queue),
+                    )
+                    with self._cond:
+                        self._cond.notify_all()
+                    return
+                else:
+                    retry_at = self._clock() + 1.0
+            if not queue and not len(builder):
+                with self._cond:
+                    self._flush_wanted = 0
+                    self._cond.notify_all()
+                if stopping:
+                    return
+
+    def _append(
+        self,
+        builder: SegmentBuilder,
+        device: str,
+        prop: str,
+        selector: str | None,
+        notification: Any,
+        recv_stamp: int,
+    ) -> bool:
+        context = notification.context
+        error = notification.error
+        data = None
+        if error is None:
+            try:
+                data = notification.data  # decoded late, here: a bad body becomes an error row
+            except Exception as exc:
+                error = exc
+        self._gaps += getattr(notification, "gap", 0)
+        value: Any = None
+        error_text: str | None = None
+        route: int | None = None
+        if error is None and data is not None:
+            try:
+                sig = signature(data)
+                route = self._routes.get((device, prop, sig))
+                if route is None:
+                    route = self._route(builder, device, prop, sig, data)
+                    if route is None:
+                        return False
+                value = data
+            except (TypeError, ValueError) as exc:
+                error_text = f"unrecordable data: {exc}"
+        else:
+            error_text = "no data" if error is None else f"{type(error).__name__}: {error}"
+        if route is None:
+            current = self.catalog.current(device, prop)
+            key = (device, prop, 0 if current is None else current.number)
+            slot = builder.key_slot(key, _EMPTY if current is None else current.arrow_type)
+            if slot is None:
+                return False
+            route = slot
+            value = None
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._received += 1
+        if not context.acq_stamp and error_text is None:
+            self._missing_stamp(device, prop)
+        builder.add(
+            route,
+            value,
+            context.selector or selector or "",
+            context.acq_stamp,
+            context.cycle_stamp,
+            context.cycle_name,
+            recv_stamp,
+            seq,
+            error_text,
+        )
+        return True
+
+    def _missing_stamp(self, device: str, prop: str) -> None:
+        # Writer thread only. Counted always, logged once per signal: a server that never
+        # stamps would otherwise flood the log with one line per row. Error rows made by the
+        # client itself (a lost connection) carry no server stamp by nature and are not counted.
+        self._missing_stamps += 1
+        if (device, prop) not in self._unstamped_signals:
+            self._unstamped_signals.add((device, prop))
+            log.warning(
+                "recorder %s: %s/%s sent a value without acq_stamp (0); stored at its receive "
+                "time (acq_stamp == recv_stamp), further ones are only counted "
+                "(missing_acq_stamps)",
+                self.recorder_id,
+                device,
+                prop,
+            )
+
+    def _route(
+        self, builder: SegmentBuilder, device: str, prop: str, sig: tuple[Any, ...], data: Any
+    ) -> int | None:
+        """The builder slot for a value of signature ``sig`` (None: the segment is full).
+
+        A signature keeps the schema version it was first given for the recorder's lifetime,
+        so a value alternating between two types does not open a new version each time.
+        """
+        number = self._versions.get((device, prop, sig))
+        if number is None:
+            version = self.catalog.resolve(device, prop, arrow_type_of(data))
+            number = self._versions[(device, prop, sig)] = version.number
+            self._version_types[(device, prop, number)] = version.arrow_type
+        key = (device, prop, number)
+        slot = builder.key_slot(key, self._version_types[key])
+        if slot is not None:
+            self._routes[(device, prop, sig)] = slot
+        return slot
+
+    def _flush(self, builder: SegmentBuilder) -> bool:
+        if not len(builder):
+            return True
+        try:
+            segment = self.journal.write(builder)
+        except OSError as exc:
+            self._write_errors += 1
+            self._last_error = f"journal write failed: {exc}"
+            if self._state != "error":
+                log.error(
+                    "recorder %s: journal write failed, not acknowledging (%d rows held): %s",
+                    self.recorder_id,
+                    len(builder),
+                    exc,
+                )
+            self._state = "error"
+            return False
+        if self._state == "error":
+            log.warning("recorder %s: journal writable again, acknowledging", self.recorder_id)
+            self._state = "running" if not self._stopping else self._state
+        self._segments += 1
+        self._bytes += segment.path.stat().st_size
+        self._acked_rows += len(builder)
+        self._acked_seq = segment.last_seq
+        if self._on_ack is not None:
+            self._on_ack(segment.first_seq, segment.last_seq)
+        return True
+
+    # --- the converter thread -----------------------------------------------------------------
+
+    def _convert_loop(self) -> None:
+        # Convert in batches every convert_interval: converting each 200 ms segment on its own
+        # would write many tiny Parquet files.
+        while not self._stop_event.wait(self.convert_interval):
+            try:
+                self.converter.convert_pending()
+                self.converter.apply_retention()
+            except Exception:  # logged and counted by the converter; retried next round
+                continue
