@@ -14,7 +14,7 @@ $(BIN)/python:
 # editable install builds serialization/_cbinary.*.so, transport/_cframe.*.so and
 # transport/_czmq.*.so in place).
 $(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx transport/_czmq.pyx | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel]'
 	touch $(STAMP)
 
 # Spark (the pipeline extra) needs a Java runtime: install a headless JRE only when `java` is
