@@ -163,9 +163,7 @@ def create_app(
         WebSocketRoute("/ws", ws),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(
-        routes=routes, lifespan=lifespan, middleware=[Middleware(_SecurityHeaders)]
-    )
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_SecurityHeaders)])
 
 
 def serve(
@@ -184,7 +182,7 @@ def serve(
     sock.bind((bind, port))
     host, actual = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio")
     server = uvicorn.Server(config)
     announce(f"http://{shown}:{actual}/")
     try:

@@ -25,8 +25,7 @@ __all__ = ["panel"]
     "--bind",
     default="127.0.0.1",
     show_default=True,
-    help="HTTP address; wider than loopback only behind an authenticating proxy "
-    "(docs/panel.md).",
+    help="HTTP address; wider than loopback only behind an authenticating proxy (docs/panel.md).",
 )
 @security_options
 @click.option("--allow-set", is_flag=True, help="Let the browser set properties (logged).")

@@ -104,12 +104,24 @@ class PanelSource:
         # Last facts learnt per endpoint: a server that stops answering keeps its tree.
         self._known: dict[str, dict[str, Any]] = {}
         self._requests: dict[str, tuple[float, int]] = {}
+        self._listed: set[str] = set()
 
     # -- discovery ---------------------------------------------------------------------------
 
     def endpoints(self) -> list[str]:
+        """The directory's endpoints, and those the panel knew that left it: a crashed server
+        stays in the tree, marked, until its devices are found served elsewhere."""
         mapping: Mapping[str, str] = self.client.directory.devices()
-        return sorted(set(mapping.values()))
+        listed = set(mapping.values())
+        for endpoint, known in list(self._known.items()):
+            if endpoint in listed:
+                continue
+            names = {d["name"] for d in known.get("devices", [])}
+            if names and names <= {d for d, ep in mapping.items() if ep != endpoint}:
+                del self._known[endpoint]  # moved: another endpoint serves them all now
+                self._requests.pop(endpoint, None)
+        self._listed = listed
+        return sorted(listed | set(self._known))
 
     def discover(self) -> list[dict[str, Any]]:
         """Every server of the directory with its devices, properties, state and facts."""
@@ -132,6 +144,8 @@ class PanelSource:
             if "devices" in replies:
                 known = {"devices": self._devices(replies["devices"])}
                 self._known[endpoint] = known
+            if endpoint not in self._listed and error is not None:
+                error += " (no longer in the directory)"
             stats = states.get(endpoint)
             state = "disconnected" if error is not None else "connected"
             if stats is not None and stats.state in ("reconnecting", "connecting"):

@@ -21,6 +21,7 @@ from typing import Any
 
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import context_json, numeric_fields
+from rda.serialization._header import UpdateType
 
 __all__ = ["MAX_FPS", "MAX_POINTS", "Frame", "ViewSlot", "describe_error"]
 
@@ -48,6 +49,7 @@ class Frame:
     status: str
     error: str | None
     update_type: str | None
+    first: bool = False
     points: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
@@ -61,6 +63,7 @@ class Frame:
             "status": self.status,
             "error": self.error,
             "update_type": self.update_type,
+            "first": self.first,
             "context": None if n is None or n.error is not None else context_json(n.context),
         }
 
@@ -89,6 +92,7 @@ class ViewSlot:
         self._status = "waiting"
         self._error: str | None = None
         self._update_type: str | None = None
+        self._first = False
         self._points: dict[str, list[list[float]]] = {}
         self._rate = 0.0
         self._rate_mark = (clock(), 0)
@@ -111,6 +115,8 @@ class ViewSlot:
             self._gap += n.gap
             self._latest = n
             self._update_type = n.update_type.name
+            # A FIRST folded under later updates still tells the tab the stream (re)started.
+            self._first = self._first or n.update_type is UpdateType.FIRST
             if error is not None:
                 self._status, self._error = "error", describe_error(error)
             else:
@@ -154,9 +160,11 @@ class ViewSlot:
                 status=self._status,
                 error=self._error,
                 update_type=self._update_type,
+                first=self._first,
                 points=self._points,
             )
             self._dirty = False
             self._folded = 0
+            self._first = False
             self._points = {}
             return frame

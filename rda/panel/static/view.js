@@ -112,11 +112,17 @@ export class PropertyView {
   }
 
   setStatus(status, error) {
+    this.status = status;
     this.head.className = `view-head status-${status}`;
     this.error.textContent = error || "";
   }
 
   frame(f) {
+    // What ended the last outage: the tests and the operator both want it to be FIRST.
+    if (f.status === "ok" && this.status === "error") {
+      this.root.dataset.recoveredWith = f.first ? "FIRST" : f.update_type;
+    }
+    if (f.status === "error") this.root.dataset.lostWith = f.error;
     this.setStatus(f.status, f.error);
     const ctx = f.context || {};
     if (ctx.cycle_name && !this.cycles.has(ctx.cycle_name) && this.cycles.size < 64) {
@@ -126,7 +132,7 @@ export class PropertyView {
     const item = (label, value, testid) =>
       el("span", {}, `${label} `, el("b", testid ? { "data-testid": testid } : {}, String(value)));
     this.meta.replaceChildren(
-      item("update", f.update_type || "-", "update-type"),
+      item("update", (f.first && f.update_type !== "FIRST" ? "FIRST, " : "") + (f.update_type || "-"), "update-type"),
       item("rate", `${f.rate} Hz`),
       item("folded", f.folded, "folded"),
       item("gap", f.gap, "gap"),
