@@ -70,10 +70,10 @@ class _Lines:
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"no {needle!r} from {self.proc.args} in {timeout} s") from None
+                raise TimeoutError(f"no {needle!r} from {self.proc.args!r} in {timeout} s") from None
             if line is None:
                 raise RuntimeError(
-                    f"{self.proc.args} exited ({self.proc.wait()}) before {needle!r}"
+                    f"{self.proc.args!r} exited ({self.proc.wait()}) before {needle!r}"
                 )
             if needle in line:
                 return line
@@ -185,7 +185,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     if report.when == "call":
         item.stash[_FAILED] = report.failed

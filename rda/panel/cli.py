@@ -4,6 +4,7 @@ starlette and uvicorn import)."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def panel(
 
     def announce(url: str) -> None:
         click.echo(f"rda panel: {url} (Ctrl-C to stop)", nl=True)
-        click.get_text_stream("stdout").flush()
+        sys.stdout.flush()
 
     try:
         serve(app, bind, port, announce)

@@ -45,7 +45,7 @@ class HistoryReader:
         step = max(1, math.ceil(len(stamps) / MAX_HISTORY_POINTS))
         t, v = [], []
         for stamp, value in zip(stamps[::step], values[::step], strict=True):
-            if value is None or isinstance(value, float) and not math.isfinite(value):
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
                 continue
             t.append(stamp / 1e9)
             v.append(float(value))

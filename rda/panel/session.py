@@ -87,6 +87,7 @@ class Session:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._tree_sent = -1
+        self._sets: set[asyncio.Task[None]] = set()
         client = websocket.client
         self.browser = f"{client.host}:{client.port}" if client else "unknown"
 
@@ -118,6 +119,8 @@ class Session:
             pass
         finally:
             sender.cancel()
+            for task in list(self._sets):
+                task.cancel()
             for view in list(self.views.values()):
                 await asyncio.to_thread(self._detach, view)
             self.views.clear()
@@ -136,7 +139,9 @@ class Session:
                 if view is not None:
                     await asyncio.to_thread(self._detach, view)
             elif op == "set":
-                asyncio.create_task(self._set(request))
+                task = asyncio.create_task(self._set(request))
+                self._sets.add(task)  # kept until done (the loop holds tasks weakly)
+                task.add_done_callback(self._sets.discard)
             else:
                 raise ValueError(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError) as exc:

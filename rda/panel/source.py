@@ -130,8 +130,7 @@ class PanelSource:
             ep: {c: self.client.admin_async(ep, c, ADMIN_TIMEOUT) for c in _FACTS}
             for ep in endpoints
         }
-        states = {s.endpoint: s for s in self.client.statistics().servers}
-        servers = []
+        answers: dict[str, tuple[dict[str, Data], str | None]] = {}
         for endpoint in endpoints:
             replies: dict[str, Data] = {}
             error = None
@@ -140,6 +139,12 @@ class PanelSource:
                     replies[command] = future.result(ADMIN_TIMEOUT + 1.0)
                 except Exception as exc:
                     error = describe_error(exc)
+            answers[endpoint] = (replies, error)
+        # Read after the replies: a first connection is "connecting" until its handshake.
+        states = {s.endpoint: s for s in self.client.statistics().servers}
+        servers = []
+        for endpoint in endpoints:
+            replies, error = answers[endpoint]
             known = self._known.get(endpoint, {"devices": []})
             if "devices" in replies:
                 known = {"devices": self._devices(replies["devices"])}

@@ -99,7 +99,7 @@ class ViewSlot:
 
     def offer(self, n: Notification) -> None:
         """Called on a listener thread for every notification of the view's subscription."""
-        error = n.error
+        error: BaseException | None = n.error
         points = None
         if error is None and self.series:
             try:
