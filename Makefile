@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java bench clean demo cluster-check
+.PHONY: test lint typecheck unit install java chromium bench clean demo cluster-check panel-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,17 @@ java:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			openjdk-17-jre-headless >/dev/null; }
 
-install: $(STAMP) java
+# The panel's browser tests (tests/test_panel_browser.py) drive Debian's Chromium through
+# Playwright, which is told never to download a browser of its own: install the system one
+# only when it is missing, as for Java.
+chromium:
+	@[ -x /usr/bin/chromium ] || { \
+		echo "chromium not found: installing Debian's chromium"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null; }
+
+install: $(STAMP) java chromium
 
 lint: install
 	$(BIN)/ruff check .
@@ -45,6 +55,14 @@ test: lint typecheck unit
 demo: install
 	BIN=$(BIN) bash examples/demo_cli.sh
 	$(BIN)/python examples/demo_session.py
+	@echo
+	@echo "See the demo in a browser (docs/panel.md):"
+	@echo "  $(BIN)/rda serve demo &   then   $(BIN)/rda panel --allow-set"
+	@echo "  and open http://127.0.0.1:8080/"
+
+# docs/panel/*.png: the screenshots docs/panel.md shows, taken by the browser tests.
+panel-screenshots: install
+	RDA_PANEL_SCREENSHOTS=docs/panel $(BIN)/pytest -q tests/test_panel_browser.py
 
 bench: install
 	$(BIN)/rda bench

@@ -153,6 +153,29 @@ class Stand:
         self.panel = self.server = None
 
 
+PAST = 120  # recorded PS1/Acquisition values, one every 2 s up to a few seconds ago
+
+
+def record_past(root: Path) -> Path:
+    """A recorder store holding the last 4 minutes of PS1/Acquisition (``current`` = i)."""
+    from rda.pipeline.recorder.service import Recorder, Sample
+    from rda.serialization._data import Data
+    from rda.serialization._header import DataContext
+
+    recorder = Recorder(root, recorder_id="panel-test", convert=True, convert_interval=3600.0)
+    recorder.start()
+    now = time.time_ns()
+    try:
+        for i in range(PAST):
+            stamp = now - (PAST - i) * 2_000_000_000
+            sample = Sample(Data(current=float(i), unit="A"), DataContext("C", stamp, stamp, ""))
+            assert recorder.offer("PS1", "Acquisition", None, sample)
+        assert recorder.flush()
+    finally:
+        recorder.stop()
+    return root
+
+
 # -- fixtures ------------------------------------------------------------------------------
 
 
@@ -163,8 +186,9 @@ def stand() -> Iterator[Stand]:
     with tempfile.TemporaryDirectory(prefix="rda-panel-stand-") as folder:
         stand = Stand(Path(folder))
         try:
+            store = record_past(stand.folder / "store")
             stand.start_server()
-            stand.start_panel("--allow-set")
+            stand.start_panel("--allow-set", "--history", str(store))
             yield stand
         finally:
             stand.close()
@@ -304,6 +328,13 @@ def test_strip_chart_plots_fields_of_several_devices_and_exports_csv(page: Page)
         view.locator(f'[data-chart="{address}/current"]').click()
     chart = page.locator("#chart")
     expect(chart.locator(".chip")).to_have_count(2, timeout=WAIT)
+    # --history: PS1's series opened already filled with the recorded past; PS3 has none.
+    expect(chart.locator('[data-series="PS1/Acquisition/current"]')).to_contain_text(
+        f"({PAST} recorded)"
+    )
+    expect(chart.locator('[data-series="PS3/Acquisition/current"]')).not_to_contain_text(
+        "recorded"
+    )
     expect(chart.locator("canvas").first).to_be_visible()
     # Points arrive: the CSV holds rows for both series.
     page.wait_for_timeout(1500)
@@ -311,7 +342,10 @@ def test_strip_chart_plots_fields_of_several_devices_and_exports_csv(page: Page)
         page.locator("#chart-csv").click()
     lines = Path(download.value.path()).read_text().splitlines()
     assert lines[0] == "time_utc,PS1/Acquisition/current,PS3/Acquisition/current"
-    assert len(lines) > 3, lines
+    past = [line for line in lines[1:] if line.split(",")[1] in ("0.0", "0")]
+    assert len(past) == 1, "the oldest recorded value is in the export"
+    live = [line for line in lines[1:] if line.split(",")[2]]
+    assert len(live) > 3, lines
     page.locator("#chart-pause").click()
     expect(page.locator("#chart-pause")).to_have_text("Resume")
     shot(page, "panel-chart")
