@@ -11,6 +11,7 @@ screenshots that docs/panel.md shows.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -157,7 +158,7 @@ PAST = 120  # recorded PS1/Acquisition values, one every 2 s up to a few seconds
 
 
 def record_past(root: Path) -> Path:
-    """A recorder store holding the last 4 minutes of PS1/Acquisition (``current`` = i)."""
+    """A recorder store holding the last 4 minutes of PS1/Acquisition (a slow sine)."""
     from rda.pipeline.recorder.service import Recorder, Sample
     from rda.serialization._data import Data
     from rda.serialization._header import DataContext
@@ -168,7 +169,8 @@ def record_past(root: Path) -> Path:
     try:
         for i in range(PAST):
             stamp = now - (PAST - i) * 2_000_000_000
-            sample = Sample(Data(current=float(i), unit="A"), DataContext("C", stamp, stamp, ""))
+            value = 2.0 * math.sin(i / 8)  # 0.0 first: the test finds it in the CSV
+            sample = Sample(Data(current=value, unit="A"), DataContext("C", stamp, stamp, ""))
             assert recorder.offer("PS1", "Acquisition", None, sample)
         assert recorder.flush()
     finally:
