@@ -71,7 +71,9 @@ class _Lines:
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"no {needle!r} from {self.proc.args!r} in {timeout} s") from None
+                raise TimeoutError(
+                    f"no {needle!r} from {self.proc.args!r} in {timeout} s"
+                ) from None
             if line is None:
                 raise RuntimeError(
                     f"{self.proc.args!r} exited ({self.proc.wait()}) before {needle!r}"
@@ -334,9 +336,7 @@ def test_strip_chart_plots_fields_of_several_devices_and_exports_csv(page: Page)
     expect(chart.locator('[data-series="PS1/Acquisition/current"]')).to_contain_text(
         f"({PAST} recorded)"
     )
-    expect(chart.locator('[data-series="PS3/Acquisition/current"]')).not_to_contain_text(
-        "recorded"
-    )
+    expect(chart.locator('[data-series="PS3/Acquisition/current"]')).not_to_contain_text("recorded")
     expect(chart.locator("canvas").first).to_be_visible()
     # Points arrive: the CSV holds rows for both series.
     page.wait_for_timeout(1500)

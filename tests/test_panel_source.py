@@ -47,9 +47,7 @@ def source(server: Server) -> Iterator[PanelSource]:
         client.close()
 
 
-def test_discover_learns_devices_properties_and_facts(
-    server: Server, source: PanelSource
-) -> None:
+def test_discover_learns_devices_properties_and_facts(server: Server, source: PanelSource) -> None:
     (entry,) = source.discover()
     assert entry["endpoint"] == server.endpoint and entry["state"] == "connected"
     assert entry["error"] is None and entry["name"] == "RdaDemoServer"
@@ -185,7 +183,11 @@ def test_a_tab_gets_frames_that_account_for_every_update_and_a_bounded_view_coun
 
 
 def test_a_cross_origin_page_cannot_open_the_socket(panel_url: str) -> None:
-    with pytest.raises(Exception, match="1008|403|rejected"), connect(
-        panel_url, origin="http://evil.example"  # type: ignore[arg-type]
-    ) as ws:
+    with (
+        pytest.raises(Exception, match="1008|403|rejected"),
+        connect(
+            panel_url,
+            origin="http://evil.example",  # type: ignore[arg-type]
+        ) as ws,
+    ):
         ws.recv(timeout=5)
