@@ -176,7 +176,7 @@ def _panel_views(url: str, views: int, seconds: float) -> dict[str, Any]:
 
     counts = [[0, 0, 0, 0] for _ in range(views)]  # bytes, frames, folded, values
     stop = threading.Event()
-    ready = threading.Barrier(views + 1)
+    ready = threading.Barrier(views + 1, timeout=60)
 
     def client(i: int) -> None:
         with connect(url.replace("http://", "ws://") + "ws", max_size=None) as ws:
@@ -305,7 +305,13 @@ def main() -> None:
                 panel["browser_latency_ms_p50"] / raw["latency_ms_p50"]
             )
             results.append(panel)
-    print(json.dumps({"benchmark": "panel", "seconds": args.seconds, "results": results}, indent=1))
+    summary = {
+        "benchmark": "panel",
+        "seconds": args.seconds,
+        "load_average": os.getloadavg(),
+        "results": results,
+    }
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

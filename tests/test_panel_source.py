@@ -191,3 +191,37 @@ def test_a_cross_origin_page_cannot_open_the_socket(panel_url: str) -> None:
         ) as ws,
     ):
         ws.recv(timeout=5)
+
+
+def test_a_denied_subscription_reaches_the_view_as_not_authorized() -> None:
+    from rda.business.policy import Policy
+
+    policy = Policy.from_dict(
+        {
+            "roles": ["viewer"],
+            "anonymous_roles": ["viewer"],
+            "rules": [
+                {"role": "viewer", "device": "PS1", "property": "Acquisition",
+                 "operation": "subscribe", "effect": "allow"},  # fmt: skip
+                {"role": "*", "operation": "admin:*", "effect": "allow"},
+            ],
+        }
+    )
+    builder = install(demo_builder(directory=None)).policy(policy)
+    with builder.build() as server:
+        client = ClientService(directory=StaticDirectory({"*": server.endpoint}))
+        source = PanelSource(client, "anonymous")
+        try:
+            allowed, denied = threading.Event(), threading.Event()
+            ok, refused = ViewSlot("ok", allowed.set), ViewSlot("no", denied.set)
+            source.attach("PS1", "Acquisition", "", ok)
+            source.attach("PS1", "Setting", "", refused)
+            assert allowed.wait(10) and denied.wait(10)
+            frame = refused.take()
+            assert frame is not None and frame.status == "error" and frame.error is not None
+            assert frame.error.startswith("NotAuthorizedError: ")
+            frame = ok.take()
+            assert frame is not None and frame.status == "ok"
+        finally:
+            source.close()
+            client.close()

@@ -180,6 +180,7 @@ def serve(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((bind, port))
+    sock.listen(128)  # before the URL is announced: a client may connect at once
     host, actual = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio")
