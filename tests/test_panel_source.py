@@ -16,18 +16,19 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("websockets")
 
-import uvicorn  # noqa: E402
-from websockets.sync.client import ClientConnection, connect  # noqa: E402
+import uvicorn
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
-from rda.admin import install  # noqa: E402
-from rda.business.client.service import ClientService  # noqa: E402
-from rda.business.directory import StaticDirectory  # noqa: E402
-from rda.business.server.builder import Server  # noqa: E402
-from rda.demo import demo_builder  # noqa: E402
-from rda.panel.app import create_app  # noqa: E402
-from rda.panel.session import MAX_VIEWS  # noqa: E402
-from rda.panel.source import PanelSource, SetRefused  # noqa: E402
-from rda.panel.views import ViewSlot  # noqa: E402
+from rda.admin import install
+from rda.business.client.service import ClientService
+from rda.business.directory import StaticDirectory
+from rda.business.server.builder import Server
+from rda.demo import demo_builder
+from rda.panel.app import create_app
+from rda.panel.session import MAX_VIEWS
+from rda.panel.source import PanelSource, SetRefused
+from rda.panel.views import ViewSlot
 
 
 @pytest.fixture
@@ -184,10 +185,10 @@ def test_a_tab_gets_frames_that_account_for_every_update_and_a_bounded_view_coun
 
 def test_a_cross_origin_page_cannot_open_the_socket(panel_url: str) -> None:
     with (
-        pytest.raises(Exception, match="1008|403|rejected"),
+        pytest.raises(Exception, match=r"1008|403|rejected"),
         connect(
             panel_url,
-            origin="http://evil.example",  # type: ignore[arg-type]
+            origin=Origin("http://evil.example"),
         ) as ws,
     ):
         ws.recv(timeout=5)
@@ -201,8 +202,13 @@ def test_a_denied_subscription_reaches_the_view_as_not_authorized() -> None:
             "roles": ["viewer"],
             "anonymous_roles": ["viewer"],
             "rules": [
-                {"role": "viewer", "device": "PS1", "property": "Acquisition",
-                 "operation": "subscribe", "effect": "allow"},  # fmt: skip
+                {
+                    "role": "viewer",
+                    "device": "PS1",
+                    "property": "Acquisition",
+                    "operation": "subscribe",
+                    "effect": "allow",
+                },
                 {"role": "*", "operation": "admin:*", "effect": "allow"},
             ],
         }
@@ -225,3 +231,14 @@ def test_a_denied_subscription_reaches_the_view_as_not_authorized() -> None:
         finally:
             source.close()
             client.close()
+
+
+def test_the_rda_command_has_panel_with_its_options() -> None:
+    from click.testing import CliRunner
+
+    from rda._cli import build
+
+    result = CliRunner().invoke(build(), ["panel", "--help"])
+    assert result.exit_code == 0
+    for option in ("--port", "--bind", "--key", "--server-key", "--allow-set", "--history"):
+        assert option in result.output

@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from rda.business.client.subscriptions import Notification  # noqa: E402
-from rda.panel.render import IMAGE_MAX, context_json, data_json, decimate, image  # noqa: E402
-from rda.panel.views import MAX_POINTS, ViewSlot  # noqa: E402
-from rda.serialization._data import Data  # noqa: E402
-from rda.serialization._header import DataContext, UpdateType  # noqa: E402
-from rda.serialization.errors import DisconnectedError, NotAuthorizedError  # noqa: E402
-from rda.testing import FakeClock  # noqa: E402
+from rda.business.client.subscriptions import Notification
+from rda.panel.render import IMAGE_MAX, context_json, data_json, decimate, image
+from rda.panel.views import MAX_POINTS, ViewSlot
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.errors import DisconnectedError, NotAuthorizedError
+from rda.testing import FakeClock
 
 # -- render ----------------------------------------------------------------------------------
 
