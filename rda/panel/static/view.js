@@ -258,9 +258,13 @@ export class PropertyView {
           status.textContent = "set: done";
           status.className = "set-status good";
         } else {
-          status.textContent = reply.error;
           status.className = "set-status bad";
-          if (reply.field && errors.has(reply.field)) errors.get(reply.field).textContent = reply.error;
+          if (reply.field && errors.has(reply.field)) {
+            errors.get(reply.field).textContent = reply.error;
+            status.textContent = "refused";
+          } else {
+            status.textContent = reply.error;
+          }
         }
       });
     };
