@@ -277,7 +277,9 @@ def test_tree_shows_the_demo_devices_and_the_server_state(page: Page) -> None:
     expect(page.locator('[data-prop="PS1/Acquisition"]')).to_have_count(0)
 
 
-def test_acquisition_shows_a_value_that_changes(page: Page) -> None:
+def test_acquisition_shows_a_value_that_changes_and_takes_a_selector(
+    stand: Stand, page: Page
+) -> None:
     view = open_view(page, "PS1/Acquisition")
     current = view.locator('tr[data-field="current"] td.fvalue')
     expect(current).not_to_be_empty()
@@ -289,6 +291,24 @@ def test_acquisition_shows_a_value_that_changes(page: Page) -> None:
     expect(view.get_by_test_id("update-type")).to_have_text("NORMAL")
     expect(view.get_by_test_id("cycle")).to_contain_text("CPS.USER.")
     shot(page, "panel-acquisition")
+    # Choosing a cycle selector subscribes again with it: a FIRST update, then values.
+    view.get_by_test_id("selector").fill("CPS.USER.MD1")
+    view.get_by_test_id("selector").press("Enter")
+    expect(view.get_by_test_id("selector-shown")).to_have_text("CPS.USER.MD1")
+    expect(view.get_by_test_id("view-head")).to_have_class("view-head status-ok")
+    expect(view.get_by_test_id("update-type")).to_have_text("NORMAL", timeout=WAIT)
+    assert "CPS.USER.MD1" in server_selectors(stand, "PS1", "Acquisition")
+
+
+def server_selectors(stand: Stand, device: str, prop: str) -> set[str]:
+    """The selectors the demo server has subscribers for, asked over its admin command."""
+    from rda.business.client.service import ClientService
+    from rda.business.directory import StaticDirectory
+
+    endpoint = f"tcp://127.0.0.1:{stand.server_port}"
+    with ClientService(directory=StaticDirectory({"*": endpoint})) as client:
+        reply = client.admin(endpoint, "subscriptions", 10.0, device=device, property=prop)
+    return {str(row["selector"]) for row in reply.get("sources", [])}
 
 
 def test_a_set_shows_the_immediate_update_and_a_refusal_the_servers_message(page: Page) -> None:

@@ -139,7 +139,7 @@ export class PropertyView {
       item("received", f.received),
       item("cycle", ctx.cycle_name || "-", "cycle"),
       item("acquired", stamp(ctx.acq_stamp)),
-      item("selector", this.selector || "none"));
+      item("selector", this.selector || "none", "selector-shown"));
     if (f.fields) {
       this.lastFields = f.fields;
       this.renderFields(f.fields);
