@@ -10,6 +10,7 @@ const state = {
   tree: [],
   nextSet: 1,
   pendingSets: new Map(),  // set id -> callback
+  collapsed: new Set(),    // devices the operator folded: the 2 s tree refresh keeps them so
 };
 const bench = new URLSearchParams(location.search).has("bench");
 window.rdaLatency = [];   // ms from the server's acquisition stamp to the painted value
@@ -90,7 +91,11 @@ function renderTree() {
       }
       const details = el("details", { class: "device", "data-device": device.name },
         el("summary", {}, device.name), list);
-      details.open = true;
+      details.open = filter !== "" || !state.collapsed.has(device.name);
+      details.addEventListener("toggle", () => {
+        if (details.open) state.collapsed.delete(device.name);
+        else state.collapsed.add(device.name);
+      });
       node.append(details);
     }
     box.append(node);
