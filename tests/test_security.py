@@ -232,12 +232,10 @@ def test_refused_client_fails_fast_and_reaches_no_handler(
     # A long connect timeout: a refusal must come from the handshake, not from a timer.
     client = client_for(server.endpoint, pair, server_key, request_timeout=30.0)
     try:
-        started = time.monotonic()
+        # NotAuthorizedError, not TimeoutError nor the connect timer's DisconnectedError:
+        # the handshake said no (the type tells, not the elapsed time on a loaded machine).
         with pytest.raises(rda.NotAuthorizedError, match="security handshake refused"):
             client.access_point("PS1", "Text").get(timeout=30.0)
-        # Far below the 30 s deadline and the 5 s connect timeout: the handshake said no.
-        elapsed = time.monotonic() - started
-        assert elapsed < 4.0, f"refusal took {elapsed:.1f} s"
         wait_for(lambda: server.statistics().transport.auth_failures >= 1)
         assert handler.calls == 0 and subs.calls == 0
         # The server keeps serving an authorized client.
