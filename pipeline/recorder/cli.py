@@ -7,6 +7,7 @@ object when there is one. Standalone: ``python -m rda.pipeline.recorder.cli reco
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import signal
@@ -178,6 +179,12 @@ def compact(root: Path, address: str, date: str) -> None:
     device, _, prop = address.partition("/")
     if not device or not prop:
         raise click.BadParameter(f"{address!r}: expected DEVICE/PROPERTY")
+    try:
+        datetime.date.fromisoformat(date)
+    except ValueError:
+        raise click.BadParameter(
+            f"{date!r} is not a date like 2026-11-20", param_hint="DATE"
+        ) from None
     try:
         outputs = compact_day(root, device, prop, date)
     except ValueError as exc:
