@@ -4,12 +4,14 @@ run through click's CliRunner against a real server on 127.0.0.1 in this process
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
 import zmq
 from click.testing import CliRunner, Result
@@ -378,3 +380,32 @@ def test_the_missing_key_message_is_the_same_every_time(secured: Stand) -> None:
         == "security handshake refused: the server requires CURVE security and this client "
         "has no key (--key FILE or RDA_KEY_FILE)"
     )
+
+
+# 8. One exit-code table for every subcommand ------------------------------------------------
+
+
+def _leaves(group: click.Group, prefix: str) -> set[str]:
+    names: set[str] = set()
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            names |= _leaves(command, f"{prefix}{name} ")
+        else:
+            names.add(f"{prefix}{name}")
+    return names
+
+
+def test_the_exit_code_table_covers_every_subcommand() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    section = text[text.index("## Exit codes") :]
+    section = section[: section.index("\n## ", 1)]
+    listed = {}
+    for line in section.splitlines():
+        match = re.match(r"\| `rda ([a-z ]+)` \| ([0-9, ]+)", line)
+        if match:
+            listed[match[1]] = {int(c) for c in match[2].split(",")}
+    assert set(listed) == _leaves(build(), ""), "docs/cli.md's exit-code table is incomplete"
+    documented = {int(m) for m in re.findall(r"^\| (\d) \|", section, re.M)}
+    assert documented == {int(code) for code in ExitCode}
+    assert all(codes <= documented for codes in listed.values())
+    assert {2, 4} <= listed["history get"]  # usage errors and typos, as everywhere
