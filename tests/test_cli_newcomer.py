@@ -73,15 +73,15 @@ class Stand:
         return str(self.keys / f"{name}.key_secret")
 
     def client_args(self, name: str) -> tuple[str, ...]:
-        """--endpoint, --key and --server-key for client ``name``."""
-        return (
-            *("-e", self.server.endpoint, "--key", self.key(name)),
-            *("--server-key", str(self.keys / "server.key")),
-        )
+        """--key and --server-key for client ``name``."""
+        return ("--key", self.key(name), "--server-key", str(self.keys / "server.key"))
 
 
-def rda_cli(*args: str) -> Result:
-    return CliRunner().invoke(build(), list(args), prog_name="rda")
+def rda_cli(*args: str, endpoint: str | None = None) -> Result:
+    """``rda [--endpoint EP] ARGS...`` (the global option before the subcommand, where every
+    version of rda took it: item 7 has its own test)."""
+    front = [] if endpoint is None else ["--endpoint", endpoint]
+    return CliRunner().invoke(build(), [*front, *args], prog_name="rda")
 
 
 def one_line_error(result: Result, code: ExitCode) -> str:
@@ -176,7 +176,14 @@ def test_the_server_names_unknown_fields_too(plain: Stand) -> None:
 
 
 def test_a_set_only_role_can_set_without_read(secured: Stand) -> None:
-    result = rda_cli("set", "PS1/Setting", "current=1", "mode=2", *secured.client_args("sam"))
+    result = rda_cli(
+        "set",
+        "PS1/Setting",
+        "current=1",
+        "mode=2",
+        *secured.client_args("sam"),
+        endpoint=secured.server.endpoint,
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stderr.strip() == (
         "PS1/Setting: set current, mode (not read first: sam (roles: setter) may not get "
@@ -187,7 +194,13 @@ def test_a_set_only_role_can_set_without_read(secured: Stand) -> None:
 
 def test_a_denied_set_reports_the_set(secured: Stand) -> None:
     line = one_line_error(
-        rda_cli("set", "PS1/Setting", "current=1", *secured.client_args("mallory")),
+        rda_cli(
+            "set",
+            "PS1/Setting",
+            "current=1",
+            *secured.client_args("mallory"),
+            endpoint=secured.server.endpoint,
+        ),
         ExitCode.NOT_AUTHORIZED,
     )
     assert line == (
@@ -208,10 +221,11 @@ def test_a_public_key_file_is_named_as_such(secured: Stand) -> None:
         f"pass the key pair file ({secured.keys / 'alice.key_secret'}; "
         "`rda keys generate NAME` writes both)"
     )
-    args = ("get", "PS1/Setting", "-e", secured.server.endpoint, "--key", str(public))
-    assert one_line_error(rda_cli(*args), ExitCode.USAGE) == expected
+    args = ("get", "PS1/Setting", "--key", str(public))
+    endpoint = secured.server.endpoint
+    assert one_line_error(rda_cli(*args, endpoint=endpoint), ExitCode.USAGE) == expected
     public.chmod(0o600)  # what the old message told the user to do: the same answer now
-    assert one_line_error(rda_cli(*args), ExitCode.USAGE) == expected
+    assert one_line_error(rda_cli(*args, endpoint=endpoint), ExitCode.USAGE) == expected
     elsewhere = secured.keys / "copy.pub"
     elsewhere.write_text(public.read_text())
     with pytest.raises(security.KeyFileError, match=r"public key file.*NAME\.key_secret"):
@@ -301,14 +315,16 @@ def test_a_refused_subscription_ends_not_authorized(
 
 
 def test_rda_subscribe_without_a_key_exits_5_at_once(secured: Stand) -> None:
-    result = rda_cli("subscribe", "PS1/Setting", "-e", secured.server.endpoint)
+    result = rda_cli(
+        "subscribe", "PS1/Setting", "--duration", "30", endpoint=secured.server.endpoint
+    )
     assert result.exit_code == ExitCode.NOT_AUTHORIZED, (result.output, result.stderr)
     assert result.stderr.strip().splitlines()[-1] == (
         f"rda: not authorized: subscribe PS1/Setting: {secured.server.endpoint}: security "
         "handshake refused: the server requires CURVE security and this client has no key "
         "(--key FILE or RDA_KEY_FILE)"
     )
-    get = rda_cli("get", "PS1/Setting", "-e", secured.server.endpoint)
+    get = rda_cli("get", "PS1/Setting", endpoint=secured.server.endpoint)
     assert get.exit_code == ExitCode.NOT_AUTHORIZED
     assert "the server requires CURVE security and this client has no key" in get.stderr
 
@@ -348,7 +364,7 @@ def test_a_peer_that_is_not_rda_is_named_so_exit_6(no_thread_leak: None) -> None
     other = _OtherService()
     try:
         assert speaks_zmtp(other.endpoint) is False
-        result = rda_cli("get", "PS1/Setting", "-e", other.endpoint, "--timeout", "20")
+        result = rda_cli("get", "PS1/Setting", "--timeout", "20", endpoint=other.endpoint)
         assert result.exit_code == ExitCode.DISCONNECTED, (result.output, result.stderr)
         assert result.stderr.strip() == (
             "rda: disconnected: get PS1/Setting: the peer does not speak the rda protocol: "
@@ -363,7 +379,7 @@ def test_the_missing_key_message_is_the_same_every_time(secured: Stand) -> None:
     assert speaks_zmtp(secured.server.endpoint) is True
     messages = set()
     for _ in range(8):
-        result = rda_cli("get", "PS1/Setting", "-e", secured.server.endpoint)
+        result = rda_cli("get", "PS1/Setting", endpoint=secured.server.endpoint)
         assert result.exit_code == ExitCode.NOT_AUTHORIZED
         messages.add(result.stderr)
     assert len(messages) == 1, messages
