@@ -228,7 +228,7 @@ def _not_found(result: Any) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output
     assert result.stdout == ""
-    return lines[0]
+    return str(lines[0])
 
 
 def test_an_unknown_field_is_named_with_the_recorded_ones(store: Path) -> None:

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 def test_property_tests_have_no_deadline() -> None:
     # Hypothesis' default 200 ms per example failed make test on a loaded 2-core machine.
-    assert settings.default.deadline is None
+    default = settings.default
+    assert default is not None and default.deadline is None
 
 
 @settings(max_examples=5)
