@@ -252,7 +252,7 @@ def test_a_signal_with_no_recorded_data_is_named_with_the_recorded_ones(store: P
     assert line.startswith("rda: not found: no recorded data for 'PS*/Acquisition'")
 
 
-def test_compact_and_record_usage_errors_exit_2(store: Path) -> None:
+def test_compact_and_record_usage_errors_exit_2(store: Path, no_thread_leak: None) -> None:
     bad_date = CliRunner().invoke(build(), ["compact", str(store), "PS1/Acq", "20-11-2026"])
     assert bad_date.exit_code == 2 and "not a date like 2026-11-20" in bad_date.output
     bad = CliRunner().invoke(build(), ["record", str(store), "PS1/Acq", "--duration", "soon"])
