@@ -242,3 +242,19 @@ def test_the_rda_command_has_panel_with_its_options() -> None:
     assert result.exit_code == 0
     for option in ("--port", "--bind", "--key", "--server-key", "--allow-set", "--history"):
         assert option in result.output
+
+
+def test_a_port_in_use_is_one_line_and_exit_6() -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from rda._cli import build
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(build(), ["panel", "--port", str(port)])
+    assert result.exit_code == 6
+    assert f"cannot bind 127.0.0.1:{port}" in result.output

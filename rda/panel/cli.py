@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from rda.admin.cli.common import Options, client_security, reporting, security_options
+from rda.admin.cli.common import (
+    ExitCode,
+    Options,
+    client_security,
+    fail,
+    reporting,
+    security_options,
+)
 from rda.business.client.service import ClientService
 from rda.business.directory import StaticDirectory, default_directory
 from rda.panel.app import create_app, serve
@@ -84,7 +91,7 @@ def panel(
 
     try:
         serve(app, bind, port, announce)
-    except OSError as exc:
-        raise click.ClickException(f"cannot serve on {bind}:{port}: {exc}") from None
+    except OSError as exc:  # exit 6, as `rda serve` when it cannot bind (docs/cli.md)
+        fail(f"cannot bind {bind}:{port}: {exc.strerror or exc}", ExitCode.DISCONNECTED)
     finally:
         client.close()
