@@ -39,6 +39,7 @@ from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (
     DecodeError,
     DisconnectedError,
+    HistoryUnavailableError,
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
@@ -67,6 +68,7 @@ __all__ = [
     "Device",
     "Directory",
     "DisconnectedError",
+    "HistoryUnavailableError",
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",

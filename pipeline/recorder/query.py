@@ -1,0 +1,330 @@
+"""History reads for the history server: the Parquet store and the unconverted journal together.
+
+One call, :meth:`HistoryReader.chunk`, returns the next rows of one (device, property) in
+acquisition-stamp order after a cursor, at most ``max_rows`` rows and about ``max_bytes``.
+Nothing is kept between calls except caches of immutable facts (a file's stamp range), so a
+client that goes away leaves nothing behind, and the recorder's writer never waits for a reader.
+
+**Each row once.** A row is ``(recorder_id, seq)``. The reader first notes the converter's
+``max_seq`` (every segment up to it is in the store: the converter writes the Parquet files
+before it moves ``max_seq``, and converts segments in seq order), then lists the journal
+segments past it, then the store's files. A segment converted in between is read twice, from
+both places, and the duplicates (adjacent once sorted by ``(acq_stamp, recorder_id, seq)``)
+are dropped; a segment is deleted only ``retention`` after its conversion, so none vanishes
+between the two listings. A compaction in progress (inputs and output side by side) is
+deduplicated the same way.
+
+**Order and cursor.** Rows are ordered by ``(acq_stamp, recorder_id, seq)``; the cursor is
+that triple of the last row delivered, so the next chunk starts strictly after it. To fill a
+chunk the reader opens sources (files, segments) by increasing first stamp and stops when the
+next source starts after the ``max_rows``-th smallest stamp it already has: every row of the
+chunk is then known, and a chunk reads about ``max_rows`` rows, not the whole window.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rda.pipeline.recorder.converter import partition_dir
+from rda.pipeline.recorder.journal import Journal, read_segment
+from rda.pipeline.recorder.readback import rows_to_data
+from rda.pipeline.recorder.store import Store
+from rda.serialization._data import Data
+
+__all__ = ["Chunk", "Cursor", "HistoryReader", "HistoryRow"]
+
+_DAY_NS = 86_400 * 10**9
+_CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cursor:
+    """The position after which the next chunk starts: the last row's sort key."""
+
+    acq_stamp: int
+    recorder_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    acq_stamp: int
+    cycle_stamp: int
+    cycle_name: str
+    selector: str
+    recorder_id: str
+    seq: int
+    error: str | None
+    data: Data | None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    rows: list[HistoryRow]
+    more: bool  # rows of the window remain after the last one
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    first: int  # smallest acq_stamp of the key's rows in it
+    last: int
+    path: str
+    journal: bool
+
+
+def _days(start: int, end: int) -> list[str]:
+    epoch = datetime.date(1970, 1, 1)
+    first, last = start // _DAY_NS, (end - 1) // _DAY_NS
+    return [(epoch + datetime.timedelta(days=d)).isoformat() for d in range(first, last + 1)]
+
+
+def _stored_stamps(meta: pa.Table) -> pa.Array:
+    # The store puts a row sent without a stamp at its receive time (docs/history.md); the
+    # journal keeps the stamp as sent, so apply the same rule to journal rows.
+    sent = meta.column("acq_stamp").combine_chunks()
+    recv = meta.column("recv_stamp").combine_chunks()
+    return pc.if_else(pc.equal(sent, 0), recv, sent)
+
+
+class _Piece:
+    """Rows of one source, already filtered to the window: meta columns and their values."""
+
+    def __init__(self, table: pa.Table, data: pa.Array, recorder_id: str | None) -> None:
+        self.acq = table.column("acq_stamp").to_numpy()
+        self.seq = table.column("seq").to_numpy()
+        self.table = table
+        self.data = data
+        if recorder_id is None:
+            self.recorders = table.column("recorder_id").to_pylist()
+        else:
+            self.recorders = [recorder_id] * table.num_rows
+        self.row_bytes = max(1, data.nbytes // max(1, len(data)))
+
+
+class HistoryReader:
+    """Reads one recorder's view of its history (see the module docstring)."""
+
+    def __init__(
+        self, store: Store, journal: Journal, converted_seq: Callable[[], int], recorder_id: str
+    ) -> None:
+        self.store = store
+        self.journal = journal
+        self.recorder_id = recorder_id
+        self._converted_seq = converted_seq
+        self._ranges: collections.OrderedDict[tuple[str, str, str], tuple[int, int] | None] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    def known(self, device: str, prop: str) -> bool:
+        """Whether the store holds a partition of the key (history from an earlier run)."""
+        return self.store.is_dir(partition_dir(self.store, device, prop, "x").rsplit("/", 1)[0])
+
+    # --- sources ------------------------------------------------------------------------------
+
+    def _remember(self, key: tuple[str, str, str], value: tuple[int, int] | None) -> None:
+        with self._lock:
+            self._ranges[key] = value
+            if len(self._ranges) > _CACHE:
+                self._ranges.popitem(last=False)
+
+    def _cached(self, key: tuple[str, str, str]) -> tuple[bool, tuple[int, int] | None]:
+        with self._lock:
+            if key in self._ranges:
+                self._ranges.move_to_end(key)
+                return True, self._ranges[key]
+        return False, None
+
+    def _file_range(self, path: str, size: int) -> tuple[int, int] | None:
+        key = (path, str(size), "")
+        hit, value = self._cached(key)
+        if hit:
+            return value
+        metadata = pq.read_metadata(path, filesystem=self.store.fs)
+        index = metadata.schema.names.index("acq_stamp")
+        low: int | None = None
+        high: int | None = None
+        for group in range(metadata.num_row_groups):
+            stats = metadata.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                low, high = -(2**63), 2**63 - 1  # no statistics: always read it
+                break
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+        value = None if low is None or high is None else (int(low), int(high))
+        self._remember(key, value)
+        return value
+
+    def _segment_range(self, path: Path, device: str, prop: str) -> tuple[int, int] | None:
+        key = (str(path), device, prop)
+        hit, value = self._cached(key)
+        if hit:
+            return value
+        stamps = [
+            _stored_stamps(meta)
+            for (dev, name, _), meta, _ in read_segment(path)
+            if dev == device and name == prop and len(meta)
+        ]
+        value = None
+        if stamps:
+            joined = pa.concat_arrays(stamps)
+            value = (int(pc.min(joined).as_py()), int(pc.max(joined).as_py()))
+        self._remember(key, value)
+        return value
+
+    def _sources(self, device: str, prop: str, low: int, end: int) -> list[_Source]:
+        converted = self._converted_seq()  # first: see "Each row once"
+        found: list[_Source] = []
+        for segment in self.journal.segments():
+            if segment.last_seq <= converted:
+                continue
+            try:
+                span = self._segment_range(segment.path, device, prop)
+            except FileNotFoundError:  # retention deleted it: converted long ago
+                continue
+            if span is not None:
+                found.append(_Source(span[0], span[1], str(segment.path), True))
+        for day in _days(low, end):
+            for info in self.store.files(partition_dir(self.store, device, prop, day)):
+                name = str(info.base_name)
+                if not name.endswith(".parquet") or name.startswith(("_", ".")):
+                    continue
+                span = self._file_range(info.path, int(info.size or 0))
+                if span is not None:
+                    found.append(_Source(span[0], span[1], info.path, False))
+        return sorted(
+            (s for s in found if s.last >= low and s.first < end), key=lambda s: s.first
+        )
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def _read(self, source: _Source, device: str, prop: str, low: int, end: int) -> list[_Piece]:
+        if source.journal:
+            pieces = []
+            for (dev, name, _), meta, data in read_segment(Path(source.path)):
+                if dev != device or name != prop or not len(meta):
+                    continue
+                acq = _stored_stamps(meta)
+                table = meta.set_column(meta.schema.get_field_index("acq_stamp"), "acq_stamp", acq)
+                mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
+                pieces.append(
+                    _Piece(table.filter(mask), data.filter(mask), self.recorder_id)
+                )
+            return pieces
+        window = (pc.field("acq_stamp") >= low) & (pc.field("acq_stamp") < end)
+        table = pq.read_table(source.path, filters=window, filesystem=self.store.fs)
+        data = (
+            table.column("data").combine_chunks()
+            if "data" in table.schema.names
+            else pa.nulls(table.num_rows)
+        )
+        return [_Piece(table.drop_columns(["data"]), data, None)]
+
+    def chunk(
+        self,
+        device: str,
+        prop: str,
+        start: int,
+        end: int,
+        *,
+        after: Cursor | None = None,
+        selector: str | None = None,
+        max_rows: int = 1000,
+        max_bytes: int = 8 << 20,
+    ) -> Chunk:
+        """The next rows of ``[start, end)`` after ``after`` (see the module docstring)."""
+        low = start if after is None else max(start, after.acq_stamp)
+        if end <= low or max_rows < 1:
+            return Chunk([], False)
+        pieces: list[_Piece] = []
+        stamps: list[np.ndarray[Any, Any]] = []
+        count = 0
+        sources = self._sources(device, prop, low, end)
+        for source in sources:
+            if count >= max_rows:
+                joined = np.concatenate(stamps)
+                if source.first > np.partition(joined, max_rows - 1)[max_rows - 1]:
+                    break
+            try:
+                read = self._read(source, device, prop, low, end)
+            except FileNotFoundError:
+                continue  # a compaction replaced it; its output is listed too, or next time
+            for piece in read:
+                if selector is not None:
+                    keep = pc.equal(piece.table.column("selector"), selector)
+                    piece = _Piece(
+                        piece.table.filter(keep),
+                        piece.data.filter(keep),
+                        self.recorder_id if source.journal else None,
+                    )
+                if piece.table.num_rows:
+                    pieces.append(piece)
+                    stamps.append(piece.acq)
+                    count += piece.table.num_rows
+        return self._assemble(pieces, after, max_rows, max_bytes)
+
+    def _assemble(
+        self, pieces: list[_Piece], after: Cursor | None, max_rows: int, max_bytes: int
+    ) -> Chunk:
+        order: list[tuple[int, str, int, int, int]] = []
+        for number, piece in enumerate(pieces):
+            acq, seq, recorders = piece.acq, piece.seq, piece.recorders
+            order.extend(
+                (int(acq[i]), recorders[i], int(seq[i]), number, i) for i in range(len(acq))
+            )
+        order.sort()
+        chosen: list[tuple[int, int]] = []
+        previous: tuple[int, str, int] | None = None
+        if after is not None:
+            previous = (after.acq_stamp, after.recorder_id, after.seq)
+        size = 0
+        more = False
+        for acq_stamp, recorder_id, seq, number, index in order:
+            key = (acq_stamp, recorder_id, seq)
+            if previous is not None and key <= previous:
+                continue  # delivered already, or the same row read from two places
+            if len(chosen) >= max_rows or (chosen and size >= max_bytes):
+                more = True
+                break
+            chosen.append((number, index))
+            size += pieces[number].row_bytes
+            previous = key
+        return Chunk(self._rows(pieces, chosen), more)
+
+    def _rows(self, pieces: list[_Piece], chosen: list[tuple[int, int]]) -> list[HistoryRow]:
+        wanted: dict[int, list[int]] = collections.defaultdict(list)
+        for number, index in chosen:
+            wanted[number].append(index)
+        made: dict[tuple[int, int], HistoryRow] = {}
+        for number, indices in wanted.items():
+            piece = pieces[number]
+            take = pa.array(indices, pa.int64())
+            meta = piece.table.take(take)
+            values = rows_to_data(piece.data.take(take))
+            columns = {
+                name: meta.column(name).to_pylist()
+                for name in ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "seq", "error")
+            }
+            for j, index in enumerate(indices):
+                made[(number, index)] = HistoryRow(
+                    acq_stamp=columns["acq_stamp"][j],
+                    cycle_stamp=columns["cycle_stamp"][j] or 0,
+                    cycle_name=columns["cycle_name"][j] or "",
+                    selector=columns["selector"][j] or "",
+                    recorder_id=piece.recorders[index],
+                    seq=columns["seq"][j],
+                    error=columns["error"][j],
+                    data=values[j],
+                )
+        return [made[key] for key in chosen]
