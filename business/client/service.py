@@ -45,7 +45,8 @@ from rda.business.client.replies import (
     op_name,
 )
 from rda.business.client.statistics import ClientCounters, ClientStatistics
-from rda.business.client.subscriptions import Notification, Subscription
+from rda.business.client.history import HistoryCalls
+from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.client.timer import Timer
 from rda.business.config import Config
 from rda.business.directory import Directory, default_directory, server_key_of
@@ -106,7 +107,7 @@ class _Handler:
         self.on_disconnected = service._on_disconnected
 
 
-class ClientService(ClientConnections, LaneCalls):
+class ClientService(ClientConnections, LaneCalls, HistoryCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
@@ -501,6 +502,7 @@ class ClientService(ClientConnections, LaneCalls):
         filters: Data | None,
         listener: Callable[[Notification], object] | None,
         queue_size: int,
+        backfill: BackfillHook | None = None,
     ) -> Subscription:
         sub = Subscription(
             next(self._ids),
@@ -514,6 +516,7 @@ class ClientService(ClientConnections, LaneCalls):
             self._counters,
             self._submit,
             self._unsubscribe,
+            backfill,
         )
         if self._closing:
             raise DisconnectedError(f"subscribe {device}/{prop}: client closed")

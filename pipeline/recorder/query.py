@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from rda.pipeline.recorder.converter import partition_dir
 from rda.pipeline.recorder.journal import Journal, read_segment
 from rda.pipeline.recorder.readback import rows_to_data
+from rda.pipeline.recorder.schema import partition_escape
 from rda.pipeline.recorder.store import Store
 from rda.serialization._data import Data
 
@@ -129,7 +130,10 @@ class HistoryReader:
 
     def known(self, device: str, prop: str) -> bool:
         """Whether the store holds a partition of the key (history from an earlier run)."""
-        return self.store.is_dir(partition_dir(self.store, device, prop, "x").rsplit("/", 1)[0])
+        key = self.store.path(
+            f"device={partition_escape(device)}", f"property={partition_escape(prop)}"
+        )
+        return self.store.is_dir(key)
 
     # --- sources ------------------------------------------------------------------------------
 

@@ -28,7 +28,6 @@ Access: a history get is authorized by the server's policy like any get, on the 
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 from collections.abc import Sequence
@@ -68,6 +67,8 @@ class _Recorder(Protocol):
 
     recorder_id: str
     patterns: list[tuple[str, str, str | None]]
+
+    def records(self, device: str, prop: str) -> bool: ...
 
     def wait_acked(self, device: str, prop: str, stamp: int, timeout: float) -> bool: ...
 
@@ -121,11 +122,8 @@ class HistoryHandler(RequestReplyCallback):
         return HistoryServerStatistics(self._queries, self._rows, self._seam_timeouts)
 
     def covers(self, device: str, prop: str) -> bool:
-        """Recorded now (a pattern matches), or recorded before (the store has the key)."""
-        for glob, name, _ in self.recorder.patterns:
-            if name == prop and fnmatch.fnmatchcase(device, glob):
-                return True
-        return self.reader.known(device, prop)
+        """Recorded now (a pattern names it, or rows came), or before (the store has it)."""
+        return self.recorder.records(device, prop) or self.reader.known(device, prop)
 
     def get(self, request: GetRequest) -> None:
         name = request.device

@@ -224,6 +224,13 @@ class Recorder:
                 self._cond.wait(min(0.05, left))
         return True
 
+    def records(self, device: str, prop: str) -> bool:
+        """Whether this recorder records ``device/prop`` (a pattern names it, or rows came)."""
+        if any(p == prop and fnmatch.fnmatchcase(device, g) for g, p, _ in self.patterns):
+            return True
+        with self._ack_cond:
+            return (device, prop) in self._acked_stamps
+
     def wait_acked(self, device: str, prop: str, stamp: int, timeout: float) -> bool:
         """Wait until a row of ``device/prop`` stamped at or after ``stamp`` (ns) is durable;
         False when ``timeout`` ran out first (or the recorder stopped). The history server's
