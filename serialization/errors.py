@@ -12,8 +12,8 @@ import builtins
 __all__ = [
     "DecodeError",
     "DisconnectedError",
-    "NoSuchDeviceError",
     "HistoryUnavailableError",
+    "NoSuchDeviceError",
     "NotAuthorizedError",
     "OverloadError",
     "ProtocolError",

@@ -8,6 +8,7 @@ it and serving its history, clients asking for history and for backfilled subscr
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,9 +89,7 @@ class Stand:
 @pytest.fixture
 def stand(no_thread_leak: None, tmp_path: Path) -> Iterator[Stand]:
     device = Counter()
-    server = (
-        ServerBuilder("CounterServer").device("CNT", device).directory(None).build().start()
-    )
+    server = ServerBuilder("CounterServer").device("CNT", device).directory(None).build().start()
     directory = FileDirectory(tmp_path / "directory.json")
     static = StaticDirectory({"CNT": server.endpoint})
     rec_client = ClientService(static, Config(request_timeout=5.0))
@@ -148,7 +147,7 @@ def _check_one_run(got: list[Notification]) -> None:
     counts = _counts(got)
     assert counts == list(range(counts[0], counts[0] + len(counts))), (
         "hole or repeat at the seam: "
-        + str([(a, b) for a, b in zip(counts, counts[1:], strict=False) if b != a + 1][:5])
+        + str([(a, b) for a, b in itertools.pairwise(counts) if b != a + 1][:5])
     )
     kinds = [n.update_type for n in got]
     first = kinds.index(UpdateType.FIRST)
@@ -286,9 +285,7 @@ def test_history_spanning_store_and_journal_returns_each_row_once(
     _offer(recorder, 0, 1200)
     assert recorder.convert_now() > 0  # rows 0..1199 now in Parquet
     _offer(recorder, 1200, 800)  # only in the journal
-    rows = list(
-        client.history_iter("DEV", "Prop", T0, T0 + 2000 * 1000, chunk_rows=333)
-    )
+    rows = list(client.history_iter("DEV", "Prop", T0, T0 + 2000 * 1000, chunk_rows=333))
     assert [int(n.data["i"]) for n in rows] == list(range(2000))
     assert rows[5].data == _value(5)
     assert rows[1500].data == _value(1500)
@@ -360,7 +357,7 @@ def test_history_denied_by_the_policy(offline: tuple[Recorder, ClientService]) -
 
 
 def test_history_errors_are_typed(offline: tuple[Recorder, ClientService]) -> None:
-    recorder, client = offline
+    _recorder, client = offline
     with pytest.raises(HistoryUnavailableError, match="not recorded"):
         client.history("OTHER", "Prop", T0, T0 + 10)
     nowhere = ClientService(StaticDirectory({"X": "tcp://127.0.0.1:1"}), Config())
@@ -402,7 +399,7 @@ def test_backfill_without_a_recorder_says_so_then_goes_live(stand: Stand) -> Non
 def test_backfill_with_an_unreachable_history_server(stand: Stand) -> None:
     dead = ClientService(
         StaticDirectory({"CNT": stand.server.endpoint, "history:*": "tcp://127.0.0.1:9"}),
-        Config(request_timeout=1.0, connect_timeout=1.0),
+        Config(request_timeout=1.0),
     )
     try:
         error, live = _first_two(dead.access_point("CNT", "Count").subscribe(backfill=5))

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rda.business.client.subscriptions import Entry, Notification, Subscription
-
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import DataContext, RequestType, UpdateType
 from rda.serialization._message import Message
@@ -131,7 +130,9 @@ class HistoryCalls:
         last = to_ns(end, now, "end")
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        return self._history_rows(device, prop, selector, first, last, limit, timeout, None, chunk_rows)
+        return self._history_rows(
+            device, prop, selector, first, last, limit, timeout, None, chunk_rows
+        )
 
     def _history_rows(
         self,
@@ -176,7 +177,12 @@ class HistoryCalls:
 
     @staticmethod
     def _history_get(
-        point: Any, device: str, prop: str, selector: str | None, filters: Data, timeout: float | None
+        point: Any,
+        device: str,
+        prop: str,
+        selector: str | None,
+        filters: Data,
+        timeout: float | None,
     ) -> Data:
         signal = f"{device}/{prop}"
         try:
@@ -184,7 +190,9 @@ class HistoryCalls:
         except NotAuthorizedError:
             raise
         except NoSuchDeviceError as exc:
-            raise HistoryUnavailableError(f"{signal}: no recorder serves its history ({exc})") from exc
+            raise HistoryUnavailableError(
+                f"{signal}: no recorder serves its history ({exc})"
+            ) from exc
         except (DisconnectedError, TimeoutError, TransportError) as exc:
             raise HistoryUnavailableError(
                 f"{signal}: the history server is unreachable ({exc})"

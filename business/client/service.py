@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rda.business.client.access import AccessPoint, build_request_context, to_data
 from rda.business.client.connections import ClientConnections
 from rda.business.client.endpoints import Endpoint, admin_endpoint
+from rda.business.client.history import HistoryCalls
 from rda.business.client.lanes import NO_LANE, LaneCalls
 from rda.business.client.reconnect import BackoffPolicy
 from rda.business.client.replies import (
@@ -45,7 +46,6 @@ from rda.business.client.replies import (
     op_name,
 )
 from rda.business.client.statistics import ClientCounters, ClientStatistics
-from rda.business.client.history import HistoryCalls
 from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.client.timer import Timer
 from rda.business.config import Config

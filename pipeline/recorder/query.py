@@ -207,9 +207,7 @@ class HistoryReader:
                 span = self._file_range(info.path, int(info.size or 0))
                 if span is not None:
                     found.append(_Source(span[0], span[1], info.path, False))
-        return sorted(
-            (s for s in found if s.last >= low and s.first < end), key=lambda s: s.first
-        )
+        return sorted((s for s in found if s.last >= low and s.first < end), key=lambda s: s.first)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -222,9 +220,7 @@ class HistoryReader:
                 acq = _stored_stamps(meta)
                 table = meta.set_column(meta.schema.get_field_index("acq_stamp"), "acq_stamp", acq)
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
-                pieces.append(
-                    _Piece(table.filter(mask), data.filter(mask), self.recorder_id)
-                )
+                pieces.append(_Piece(table.filter(mask), data.filter(mask), self.recorder_id))
             return pieces
         window = (pc.field("acq_stamp") >= low) & (pc.field("acq_stamp") < end)
         table = pq.read_table(source.path, filters=window, filesystem=self.store.fs)

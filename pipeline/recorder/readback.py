@@ -55,9 +55,7 @@ def _frozen(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 def _list_rows(array: pa.ListArray) -> list[tuple[int, int] | None]:
     offsets = array.offsets.to_numpy()
     valid = array.is_valid().to_numpy(zero_copy_only=False)
-    return [
-        (int(offsets[i]), int(offsets[i + 1])) if valid[i] else None for i in range(len(array))
-    ]
+    return [(int(offsets[i]), int(offsets[i + 1])) if valid[i] else None for i in range(len(array))]
 
 
 def _element_values(values: pa.Array) -> tuple[Any, DataType]:

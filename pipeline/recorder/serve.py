@@ -146,7 +146,7 @@ class HistoryHandler(RequestReplyCallback):
         after: Cursor | None = None
         after_stamp = _int(filters, "after_stamp")
         if after_stamp is not None:
-            recorder = filters["after_recorder"] if "after_recorder" in filters else ""
+            recorder = filters.get("after_recorder", "")
             after = Cursor(after_stamp, str(recorder), _int(filters, "after_seq", 0) or 0)
         complete = True
         until = _int(filters, "until")

@@ -33,9 +33,9 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.pipeline.recorder.converter import Converter, journal_root
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
 from rda.pipeline.recorder.model import (
+    Closable,
     RecorderStatistics,
     Sample,
-    Closable,
     default_id,
     parse_pattern,
 )
