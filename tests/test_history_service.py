@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -89,8 +90,9 @@ class Stand:
 @pytest.fixture
 def stand(no_thread_leak: None, tmp_path: Path) -> Iterator[Stand]:
     device = Counter()
-    server = ServerBuilder("CounterServer").device("CNT", device).directory(None).build().start()
     directory = FileDirectory(tmp_path / "directory.json")
+    server = ServerBuilder("CounterServer").device("CNT", device).directory(directory).build()
+    server.start()
     static = StaticDirectory({"CNT": server.endpoint})
     rec_client = ClientService(static, Config(request_timeout=5.0))
     recorder = Recorder(
@@ -439,3 +441,59 @@ def test_aio_history_and_backfill(stand: Stand) -> None:
     rows, got = asyncio.run(main())
     assert len(rows) >= 100
     _check_one_run(got)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_cli_subscribe_with_backfill(stand: Stand) -> None:
+    from click.testing import CliRunner
+
+    from rda.admin.cli.main import cli
+
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
+    result = CliRunner().invoke(
+        cli, ["subscribe", "CNT/Count", "--backfill", "1s", "-n", "150", "--json"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    updates = [line for line in lines if "data" in line]
+    kinds = [line["update"] for line in updates]
+    assert kinds[0] == "HISTORY" and "FIRST" in kinds and kinds.count("HISTORY") >= 50
+    counts = [line["data"]["n"] for line in updates]
+    assert counts == list(range(counts[0], counts[0] + len(counts)))
+    bad = CliRunner().invoke(cli, ["subscribe", "CNT/Count", "--backfill", "soon"], env=env)
+    assert bad.exit_code != 0 and "not a duration" in bad.output
+
+
+def test_cli_history_get_from_recorder(stand: Stand) -> None:
+    from click.testing import CliRunner
+
+    from rda.pipeline.history.cli import history
+
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
+    args = ["get", "--from-recorder", "CNT/Count#n", "-s", "-30s", "--json"]
+    result = CliRunner().invoke(history, args, env=env)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    counts = [row["n"] for row in rows]
+    assert len(counts) >= 100
+    assert counts == list(range(counts[0], counts[0] + len(counts)))
+    assert {"device", "property", "acq_stamp", "ts", "selector"} <= set(rows[0])
+    missing = CliRunner().invoke(history, ["get", "--from-recorder", "NOPE/X"], env=env)
+    assert missing.exit_code == 1 and "HistoryUnavailableError" in missing.output
+
+
+def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rda.admin.cli.common import Options
+    from rda.pipeline.recorder.cli import record
+
+    args = [str(tmp_path / "other"), "CNT/Count", "--id", "cli", "--duration", "1s"]
+    args += ["--serve", "tcp://127.0.0.1:0", "--json"]
+    result = CliRunner().invoke(record, args, obj=Options(endpoint=stand.server.endpoint))
+    assert result.exit_code == 0, result.output
+    assert "serving history at tcp://127.0.0.1:" in result.stderr

@@ -61,6 +61,18 @@ def _client(ctx: click.Context) -> Any:
     return ClientService(directory=directory, config=config)
 
 
+def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
+    """The builder of ``--serve``'s history server (admin commands included), or False."""
+    if endpoint is None:
+        return False
+    from rda.admin import install
+    from rda.business.server.builder import ServerBuilder
+    from rda.pipeline.recorder.model import default_id
+
+    builder = ServerBuilder(f"recorder-{recorder_id or default_id()}").endpoint(endpoint)
+    return install(builder)
+
+
 @click.command()
 @click.argument("root", metavar="ROOT")
 @click.argument("patterns", nargs=-1, required=True, metavar="DEVICE/PROPERTY[@SELECTOR]...")
@@ -76,6 +88,16 @@ def _client(ctx: click.Context) -> Any:
 @click.option("--convert-every", default="5s", help="Convert segments to Parquet this often.")
 @click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C).")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--serve",
+    "serve_endpoint",
+    is_flag=False,
+    flag_value="tcp://*:0",
+    default=None,
+    metavar="[ENDPOINT]",
+    help="Serve the recorded history over rda (history:<device>, registered in the "
+    "directory); ENDPOINT defaults to tcp://*:0, a free port.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final statistics as JSON.")
 @click.pass_context
 def record(
@@ -89,6 +111,7 @@ def record(
     convert_every: str,
     duration: str | None,
     metrics_port: int | None,
+    serve_endpoint: str | None,
     as_json: bool,
 ) -> None:
     """Record subscriptions into ROOT (journal, then Parquet) until Ctrl-C or --duration.
@@ -110,6 +133,7 @@ def record(
             queue_limit=queue_limit,
             retention=parse_duration(retention),
             convert_interval=parse_duration(convert_every),
+            serve=_history_server(serve_endpoint, recorder_id),
         )
     except ValueError as exc:
         if client is not None:
@@ -127,6 +151,8 @@ def record(
     endpoint = None
     recorder.start()
     try:
+        if recorder.history_server is not None:
+            click.echo(f"serving history at {recorder.history_server.endpoint}", err=True)
         if metrics_port is not None:
             endpoint = start_recorder_metrics(recorder, metrics_port)
         _run(recorder, stop, limit)
