@@ -494,6 +494,14 @@ def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
 
     args = [str(tmp_path / "other"), "CNT/Count", "--id", "cli", "--duration", "1s"]
     args += ["--serve", "tcp://127.0.0.1:0", "--json"]
-    result = CliRunner().invoke(record, args, obj=Options(endpoint=stand.server.endpoint))
+    directory = tmp_path / "cli-directory.json"  # where the history server registers
+    result = CliRunner().invoke(
+        record,
+        args,
+        obj=Options(endpoint=stand.server.endpoint),
+        env={"RDA_DIRECTORY_FILE": str(directory)},
+    )
     assert result.exit_code == 0, result.output
     assert "serving history at tcp://127.0.0.1:" in result.stderr
+    # It registered there (and unregistered on the way out).
+    assert directory.exists() and "recorder-cli" not in directory.read_text()
