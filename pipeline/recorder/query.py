@@ -47,6 +47,9 @@ __all__ = ["Chunk", "Cursor", "HistoryReader", "HistoryRow"]
 
 _DAY_NS = 86_400 * 10**9
 _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each)
+# Parquet files kept decoded, in bytes: a long answer reads each file once, not once per chunk
+# (a file holds a whole conversion group, up to a million rows, far more than one chunk).
+_TABLE_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -72,8 +75,41 @@ class HistoryRow:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    rows: list[HistoryRow]
+    """Rows in order, as columns (what the wire carries); ``rows`` for one at a time."""
+
+    acq_stamp: np.ndarray[Any, Any]
+    cycle_stamp: np.ndarray[Any, Any]
+    seq: np.ndarray[Any, Any]
+    recorder: list[str]
+    selector: list[str]
+    cycle_name: list[str]
+    error: list[str | None]
+    data: list[Data | None]
     more: bool  # rows of the window remain after the last one
+
+    @classmethod
+    def empty(cls) -> Chunk:
+        none = np.zeros(0, np.int64)
+        return cls(none, none, none, [], [], [], [], [], False)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def rows(self) -> list[HistoryRow]:
+        return [
+            HistoryRow(
+                int(self.acq_stamp[i]),
+                int(self.cycle_stamp[i]),
+                self.cycle_name[i],
+                self.selector[i],
+                self.recorder[i],
+                int(self.seq[i]),
+                self.error[i],
+                self.data[i],
+            )
+            for i in range(len(self.data))
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +163,8 @@ class HistoryReader:
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
+        self._tables: collections.OrderedDict[tuple[str, int], pa.Table] = collections.OrderedDict()
+        self._table_bytes = 0
 
     def known(self, device: str, prop: str) -> bool:
         """Whether the store holds a partition of the key (history from an earlier run)."""
@@ -222,14 +260,33 @@ class HistoryReader:
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
                 pieces.append(_Piece(table.filter(mask), data.filter(mask), self.recorder_id))
             return pieces
-        window = (pc.field("acq_stamp") >= low) & (pc.field("acq_stamp") < end)
-        table = pq.read_table(source.path, filters=window, filesystem=self.store.fs)
+        table = self._parquet(source.path)
+        stamps = table.column("acq_stamp")
+        table = table.filter(pc.and_(pc.greater_equal(stamps, low), pc.less(stamps, end)))
         data = (
             table.column("data").combine_chunks()
             if "data" in table.schema.names
             else pa.nulls(table.num_rows)
         )
         return [_Piece(table.drop_columns(["data"]), data, None)]
+
+    def _parquet(self, path: str) -> pa.Table:
+        """A whole Parquet file, decoded once and kept (bounded by bytes, least recent out)."""
+        with self._lock:
+            for key in self._tables:
+                if key[0] == path:
+                    self._tables.move_to_end(key)
+                    return self._tables[key]
+        table = pq.read_table(path, filesystem=self.store.fs)
+        size = table.nbytes
+        if size <= _TABLE_CACHE_BYTES // 4:
+            with self._lock:
+                self._tables[(path, size)] = table
+                self._table_bytes += size
+                while self._table_bytes > _TABLE_CACHE_BYTES:
+                    (_, old), _ = self._tables.popitem(last=False)
+                    self._table_bytes -= old
+        return table
 
     def chunk(
         self,
@@ -246,7 +303,7 @@ class HistoryReader:
         """The next rows of ``[start, end)`` after ``after`` (see the module docstring)."""
         low = start if after is None else max(start, after.acq_stamp)
         if end <= low or max_rows < 1:
-            return Chunk([], False)
+            return Chunk.empty()
         pieces: list[_Piece] = []
         stamps: list[np.ndarray[Any, Any]] = []
         count = 0
@@ -277,54 +334,87 @@ class HistoryReader:
     def _assemble(
         self, pieces: list[_Piece], after: Cursor | None, max_rows: int, max_bytes: int
     ) -> Chunk:
-        order: list[tuple[int, str, int, int, int]] = []
-        for number, piece in enumerate(pieces):
-            acq, seq, recorders = piece.acq, piece.seq, piece.recorders
-            order.extend(
-                (int(acq[i]), recorders[i], int(seq[i]), number, i) for i in range(len(acq))
-            )
-        order.sort()
-        chosen: list[tuple[int, int]] = []
-        previous: tuple[int, str, int] | None = None
+        if not pieces:
+            return Chunk.empty()
+        acq = np.concatenate([p.acq for p in pieces])
+        seq = np.concatenate([p.seq for p in pieces])
+        names = sorted({r for p in pieces for r in set(p.recorders)})
+        code_of = {name: code for code, name in enumerate(names)}
+        recorder = np.concatenate(
+            [
+                np.fromiter((code_of[r] for r in p.recorders), np.int64, len(p.recorders))
+                for p in pieces
+            ]
+        )
+        number = np.concatenate([np.full(len(p.acq), n, np.int64) for n, p in enumerate(pieces)])
+        index = np.concatenate([np.arange(len(p.acq), dtype=np.int64) for p in pieces])
+        order = np.lexsort((seq, recorder, acq))
+        acq, seq, recorder = acq[order], seq[order], recorder[order]
+        number, index = number[order], index[order]
+        # The same row read from two places: equal keys, adjacent once sorted.
+        keep = np.ones(len(acq), bool)
+        keep[1:] = (acq[1:] != acq[:-1]) | (recorder[1:] != recorder[:-1]) | (seq[1:] != seq[:-1])
         if after is not None:
-            previous = (after.acq_stamp, after.recorder_id, after.seq)
-        size = 0
-        more = False
-        for acq_stamp, recorder_id, seq, number, index in order:
-            key = (acq_stamp, recorder_id, seq)
-            if previous is not None and key <= previous:
-                continue  # delivered already, or the same row read from two places
-            if len(chosen) >= max_rows or (chosen and size >= max_bytes):
-                more = True
-                break
-            chosen.append((number, index))
-            size += pieces[number].row_bytes
-            previous = key
-        return Chunk(self._rows(pieces, chosen), more)
+            # Strictly after the cursor, by (acq_stamp, recorder_id, seq).
+            later = [r > after.recorder_id for r in names]
+            same = np.array([r == after.recorder_id for r in names])
+            rec_later = np.array(later)[recorder]
+            rec_same = same[recorder]
+            keep &= (acq > after.acq_stamp) | (
+                (acq == after.acq_stamp) & (rec_later | (rec_same & (seq > after.seq)))
+            )
+        chosen_at = np.flatnonzero(keep)
+        sizes = np.array([pieces[n].row_bytes for n in number[chosen_at]], np.int64)
+        # As many rows as fit in max_rows and max_bytes (at least one).
+        within = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="left")) + 1
+        take = min(max_rows, within, len(chosen_at))
+        more = take < len(chosen_at)
+        chosen_at = chosen_at[:take]
+        return self._columns(pieces, number[chosen_at], index[chosen_at], more)
 
-    def _rows(self, pieces: list[_Piece], chosen: list[tuple[int, int]]) -> list[HistoryRow]:
-        wanted: dict[int, list[int]] = collections.defaultdict(list)
-        for number, index in chosen:
-            wanted[number].append(index)
-        made: dict[tuple[int, int], HistoryRow] = {}
-        for number, indices in wanted.items():
-            piece = pieces[number]
-            take = pa.array(indices, pa.int64())
-            meta = piece.table.take(take)
-            values = rows_to_data(piece.data.take(take))
-            columns = {
-                name: meta.column(name).to_pylist()
-                for name in ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "seq", "error")
+    def _columns(
+        self,
+        pieces: list[_Piece],
+        number: np.ndarray[Any, Any],
+        index: np.ndarray[Any, Any],
+        more: bool,
+    ) -> Chunk:
+        """The chosen rows (piece ``number[k]``, row ``index[k]``) as the chunk's columns."""
+        count = len(number)
+        acq = np.empty(count, np.int64)
+        cycle = np.empty(count, np.int64)
+        seq = np.empty(count, np.int64)
+        lists: dict[str, list[Any]] = {
+            name: [None] * count for name in ("recorder", "selector", "cycle_name", "error", "data")
+        }
+        for n in np.unique(number).tolist():
+            at = np.flatnonzero(number == n)
+            piece = pieces[n]
+            rows = index[at]
+            meta = piece.table.take(pa.array(rows))
+            acq[at] = meta.column("acq_stamp").to_numpy()
+            cycle[at] = meta.column("cycle_stamp").fill_null(0).to_numpy()
+            seq[at] = meta.column("seq").to_numpy()
+            found = {
+                "selector": meta.column("selector").fill_null("").to_pylist(),
+                "cycle_name": meta.column("cycle_name").fill_null("").to_pylist(),
+                "error": meta.column("error").to_pylist(),
+                "data": rows_to_data(piece.data.take(pa.array(rows))),
+                "recorder": [piece.recorders[r] for r in rows.tolist()],
             }
-            for j, index in enumerate(indices):
-                made[(number, index)] = HistoryRow(
-                    acq_stamp=columns["acq_stamp"][j],
-                    cycle_stamp=columns["cycle_stamp"][j] or 0,
-                    cycle_name=columns["cycle_name"][j] or "",
-                    selector=columns["selector"][j] or "",
-                    recorder_id=piece.recorders[index],
-                    seq=columns["seq"][j],
-                    error=columns["error"][j],
-                    data=values[j],
-                )
-        return [made[key] for key in chosen]
+            positions = at.tolist()
+            for name, values in found.items():
+                target = lists[name]
+                for k, value in zip(positions, values, strict=True):
+                    target[k] = value
+        return Chunk(
+            acq,
+            cycle,
+            seq,
+            lists["recorder"],
+            lists["selector"],
+            lists["cycle_name"],
+            lists["error"],
+            lists["data"],
+            more,
+        )

@@ -136,15 +136,29 @@ def rows_to_data(array: pa.Array) -> list[Data | None]:
     names = [array.type.field(i).name for i in range(array.type.num_fields)]
     # StructArray.field ignores the struct's own offset; flatten() applies it.
     columns = [_column(child) for child in array.flatten()]
+    typed = [(n, v, k) for n, (v, k) in zip(names, columns, strict=True) if k is not None]
+    # The values are already what Data holds (they were recorded from Data, and Arrow gives
+    # back Python scalars, little-endian arrays, lists of str): built without per-field checks,
+    # as a decoder does, which is what makes a 5,000-row chunk cost milliseconds.
+    make = Data._from_parts
+    field_names = [name for name, _, _ in typed]
+    if typed and all(valid) and all(child.null_count == 0 for child in array.flatten()):
+        kinds = dict(zip(field_names, [kind for _, _, kind in typed], strict=True))
+        return [
+            make(dict(zip(field_names, row, strict=True)), kinds.copy())
+            for row in zip(*[column for _, column, _ in typed], strict=True)
+        ]
     out: list[Data | None] = []
-    for row in range(len(array)):
-        if not valid[row]:
+    for row, ok in enumerate(valid.tolist()):
+        if not ok:
             out.append(None)
             continue
-        data = Data()
-        for name, (values, kind) in zip(names, columns, strict=True):
-            value = values[row]
-            if value is not None and kind is not None:
-                data.append(name, value, kind)
-        out.append(data)
+        values: dict[str, Any] = {}
+        types: dict[str, DataType] = {}
+        for name, column, kind in typed:
+            value = column[row]
+            if value is not None:
+                values[name] = value
+                types[name] = kind
+        out.append(make(values, types))
     return out

@@ -34,8 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from rda.business.common import AcquiredData
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
@@ -91,16 +89,18 @@ def _int(filters: Data, name: str, default: int | None = None) -> int | None:
 
 def encode_chunk(chunk: Chunk, complete: bool) -> Data:
     """The reply Data of one chunk (the columns listed in the module docstring)."""
-    rows = chunk.rows
     out = Data()
-    for name in ("acq_stamp", "cycle_stamp", "seq"):
-        column = np.fromiter((getattr(r, name) for r in rows), np.int64, len(rows))
-        out.append(name, column, DataType.INT64_ARRAY)
-    out.append("recorder", [r.recorder_id for r in rows], DataType.STRING_ARRAY)
-    out.append("selector", [r.selector for r in rows], DataType.STRING_ARRAY)
-    out.append("cycle_name", [r.cycle_name for r in rows], DataType.STRING_ARRAY)
-    out.append("error", [r.error or "" for r in rows], DataType.STRING_ARRAY)
-    values = [r.data if r.data is not None and r.error is None else Data() for r in rows]
+    out.append("acq_stamp", chunk.acq_stamp, DataType.INT64_ARRAY)
+    out.append("cycle_stamp", chunk.cycle_stamp, DataType.INT64_ARRAY)
+    out.append("seq", chunk.seq, DataType.INT64_ARRAY)
+    out.append("recorder", chunk.recorder, DataType.STRING_ARRAY)
+    out.append("selector", chunk.selector, DataType.STRING_ARRAY)
+    out.append("cycle_name", chunk.cycle_name, DataType.STRING_ARRAY)
+    out.append("error", [e or "" for e in chunk.error], DataType.STRING_ARRAY)
+    values = [
+        d if d is not None and e is None else Data()
+        for d, e in zip(chunk.data, chunk.error, strict=True)
+    ]
     out.append("values", values, DataType.DATA_ARRAY)
     out.append("more", chunk.more, DataType.BOOL)
     out.append("complete", complete, DataType.BOOL)
@@ -167,7 +167,7 @@ class HistoryHandler(RequestReplyCallback):
         )
         with self._lock:
             self._queries += 1
-            self._rows += len(chunk.rows)
+            self._rows += len(chunk)
             self._seam_timeouts += not complete
         request.complete(AcquiredData(encode_chunk(chunk, complete), DataContext()))
 
