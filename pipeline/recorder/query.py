@@ -24,6 +24,7 @@ chunk is then known, and a chunk reads about ``max_rows`` rows, not the whole wi
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import threading
 from collections.abc import Callable
@@ -249,7 +250,9 @@ class HistoryReader:
 
     # --- reading --------------------------------------------------------------------------------
 
-    def _read(self, source: _Source, device: str, prop: str, low: int, end: int) -> list[_Piece]:
+    def _read(
+        self, source: _Source, device: str, prop: str, low: int, end: int
+    ) -> list[tuple[pa.Table, pa.Array]]:
         if source.journal:
             pieces = []
             for (dev, name, _), meta, data in read_segment(Path(source.path)):
@@ -258,7 +261,7 @@ class HistoryReader:
                 acq = _stored_stamps(meta)
                 table = meta.set_column(meta.schema.get_field_index("acq_stamp"), "acq_stamp", acq)
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
-                pieces.append(_Piece(table.filter(mask), data.filter(mask), self.recorder_id))
+                pieces.append((table.filter(mask), data.filter(mask)))
             return pieces
         table = self._parquet(source.path)
         stamps = table.column("acq_stamp")
@@ -268,7 +271,7 @@ class HistoryReader:
             if "data" in table.schema.names
             else pa.nulls(table.num_rows)
         )
-        return [_Piece(table.drop_columns(["data"]), data, None)]
+        return [(table.drop_columns(["data"]), data)]
 
     def _parquet(self, path: str) -> pa.Table:
         """A whole Parquet file, decoded once and kept (bounded by bytes, least recent out)."""
@@ -307,29 +310,40 @@ class HistoryReader:
         pieces: list[_Piece] = []
         stamps: list[np.ndarray[Any, Any]] = []
         count = 0
+        left_over = False
         sources = self._sources(device, prop, low, end)
         for source in sources:
             if count >= max_rows:
                 joined = np.concatenate(stamps)
                 if source.first > np.partition(joined, max_rows - 1)[max_rows - 1]:
+                    left_over = True  # unread sources: rows remain after this chunk
                     break
             try:
                 read = self._read(source, device, prop, low, end)
             except FileNotFoundError:
                 continue  # a compaction replaced it; its output is listed too, or next time
-            for piece in read:
+            for table, data in read:
                 if selector is not None:
-                    keep = pc.equal(piece.table.column("selector"), selector)
-                    piece = _Piece(
-                        piece.table.filter(keep),
-                        piece.data.filter(keep),
-                        self.recorder_id if source.journal else None,
-                    )
-                if piece.table.num_rows:
+                    keep = pc.equal(table.column("selector"), selector)
+                    table, data = table.filter(keep), data.filter(keep)
+                acq = table.column("acq_stamp").to_numpy()
+                # Only the rows that can make this chunk: the max_rows smallest stamps (plus
+                # those at the cursor's stamp, which may be delivered already). Keeps a chunk
+                # O(max_rows) in Python however many rows remain in a big file.
+                needed = max_rows + int(np.count_nonzero(acq == low))
+                if len(acq) > needed:
+                    left_over = True
+                    nearest = pa.array(np.sort(np.argsort(acq, kind="stable")[:needed]))
+                    table, data = table.take(nearest), data.take(nearest)
+                if table.num_rows:
+                    piece = _Piece(table, data, self.recorder_id if source.journal else None)
                     pieces.append(piece)
                     stamps.append(piece.acq)
-                    count += piece.table.num_rows
-        return self._assemble(pieces, after, max_rows, max_bytes)
+                    count += table.num_rows
+        chunk = self._assemble(pieces, after, max_rows, max_bytes)
+        if left_over and not chunk.more and len(chunk):
+            chunk = dataclasses.replace(chunk, more=True)
+        return chunk
 
     def _assemble(
         self, pieces: list[_Piece], after: Cursor | None, max_rows: int, max_bytes: int
