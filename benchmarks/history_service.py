@@ -7,7 +7,9 @@
    journal). Baseline: raw pyzmq DEALER/ROUTER shipping the same chunk bytes, chunk after
    chunk (request, reply), nothing built on either side; ``ratio`` = rda / raw.
 2. The recorder's own ingest rate (a local fire-hose, rows acknowledged per second) with and
-   without a client pulling history from it meanwhile; the goal is >= 90 %.
+   without a client (another process) pulling history from it meanwhile; the goal is >= 90 %.
+   Twice: as fast as the fire-hose goes (the recorder's maximum, which shares the GIL with the
+   history server) and paced at ``--ingest-rate`` rows/s (a recorder's usual load).
 3. ``subscribe(backfill=60)`` to a 1 kHz counter whose last 60 s are recorded: time from the
    call to the first live (non-HISTORY) update, and how many HISTORY rows came first.
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -148,8 +152,24 @@ def history_pull(seconds: int, rate: float, array: bool) -> dict[str, Any]:
     }
 
 
-def ingest(seconds: float, with_queries: bool) -> dict[str, Any]:
-    """Rows/s the recorder acknowledges from a fire-hose, optionally while serving history."""
+_QUERIER = """
+import sys, time
+from rda.business.client.service import ClientService
+from rda.business.config import Config
+from rda.business.directory import StaticDirectory
+client = ClientService(StaticDirectory({"history:*": sys.argv[1]}), Config(request_timeout=60.0))
+rows = 0
+while True:
+    now = time.time_ns()
+    for _ in client.history_iter("DEV", "Prop", now - 60 * 10**9, now):
+        rows += 1
+    print(rows, flush=True)
+"""
+
+
+def ingest(seconds: float, with_queries: bool, rate: float = 0.0) -> dict[str, Any]:
+    """Rows/s the recorder acknowledges from a fire-hose, optionally while a client in another
+    process pulls the last minute of a 1 kHz signal from it, again and again."""
     with tempfile.TemporaryDirectory() as root:
         recorder = Recorder(
             root,
@@ -158,44 +178,41 @@ def ingest(seconds: float, with_queries: bool) -> dict[str, Any]:
             serve=ServerBuilder("ingest").directory(None),
         )
         recorder.start()
-        _fill(recorder, 50_000, time.time_ns() - 50_000 * 10**6, 10**6, lambda i: Data(x=i))
+        _fill(recorder, 60_000, time.time_ns() - 60_000 * 10**6, 10**6, lambda i: Data(x=i))
         assert recorder.history_server is not None
-        client = ClientService(
-            StaticDirectory({"history:*": recorder.history_server.endpoint}),
-            Config(request_timeout=60.0),
-        )
-        stop = threading.Event()
-        queried = [0]
-
-        def query() -> None:
-            while not stop.is_set():
-                now = time.time_ns()
-                for _ in client.history_iter("DEV", "Prop", now - 60 * 10**9, now):
-                    queried[0] += 1
-                    if stop.is_set():
-                        break
-
-        querier = threading.Thread(target=query)
+        querier = None
         if with_queries:
-            querier.start()
+            querier = subprocess.Popen(
+                [sys.executable, "-c", _QUERIER, recorder.history_server.endpoint],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert querier.stdout is not None
+            querier.stdout.readline()  # it has pulled one minute: it is running
         before = recorder.statistics().acked_rows
         begin = time.perf_counter()
-        i = 0
         sample = Sample(Data(current=1.0, index=0), DataContext(acq_stamp=1))
+        offered = 0
         while time.perf_counter() - begin < seconds:
             for _ in range(1000):
                 if not recorder.offer("HOSE", "Prop", None, sample):
                     time.sleep(0.0005)
-                i += 1
+            offered += 1000
+            if rate:  # paced: a recorder's usual load, not its maximum
+                ahead = offered / rate - (time.perf_counter() - begin)
+                if ahead > 0:
+                    time.sleep(ahead)
         recorder.flush(120)
         elapsed = time.perf_counter() - begin
         acked = recorder.statistics().acked_rows - before
-        stop.set()
-        if with_queries:
-            querier.join()
-        client.close()
+        served = recorder.history.statistics().rows if recorder.history is not None else 0
+        if querier is not None:
+            querier.kill()
+            querier.wait(10)
+            assert querier.stdout is not None
+            querier.stdout.close()
         recorder.stop(convert=False)
-    return {"rows_per_s": round(acked / elapsed), "history_rows_served": queried[0]}
+    return {"rows_per_s": round(acked / elapsed), "history_rows_served": served}
 
 
 class _Counter(Device):
@@ -282,10 +299,13 @@ def main() -> None:
     parser.add_argument("--scalar-seconds", type=int, default=60, help="issue: 3600")
     parser.add_argument("--array-seconds", type=int, default=60, help="issue: 600")
     parser.add_argument("--ingest-seconds", type=float, default=5.0)
+    parser.add_argument("--ingest-rate", type=float, default=20_000.0, help="paced rows/s")
     parser.add_argument("--backfill", type=int, default=60)
     args = parser.parse_args()
     quiet = ingest(args.ingest_seconds, False)
     loaded = ingest(args.ingest_seconds, True)
+    paced_quiet = ingest(args.ingest_seconds, False, args.ingest_rate)
+    paced_loaded = ingest(args.ingest_seconds, True, args.ingest_rate)
     result = {
         "scalar_1kHz": history_pull(args.scalar_seconds, 1000.0, False),
         "array_1MiB_1Hz": history_pull(args.array_seconds, 1.0, True),
@@ -293,6 +313,10 @@ def main() -> None:
             "alone": quiet,
             "while_serving": loaded,
             "ratio": round(loaded["rows_per_s"] / max(1, quiet["rows_per_s"]), 3),
+            "paced_rate": args.ingest_rate,
+            "paced_alone": paced_quiet,
+            "paced_while_serving": paced_loaded,
+            "paced_ratio": round(paced_loaded["rows_per_s"] / max(1, paced_quiet["rows_per_s"]), 3),
         },
         "backfill_1kHz": backfill(args.backfill, 1000.0),
     }

@@ -137,3 +137,13 @@ def test_an_outage_before_the_first_live_update_ends_the_bridge() -> None:
         (9, "FIRST"),
         (10, "NORMAL"),
     ]
+
+
+def test_the_protocol_page_lists_every_update_type() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "protocol.md").read_text()
+    listing = ", ".join(f"{t.name} {t.value}" for t in UpdateType)
+    assert listing == "NORMAL 0, FIRST 1, IMMEDIATE 2, HISTORY 3"
+    assert f"update type, u8: `{listing}`" in text
+    assert f"Update types: `{listing}`" in text
