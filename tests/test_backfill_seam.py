@@ -47,6 +47,7 @@ class Stand:
         self.tasks: list[Callable[[], None]] = []
         self.fetches: list[tuple[int, int]] = []
         self.fail = fail
+        self.crash = False
 
         def submit(group: str, task: Callable[[], None], on_drop: object) -> bool:
             self.tasks.append(task)
@@ -59,11 +60,10 @@ class Stand:
 
     def fetch(self, start: int, until: int) -> Iterator[Notification]:
         self.fetches.append((start, until))
+        if self.crash:
+            raise RuntimeError("bug in a fetch")
         if self.fail:
-            yield Notification(
-                error=HistoryUnavailableError("no recorder"), update_type=UpdateType.HISTORY
-            )
-            return
+            raise HistoryUnavailableError("no recorder")
         for n, stamp in RECORDED.items():
             if start <= stamp < until:
                 yield Notification(Data(n=n), DataContext(acq_stamp=stamp), UpdateType.HISTORY)
@@ -120,6 +120,8 @@ def test_a_failed_fetch_is_one_error_notification_then_live() -> None:
     sub.deliver_message(live(sub, 5, 1, UpdateType.FIRST))
     stand.run_tasks()
     assert stand.delivered() == [("HistoryUnavailableError", "HISTORY"), (5, "FIRST")]
+    sub.deliver_message(live(sub, 6, 2, UpdateType.NORMAL))  # one error, not one per phase
+    assert stand.tasks == [] and stand.delivered() == [(6, "NORMAL")]
 
 
 def test_an_outage_before_the_first_live_update_ends_the_bridge() -> None:
@@ -147,3 +149,15 @@ def test_the_protocol_page_lists_every_update_type() -> None:
     assert listing == "NORMAL 0, FIRST 1, IMMEDIATE 2, HISTORY 3"
     assert f"update type, u8: `{listing}`" in text
     assert f"Update types: `{listing}`" in text
+
+
+def test_a_fetch_that_breaks_is_reported_and_the_subscription_goes_live() -> None:
+    stand = Stand(start=0)
+    stand.crash = True
+    sub = stand.sub
+    sub.deliver_message(live(sub, 5, 1, UpdateType.FIRST))
+    stand.run_tasks()
+    assert stand.delivered() == [("HistoryUnavailableError", "HISTORY"), (5, "FIRST")]
+    sub.deliver_message(live(sub, 6, 2, UpdateType.NORMAL))  # no bridge after a failure
+    assert stand.tasks == []
+    assert stand.delivered() == [(6, "NORMAL")]

@@ -19,6 +19,7 @@ cause chained); a policy refusal stays ``NotAuthorizedError``.
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,8 @@ from rda.serialization.errors import (
 )
 
 __all__ = ["HISTORY_PREFIX", "Backfill", "HistoryCalls", "to_ns"]
+
+log = logging.getLogger(__name__)
 
 HISTORY_PREFIX = "history:"
 CHUNK_ROWS = 5000
@@ -203,14 +206,11 @@ class HistoryCalls:
     def backfill_rows(
         self, device: str, prop: str, selector: str | None, start: int, until: int
     ) -> Iterator[Notification]:
-        """For ``subscribe(backfill=...)``: the rows of ``[start, until)``; a failure ends the
-        rows with one error notification instead of raising (the subscription goes on live)."""
-        try:
-            yield from self._history_rows(
-                device, prop, selector, start, until, None, None, until, CHUNK_ROWS
-            )
-        except RdaError as exc:
-            yield Notification(error=exc, update_type=UpdateType.HISTORY)
+        """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
+        (``Backfill`` turns a failure into one error notification)."""
+        return self._history_rows(
+            device, prop, selector, start, until, None, None, until, CHUNK_ROWS
+        )
 
 
 # Backfill phases (see Backfill).
@@ -269,6 +269,7 @@ class Backfill:
         self._seam = 0
         self._sub: Subscription | None = None
         self._limit = HOLD_LIMIT
+        self._failed = False
 
     def attach(self, sub: Subscription, queue_size: int) -> None:
         self._sub = sub
@@ -322,13 +323,25 @@ class Backfill:
         return False
 
     def _emit_rows(self, start: int, until: int) -> bool:
+        """Deliver the rows of ``[start, until)``; False when the subscription was closed. A
+        failure is delivered as one error notification and ends the backfill (no bridge)."""
         sub = self._sub
         assert sub is not None
-        for notification in self._fetch(start, until):
-            if sub.closed:
-                return False
-            sub.emit((notification, 0, 0))
-        return True
+        failure: RdaError | None = None
+        try:
+            for notification in self._fetch(start, until):
+                if sub.closed:
+                    return False
+                sub.emit((notification, 0, 0))
+        except RdaError as exc:
+            failure = exc
+        except Exception as exc:  # a bug, not an rda error: say so, and still go live
+            log.exception("backfill of %s/%s failed", sub.device, sub.property)
+            failure = HistoryUnavailableError(f"{sub.device}/{sub.property}: backfill: {exc}")
+        if failure is not None:
+            self._failed = True
+            sub.emit((Notification(error=failure, update_type=UpdateType.HISTORY), 0, 0))
+        return not sub.closed
 
     def _initial(self) -> None:
         with self._lock:
@@ -338,7 +351,7 @@ class Backfill:
         self._seam = seam
         if not self._emit_rows(self._start, seam):
             return
-        self._drain(bridge=True)
+        self._drain(bridge=not self._failed)
 
     def _bridge(self) -> None:
         with self._lock:
