@@ -68,7 +68,8 @@ def _zmq_garbage_collector() -> None:
     thread-leak checks take their snapshot."""
     from zmq.utils.garbage import gc
 
-    gc.start()
+    if not gc.is_alive():  # started by an earlier test already: a second one could not bind
+        gc.start()
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 20.0) -> None:
