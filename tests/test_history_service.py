@@ -484,7 +484,7 @@ def test_cli_history_get_from_recorder(stand: Stand) -> None:
     assert counts == list(range(counts[0], counts[0] + len(counts)))
     assert {"device", "property", "acq_stamp", "ts", "selector"} <= set(rows[0])
     missing = CliRunner().invoke(history, ["get", "--from-recorder", "NOPE/X"], env=env)
-    assert missing.exit_code == 1 and "HistoryUnavailableError" in missing.output
+    assert missing.exit_code == 4 and "HistoryUnavailableError" in missing.output
 
 
 def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
