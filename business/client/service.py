@@ -508,19 +508,9 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         backfill: BackfillHook | None = None,
     ) -> Subscription:
         sub = Subscription(
-            next(self._ids),
-            endpoint,
-            device,
-            prop,
-            selector,
-            filters,
-            listener,
-            queue_size,
-            self._counters,
-            self._submit,
-            self._unsubscribe,
-            backfill,
-        )
+            next(self._ids), endpoint, device, prop, selector, filters, listener, queue_size,
+            self._counters, self._submit, self._unsubscribe, backfill,
+        )  # fmt: skip
         if self._closing:
             raise DisconnectedError(f"subscribe {device}/{prop}: client closed")
         ep = self._endpoint(endpoint)
