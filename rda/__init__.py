@@ -39,6 +39,7 @@ from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (
     DecodeError,
     DisconnectedError,
+    HistoryUnavailableError,
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
@@ -70,6 +71,7 @@ __all__ = [
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",
+    "HistoryUnavailableError",
     "NoSuchDeviceError",
     "NotAuthorizedError",
     "Notification",
