@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +25,17 @@ from websockets.typing import Origin
 from rda.admin import install
 from rda.business.client.service import ClientService
 from rda.business.directory import StaticDirectory
-from rda.business.server.builder import Server
+from rda.business.server.builder import Server, ServerBuilder
 from rda.demo import demo_builder
 from rda.panel.app import create_app
+from rda.panel.history import ServiceHistory
 from rda.panel.session import MAX_VIEWS
 from rda.panel.source import PanelSource, SetRefused
 from rda.panel.views import ViewSlot
+from rda.pipeline.recorder.service import Recorder, Sample
+from rda.serialization._data import Data
+from rda.serialization._header import DataContext
+from rda.serialization.errors import HistoryUnavailableError, RemoteError
 
 
 @pytest.fixture
@@ -258,3 +265,54 @@ def test_a_port_in_use_is_one_line_and_exit_6() -> None:
         result = CliRunner().invoke(build(), ["panel", "--port", str(port)])
     assert result.exit_code == 6
     assert f"cannot bind 127.0.0.1:{port}" in result.output
+
+
+# -- the strip chart's past from a recorder's history service ----------------------------------
+
+
+@pytest.fixture
+def history_service(tmp_path: Path) -> Iterator[tuple[Recorder, ClientService]]:
+    recorder = Recorder(
+        tmp_path,
+        recorder_id="panel",
+        flush_interval=0.02,
+        convert=False,
+        serve=ServerBuilder("PanelHistory").directory(None),
+    )
+    recorder.start()  # no patterns: the test offers the rows
+    assert recorder.history_server is not None
+    client = ClientService(StaticDirectory({"history:*": recorder.history_server.endpoint}))
+    try:
+        yield recorder, client
+    finally:
+        client.close()
+        recorder.stop()
+
+
+def test_the_chart_past_comes_from_a_recorder_serving_history(
+    history_service: tuple[Recorder, ClientService],
+) -> None:
+    recorder, client = history_service
+    now = time.time_ns()
+    for i in range(30):
+        stamp = now - (30 - i) * 1_000_000_000
+        value = Data(current=float(i), unit="A", on=True)
+        assert recorder.offer(
+            "PS1", "Acquisition", None, Sample(value, DataContext("C", stamp, stamp, ""))
+        )
+        if i == 10:
+            error = RemoteError("Boom", "a failed acquisition is skipped")
+            assert recorder.offer(
+                "PS1", "Acquisition", None, Sample(None, DataContext(acq_stamp=stamp + 1), error)
+            )
+    old = now - 20 * 60 * 1_000_000_000  # outside a 10-minute window
+    assert recorder.offer(
+        "PS1", "Acquisition", None, Sample(Data(current=-1.0), DataContext(acq_stamp=old))
+    )
+    assert recorder.flush()
+    past = ServiceHistory(client).series("PS1", "Acquisition", "current", 10)
+    assert past["v"] == [float(i) for i in range(30)]
+    assert past["t"] == sorted(past["t"]) and abs(past["t"][-1] - now / 1e9) < 2
+    assert ServiceHistory(client).series("PS1", "Acquisition", "unit", 10) == {"t": [], "v": []}
+    with pytest.raises(HistoryUnavailableError):
+        ServiceHistory(client).series("PS9", "Acquisition", "current", 10)

@@ -14,7 +14,8 @@ Modules, one job each:
 - ``source``: the rda side: learns servers, devices and properties, shares one subscription
   per (device, property, selector) among the views, runs sets;
 - ``session``: one WebSocket tab: its views, its sender loop, its requests;
-- ``history``: the recorded past for the strip chart (``--history STORE``, pyarrow only);
+- ``history``: the recorded past for the strip chart (a store read with pyarrow, or a
+  recorder serving history over rda);
 - ``app``: the Starlette routes and the uvicorn runner; ``cli``: the ``rda panel`` command.
 
 A facade package: it may import every layer; nothing below imports it (``rda._cli`` adds

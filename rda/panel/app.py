@@ -28,9 +28,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from rda.panel.history import HistoryReader
+from rda.panel.history import Past
 from rda.panel.session import PanelState, RenderCache, Session
 from rda.panel.source import PanelSource
+from rda.panel.views import describe_error
+from rda.serialization.errors import RdaError
 
 __all__ = ["REFRESH", "STATIC", "create_app", "serve"]
 
@@ -80,7 +82,7 @@ def create_app(
     source: PanelSource,
     *,
     allow_set: bool = False,
-    history: HistoryReader | None = None,
+    history: Past | None = None,
     heartbeat_timeout: float = 10.0,
     refresh: float = REFRESH,
 ) -> Starlette:
@@ -88,7 +90,7 @@ def create_app(
     state = PanelState(
         source=source,
         allow_set=allow_set,
-        history=history is not None,
+        history="" if history is None else history.kind,
         heartbeat_timeout=heartbeat_timeout,
         renders=RenderCache(),
         tree=[],
@@ -141,6 +143,8 @@ def create_app(
             )
         except (KeyError, ValueError) as exc:
             return JSONResponse({"error": f"bad request: {exc}"}, 400)
+        except RdaError as exc:  # no recorder serves it, denied, unreachable: no past, say why
+            return JSONResponse({"error": describe_error(exc)}, 404)
         except Exception as exc:  # a store that cannot be read: say so, keep serving
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
         return JSONResponse(series)

@@ -21,7 +21,7 @@ from rda.admin.cli.common import (
 from rda.business.client.service import ClientService
 from rda.business.directory import StaticDirectory, default_directory
 from rda.panel.app import create_app, serve
-from rda.panel.history import HistoryReader
+from rda.panel.history import HistoryReader, Past, ServiceHistory
 from rda.panel.source import PanelSource
 
 __all__ = ["panel"]
@@ -42,7 +42,8 @@ __all__ = ["panel"]
     "history_store",
     default=None,
     metavar="STORE",
-    help="A recorder store (path or URI): strip charts open filled with the recorded past.",
+    help="A recorder store (path or URI) to read the charts' past from; without it the past "
+    "is asked of a recorder serving history (rda record --serve).",
 )
 @click.pass_context
 def panel(
@@ -57,7 +58,7 @@ def panel(
     """A live web panel: servers, devices and properties learnt from the directory and the
     servers; values, strip charts and (with --allow-set) sets, in the browser."""
     options = ctx.obj if isinstance(ctx.obj, Options) else Options()
-    history = None
+    history: Past | None = None
     if history_store is not None:
         try:
             history = HistoryReader(history_store)
@@ -78,6 +79,8 @@ def panel(
         principal = config.principal or "anonymous"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     source = PanelSource(client, principal)
+    if history is None:  # the recorders that serve history over rda, found by the directory
+        history = ServiceHistory(client)
     app = create_app(
         source,
         allow_set=allow_set,

@@ -1,24 +1,51 @@
-"""The recorded past for the strip chart (``rda panel --history STORE``).
+"""The recorded past for the strip chart, so a chart opens already filled with the last minutes.
 
-Reads the recorder's Parquet store with ``rda.pipeline.history.local.local_get`` (pyarrow
-only, no JVM: docs/history.md), so a chart opens already filled with the last minutes. The
-panel works without it: without ``--history`` (or without the ``[pipeline]`` extra) the chart
-starts empty and fills from the live stream.
+Two sources, one shape (``{"t": [...], "v": [...]}``):
+
+- :class:`HistoryReader` (``rda panel --history STORE``): reads a recorder's Parquet store with
+  ``rda.pipeline.history.local.local_get`` (pyarrow only, no JVM: docs/history.md);
+- :class:`ServiceHistory` (without ``--history``): asks the recorder that serves the signal's
+  history over rda (``client.history``, found through the directory's ``history:<DEVICE>``
+  entries: docs/client.md). No recorder there: ``HistoryUnavailableError``, and the chart
+  starts empty and fills from the live stream.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["MAX_HISTORY_POINTS", "HistoryReader"]
+from rda.business.client.service import ClientService
+
+__all__ = ["MAX_HISTORY_POINTS", "MAX_SERVICE_ROWS", "HistoryReader", "Past", "ServiceHistory"]
 
 MAX_HISTORY_POINTS = 4000
+# Rows asked of a history service per series: the oldest first, so at high rates a long window
+# opens with its beginning only (the service answers in stamp order, it does not thin).
+MAX_SERVICE_ROWS = 50_000
+
+
+class Past(Protocol):
+    """Where the strip chart's recorded past comes from."""
+
+    kind: str  # "store" or "service": shown on the page
+
+    def series(
+        self, device: str, prop: str, field: str, minutes: float, selector: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+def _thin(t: list[float], v: list[float]) -> dict[str, Any]:
+    step = max(1, math.ceil(len(t) / MAX_HISTORY_POINTS))
+    return {"t": t[::step], "v": v[::step]}
 
 
 class HistoryReader:
     """Numeric-field series out of one recorder store."""
+
+    kind = "store"
 
     def __init__(self, root: str) -> None:
         # Imported here: the panel itself does not need the [pipeline] extra.
@@ -42,11 +69,45 @@ class HistoryReader:
         table = table.sort_by("acq_stamp")
         stamps = table.column("acq_stamp").to_pylist()
         values = table.column(field).to_pylist()
-        step = max(1, math.ceil(len(stamps) / MAX_HISTORY_POINTS))
         t, v = [], []
-        for stamp, value in zip(stamps[::step], values[::step], strict=True):
+        for stamp, value in zip(stamps, values, strict=True):
             if value is None or (isinstance(value, float) and not math.isfinite(value)):
                 continue
             t.append(stamp / 1e9)
             v.append(float(value))
-        return {"t": t, "v": v}
+        return _thin(t, v)
+
+
+class ServiceHistory:
+    """Numeric-field series asked of a recorder's history service through the panel's client."""
+
+    kind = "service"
+
+    def __init__(self, client: ClientService, timeout: float = 5.0) -> None:
+        self._client = client
+        self._timeout = timeout
+
+    def series(
+        self, device: str, prop: str, field: str, minutes: float, selector: str | None = None
+    ) -> dict[str, Any]:
+        """As :meth:`HistoryReader.series`; raises ``HistoryUnavailableError`` when no
+        recorder serves ``device/prop``'s history."""
+        t: list[float] = []
+        v: list[float] = []
+        for n in self._client.history_iter(
+            device,
+            prop,
+            -datetime.timedelta(minutes=minutes),
+            selector=selector or None,
+            limit=MAX_SERVICE_ROWS,
+            timeout=self._timeout,
+        ):
+            if n.error is not None:
+                continue
+            value = n.data.get(field)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                t.append(n.context.acq_stamp / 1e9)
+                v.append(float(value))
+        return _thin(t, v)

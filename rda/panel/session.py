@@ -61,7 +61,7 @@ class PanelState:
 
     source: PanelSource
     allow_set: bool
-    history: bool
+    history: str  # "store", "service" or "" (none)
     heartbeat_timeout: float
     renders: RenderCache
     tree: list[dict[str, Any]]

@@ -142,7 +142,7 @@ function connect() {
       document.getElementById("mode").textContent =
         `${msg.allow_set ? "sets allowed" : "read-only"} · ` +
         `heartbeat timeout ${msg.heartbeat_timeout} s · at most ${msg.max_fps} frames/s per view` +
-        (msg.history ? " · history" : "");
+        (msg.history ? ` · history from the ${msg.history}` : "");
     } else if (msg.type === "tree") {
       state.tree = msg.servers;
       renderTree();
