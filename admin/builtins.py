@@ -60,6 +60,7 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         "devices": len(server.devices()),
         "commands": [c.name for c in ctx.registry.commands()],
         "settings": plain(server.settings()),
+        "directory": server.statistics().directory,
     }
     endpoint = metrics_endpoint(server)
     if endpoint is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rda.business import directory as directory_module
+from rda.business import entries as entries_module
 from rda.business.config import Config
 from rda.business.directory import (
     ChainDirectory,
@@ -146,7 +147,7 @@ def test_unregister_removes_only_our_own_entry(tmp_path: Path) -> None:
     # An entry owned by another live process (our parent stands in for it) is left alone.
     content = json.loads(path.read_text())
     content["servers"]["S2"]["pid"] = os.getppid()
-    content["servers"]["S2"]["start"] = directory_module._process_start(os.getppid())
+    content["servers"]["S2"]["start"] = entries_module.process_start(os.getppid())
     path.write_text(json.dumps(content))
     files.unregister("S2")
     assert [e.name for e in files.servers()] == ["S2"]

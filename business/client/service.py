@@ -132,6 +132,7 @@ class ClientService(ClientConnections, LaneCalls):
         principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
+        self._owns_directory = directory is None  # closed by close() (etcd: a watch thread)
         self.directory = directory if directory is not None else default_directory(self.config)
         self._clock = clock if clock is not None else time.monotonic
         self._policy = BackoffPolicy(
@@ -185,6 +186,7 @@ class ClientService(ClientConnections, LaneCalls):
         self._init_lanes(self.config.direct_calls)
         try:
             self._transport.start()
+            self._watch_directory()
         except BaseException:
             self._timer.close()
             raise
@@ -262,11 +264,10 @@ class ClientService(ClientConnections, LaneCalls):
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=sum(
-                1 for ep in list(self._endpoints.values()) if ep.connection is not None
-            ),
+            connections=sum(ep.connection is not None for ep in list(self._endpoints.values())),
             reconnects=c.reconnects,
             servers=servers,
+            directory=self._directory_state(),
         )
 
     def close(self, timeout: float = 2.0) -> None:
@@ -294,6 +295,7 @@ class ClientService(ClientConnections, LaneCalls):
         if scheduler is not None:
             scheduler.close(max(0.0, deadline - time.monotonic()))
         self._timer.close(max(0.0, deadline - time.monotonic()))
+        self._close_directory()
 
     @property
     def closed(self) -> bool:
