@@ -264,7 +264,7 @@ class Registration:
         """True (and the lease revoked) when another process has replaced our entry."""
         _, kvs = self._gateway.range(self.server_key)
         current = decode_server(kvs[0], self.entry.name) if kvs else None
-        if current is None or (current.host, current.pid) == (self.entry.host, self.entry.pid):
+        if current is None or current == self.entry:
             return False
         log.warning(
             "server %r: its directory entry was taken over by %s; no longer registered",
