@@ -317,10 +317,12 @@ class FileDirectory:
         self, servers: dict[str, dict[str, Any]], server: str, names: list[str], replace: bool
     ) -> None:
         """Refuse (or, with ``replace``, take over) what other live processes hold."""
+        # This process re-registering its own server is an update, not a clash.
         others = [
             record.entry
             for name, raw in servers.items()
-            if not self._owned(raw) and (record := parse_record(name, raw)) is not None
+            if not (name == server and self._owned(raw))
+            and (record := parse_record(name, raw)) is not None
         ]
         while (clash := conflict(server, names, others)) is not None:
             what, owner = clash

@@ -121,7 +121,9 @@ def test_registration_of_10k_devices_is_batched_under_etcds_txn_limit(
         assert client.resolve("DEV00999") == "tcp://10.0.0.1:1"
         # A clash in the last batch leaves nothing of the refused server behind.
         with pytest.raises(rda.NameTakenError, match="DEV00999"):
-            client.register("BIG2", "tcp://10.0.0.2:2", [f"NEW{i}" for i in range(250)] + ["DEV00999"])
+            client.register(
+                "BIG2", "tcp://10.0.0.2:2", [f"NEW{i}" for i in range(250)] + ["DEV00999"]
+            )
         # (The revocation reaches this client's cache through its watch.)
         wait_for(
             lambda: not any(name.startswith("NEW") for name in client.devices()),
