@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rda.business.directory import DirectoryUnavailableError
@@ -94,7 +95,12 @@ def _dead_here(entry: ServerEntry) -> bool:
         return True
     except OSError:
         return False
-    return False
+    # A killed process its parent has not reaped yet (a zombie) serves nobody either.
+    try:
+        stat = Path(f"/proc/{entry.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
 @dataclass(frozen=True, slots=True)
