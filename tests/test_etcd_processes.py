@@ -227,6 +227,34 @@ def test_a_server_restarted_on_a_new_port_moves_subscriptions_with_first(
         directory.close()
 
 
+def test_a_device_taken_over_while_its_old_server_lives_is_followed_by_the_watch(
+    servers: Servers, etcd: LocalEtcd, no_thread_leak: None
+) -> None:
+    """The old connection stays up (nothing is lost, no heartbeat ever fails): only the
+    directory's watch can tell the client that CNT1 is now served elsewhere."""
+    _, old = servers.serve("CNT1")
+    directory = rda.EtcdDirectory(etcd.url, prefix="/proc/", ttl=TTL)
+    client = rda.ClientService(directory=directory)
+    try:
+        sub = client.access_point("CNT1", "Count").subscribe()
+        note = sub.poll(20)
+        assert note is not None and note.data["pid"] == old.pid
+        second, new = servers.serve("CNT1", "--replace")
+        deadline = time.monotonic() + 20
+        while True:
+            note = sub.poll(max(0.1, deadline - time.monotonic()))
+            assert note is not None, "the subscription did not move to the new server"
+            if note.error is None and note.data["pid"] == new.pid:
+                break
+        assert note.update_type is UpdateType.FIRST
+        assert old.poll() is None  # the old server was alive all along
+        assert client.access_point("CNT1", "Count").endpoint == second["endpoint"]
+        sub.close()
+    finally:
+        client.close()
+        directory.close()
+
+
 def test_etcd_outage_resolved_devices_keep_working_servers_re_register(
     servers: Servers, etcd: LocalEtcd, no_thread_leak: None
 ) -> None:
