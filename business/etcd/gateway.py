@@ -124,12 +124,17 @@ class EtcdGateway:
             raise ValueError("an etcd directory needs at least one endpoint")
         self.endpoints = tuple(e.rstrip("/") for e in endpoints)
         self.timeout = timeout
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False)
+        # Plain http:// endpoints need no TLS: skipping the CA bundle saves ~30 ms per client.
+        self.tls = any(e.startswith("https://") for e in self.endpoints)
+        self._client = self.http_client(httpx.Timeout(timeout))
         self._current = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"EtcdGateway({','.join(self.endpoints)})"
+
+    def http_client(self, timeout: httpx.Timeout) -> httpx.Client:
+        return httpx.Client(timeout=timeout, trust_env=False, verify=self.tls)
 
     def close(self) -> None:
         self._client.close()
@@ -223,7 +228,7 @@ class WatchStream:
         self._prefix = prefix
         self._start = start_revision
         self._timeout = httpx.Timeout(gateway.timeout, read=idle_timeout)
-        self._client = httpx.Client(timeout=self._timeout, trust_env=False)
+        self._client = gateway.http_client(self._timeout)
         self._sock: socket.socket | None = None
         self._stopped = threading.Event()
 
