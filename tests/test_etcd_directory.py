@@ -223,8 +223,9 @@ def test_url_forms_and_config(monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd) 
         assert chain.resolve("CFG1") == "tcp://10.0.0.3:3"
         registry.unregister("CFG")
     finally:
+        assert isinstance(chain, ChainDirectory) and isinstance(registry, rda.EtcdDirectory)
         chain.close()
-        registry.close()  # type: ignore[attr-defined]
+        registry.close()
 
 
 def test_gateway_fails_over_to_the_next_endpoint(etcd: LocalEtcd) -> None:
