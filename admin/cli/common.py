@@ -23,6 +23,7 @@ from rda.admin.format import dumps
 from rda.business.client.service import ClientService
 from rda.business.config import Config, ConfigError
 from rda.business.directory import (
+    ChainDirectory,
     DirectoryUnavailableError,
     NameTakenError,
     StaticDirectory,
@@ -213,6 +214,8 @@ def open_client(
             yield client
     finally:
         client.close()
+        if isinstance(directory, ChainDirectory):
+            directory.close()  # an etcd directory's watch thread
 
 
 def split_address(address: str) -> tuple[str, str]:
