@@ -59,8 +59,8 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         "python": platform.python_version(),
         "devices": len(server.devices()),
         "commands": [c.name for c in ctx.registry.commands()],
-        "settings": plain(server.settings()),
         "directory": server.statistics().directory,
+        "settings": plain(server.settings()),
     }
     endpoint = metrics_endpoint(server)
     if endpoint is not None:

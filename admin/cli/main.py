@@ -380,11 +380,13 @@ def directory_list(options: Options, as_json: bool) -> None:
         click.echo(f"etcd: {config.directory_url} (prefix {config.directory_prefix})")
     click.echo(f"directory file: {config.directory_file}")
     if servers:
+        # The host column only when servers may be on other hosts (etcd).
+        hosts = config.directory_url is not None
         rows = [
             {
                 "server": s["name"],
                 "endpoint": s["endpoint"],
-                "host": s["host"],
+                **({"host": s["host"]} if hosts else {}),
                 "pid": s["pid"],
                 "devices": _devices_cell(s["devices"]),
             }
