@@ -182,13 +182,14 @@ def test_kill_9_removes_the_entries_within_the_ttl(
 
 
 def test_clean_stop_removes_the_entries_at_once(
-    servers: Servers, watcher: rda.EtcdDirectory
+    servers: Servers, watcher: rda.EtcdDirectory, no_thread_leak: None
 ) -> None:
     _, proc = servers.serve("CNT1")
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
     # Revoked before the process exited: no wait for the ttl.
-    assert "CNT1" not in rda.EtcdDirectory(watcher.url, prefix="/proc/").devices()
+    with rda.EtcdDirectory(watcher.url, prefix="/proc/") as fresh:
+        assert "CNT1" not in fresh.devices()
 
 
 def test_a_server_restarted_on_a_new_port_moves_subscriptions_with_first(
