@@ -63,7 +63,7 @@ from rda.serialization.errors import (
     TransportError,
 )
 from rda.transport._mailbox import Wakeup
-from rda.transport._peers import HANDSHAKE_REFUSED
+from rda.transport._peers import HANDSHAKE_REFUSED, NOT_RDA
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_routed
 
@@ -110,13 +110,12 @@ class ClientService(ClientConnections, LaneCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
-    ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
+    ``config`` gives timeouts, heartbeats and the reconnection back-off. For tests,
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
-    ``security`` (``rda.security.ClientSecurity``) makes every connection CURVE-encrypted and
-    authenticated; a server that refuses this client's key fails requests with
-    ``NotAuthorizedError``. ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``)
-    is the name this client declares to servers; only a server that trusts declared names uses
-    it for authorization. Use it as a context manager or call ``close()``.
+    ``security`` (``rda.security.ClientSecurity``): every connection CURVE-encrypted and
+    authenticated; a server refusing this client's key fails requests with NotAuthorizedError.
+    ``principal`` (default ``config.principal``, ``RDA_PRINCIPAL``): the name declared to
+    servers, used only by one that trusts declared names. A context manager, or call close().
     """
 
     def __init__(
@@ -132,7 +131,6 @@ class ClientService(ClientConnections, LaneCalls):
         principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
-        self._owns_directory = directory is None  # closed by close() (etcd: a watch thread)
         self.directory = directory if directory is not None else default_directory(self.config)
         self._clock = clock if clock is not None else time.monotonic
         self._policy = BackoffPolicy(
@@ -186,7 +184,7 @@ class ClientService(ClientConnections, LaneCalls):
         self._init_lanes(self.config.direct_calls)
         try:
             self._transport.start()
-            self._watch_directory()
+            self._watch_directory(owns=directory is None)
         except BaseException:
             self._timer.close()
             raise
@@ -430,6 +428,9 @@ class ClientService(ClientConnections, LaneCalls):
         if reason.startswith(HANDSHAKE_REFUSED):
             # Retrying cannot help: the server does not accept this client (or its key).
             return NotAuthorizedError(f"{p.op} {p.device}/{p.property}: {address}: {reason}")
+        if reason.startswith(NOT_RDA):
+            # Not "lost": there never was an rda connection (a wrong port, another service).
+            return DisconnectedError(f"{p.op} {p.device}/{p.property}: {reason}")
         return DisconnectedError(
             f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
         )

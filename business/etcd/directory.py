@@ -175,9 +175,10 @@ class EtcdDirectory:
     def watch(self, callback: DeviceChange) -> Callable[[], None]:
         """Call ``callback(device_or_pattern, endpoint_or_None)`` on the watch thread for
         every change (keep it short); returns the function that stops the calls."""
+        # Loaded first: the entries already there are not news to the new listener.
+        self._ensure_watching(required=False)
         with self._lock:
             self._listeners.append(callback)
-        self._ensure_watching(required=False)
 
         def unwatch() -> None:
             with self._lock:
