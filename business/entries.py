@@ -42,10 +42,11 @@ class ServerEntry:
 class NameTakenError(RdaError):
     """A live server (``owner``) already holds the server name or a device being registered."""
 
-    def __init__(self, what: str, owner: ServerEntry, where: str) -> None:
+    def __init__(self, what: str, owner: ServerEntry, where: str, hint: str = "") -> None:
         super().__init__(
             f"{what} is already registered in {where} by {owner.describe()}; stop that server, "
             "or take the entry over on purpose (rda serve --replace, ServerBuilder.replace())"
+            + (f"; {hint}" if hint else "")
         )
         self.owner = owner
 

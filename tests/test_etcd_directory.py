@@ -236,3 +236,15 @@ def test_gateway_fails_over_to_the_next_endpoint(etcd: LocalEtcd) -> None:
         assert kv.value == b"v"
     finally:
         gateway.close()
+
+
+def test_a_server_does_not_start_unregistered_when_etcd_is_unreachable(
+    no_thread_leak: None,
+) -> None:
+    dead = rda.EtcdDirectory("http://127.0.0.1:9", timeout=0.5)  # nothing listens on port 9
+    server = rda.ServerBuilder("Lonely").devices("L1").directory(dead).build()
+    with pytest.raises(rda.DirectoryUnavailableError, match=r"127\.0\.0\.1:9"):
+        server.start()
+    assert not server.running
+    assert "Lonely" not in server.directory_state()
+    dead.close()

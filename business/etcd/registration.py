@@ -217,7 +217,9 @@ class Registration:
             log.info("%s: the entry of dead %s is stale; taking it over", what, owner.describe())
             return
         if not self._replace:
-            raise NameTakenError(what, owner, f"etcd directory {self._where()}")
+            # A server killed on another host keeps its entry until its lease runs out.
+            hint = f"a killed server's entry expires within {self._ttl:g} s"
+            raise NameTakenError(what, owner, f"etcd directory {self._where()}", hint)
         log.warning("%s: taken over from %s (replace)", what, owner.describe())
 
     def _where(self) -> str:
