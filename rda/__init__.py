@@ -42,6 +42,7 @@ from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (
     DecodeError,
     DisconnectedError,
+    HistoryUnavailableError,
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
@@ -75,6 +76,7 @@ __all__ = [
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",
+    "HistoryUnavailableError",
     "NameTakenError",
     "NoSuchDeviceError",
     "NotAuthorizedError",

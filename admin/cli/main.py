@@ -248,6 +248,13 @@ def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any
 @_SELECTOR
 @click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
 @click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")
+@click.option(
+    "--backfill",
+    metavar="DURATION",
+    callback=lambda _ctx, _param, value: None if value is None else _seconds(value),
+    help="First the recorded updates of the last DURATION (30s, 5m, 1h), from the recorder "
+    "serving the signal's history, marked HISTORY; then live.",
+)
 @_JSON
 @security_options
 @click.pass_obj
@@ -260,12 +267,14 @@ def subscribe(
     as_json: bool,
     key_file: Path | None,
     server_key: str | None,
+    backfill: float | None = None,
 ) -> None:
     """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
     device, prop = split_address(address)
     tally = _Tally()
     with open_client(options, key_file, server_key) as client:
-        sub = client.access_point(device, prop).subscribe(selector=selector or None)
+        point = client.access_point(device, prop)
+        sub = point.subscribe(selector=selector or None, backfill=backfill)
         try:
             deadline = None if duration is None else time.monotonic() + duration
             while count is None or tally.updates < count:
@@ -295,6 +304,22 @@ def subscribe(
         click.echo(_summary_line(summary), err=True)
     if tally.updates == 0 and tally.last_error is not None:
         raise tally.last_error
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _seconds(text: str) -> float:
+    """``30s``, ``5m``, ``1.5h``, ``2d`` or plain seconds, as seconds (> 0)."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number) :] or "s"
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 5m, 1h") from None
+    if not value > 0:
+        raise click.BadParameter(f"{text!r} must be positive")
+    return value
 
 
 class _Tally:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rda.business.client.access import AccessPoint, build_request_context, to_data
 from rda.business.client.connections import ClientConnections
 from rda.business.client.endpoints import Endpoint, admin_endpoint
+from rda.business.client.history import HistoryCalls
 from rda.business.client.lanes import NO_LANE, LaneCalls
 from rda.business.client.reconnect import BackoffPolicy
 from rda.business.client.replies import (
@@ -45,7 +46,7 @@ from rda.business.client.replies import (
     op_name,
 )
 from rda.business.client.statistics import ClientCounters, ClientStatistics
-from rda.business.client.subscriptions import Notification, Subscription
+from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.client.timer import Timer
 from rda.business.config import Config
 from rda.business.directory import Directory, default_directory, server_key_of
@@ -106,7 +107,7 @@ class _Handler:
         self.on_disconnected = service._on_disconnected
 
 
-class ClientService(ClientConnections, LaneCalls):
+class ClientService(ClientConnections, LaneCalls, HistoryCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
@@ -504,20 +505,12 @@ class ClientService(ClientConnections, LaneCalls):
         filters: Data | None,
         listener: Callable[[Notification], object] | None,
         queue_size: int,
+        backfill: BackfillHook | None = None,
     ) -> Subscription:
         sub = Subscription(
-            next(self._ids),
-            endpoint,
-            device,
-            prop,
-            selector,
-            filters,
-            listener,
-            queue_size,
-            self._counters,
-            self._submit,
-            self._unsubscribe,
-        )
+            next(self._ids), endpoint, device, prop, selector, filters, listener, queue_size,
+            self._counters, self._submit, self._unsubscribe, backfill,
+        )  # fmt: skip
         if self._closing:
             raise DisconnectedError(f"subscribe {device}/{prop}: client closed")
         ep = self._endpoint(endpoint)
