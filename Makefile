@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java chromium bench clean demo cluster-check panel-screenshots
+.PHONY: test lint typecheck unit install java etcd chromium bench clean demo cluster-check panel-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ java:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			openjdk-17-jre-headless >/dev/null; }
 
+# The etcd directory's tests start a real etcd (tests/etcd_fixture.py): install Debian's
+# etcd-server only when `etcd` is missing, as for Java.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+		echo "etcd not found: installing etcd-server"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			etcd-server >/dev/null; }
+
 # The panel's browser tests (tests/test_panel_browser.py) drive Debian's Chromium through
 # Playwright, which is told never to download a browser of its own: install the system one
 # only when it is missing, as for Java.
@@ -38,7 +47,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			chromium >/dev/null; }
 
-install: $(STAMP) java chromium
+install: $(STAMP) java etcd chromium
 
 lint: install
 	$(BIN)/ruff check .

@@ -111,13 +111,12 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
-    ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
+    ``config`` gives timeouts, heartbeats and the reconnection back-off. For tests,
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
-    ``security`` (``rda.security.ClientSecurity``) makes every connection CURVE-encrypted and
-    authenticated; a server that refuses this client's key fails requests with
-    ``NotAuthorizedError``. ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``)
-    is the name this client declares to servers; only a server that trusts declared names uses
-    it for authorization. Use it as a context manager or call ``close()``.
+    ``security`` (``rda.security.ClientSecurity``): every connection CURVE-encrypted and
+    authenticated; a server refusing this client's key fails requests with NotAuthorizedError.
+    ``principal`` (default ``config.principal``, ``RDA_PRINCIPAL``): the name declared to
+    servers, used only by one that trusts declared names. A context manager, or call close().
     """
 
     def __init__(
@@ -186,6 +185,7 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         self._init_lanes(self.config.direct_calls)
         try:
             self._transport.start()
+            self._watch_directory(owns=directory is None)
         except BaseException:
             self._timer.close()
             raise
@@ -263,11 +263,10 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=sum(
-                1 for ep in list(self._endpoints.values()) if ep.connection is not None
-            ),
+            connections=sum(ep.connection is not None for ep in list(self._endpoints.values())),
             reconnects=c.reconnects,
             servers=servers,
+            directory=self._directory_state(),
         )
 
     def close(self, timeout: float = 2.0) -> None:
@@ -295,6 +294,7 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         if scheduler is not None:
             scheduler.close(max(0.0, deadline - time.monotonic()))
         self._timer.close(max(0.0, deadline - time.monotonic()))
+        self._close_directory()
 
     @property
     def closed(self) -> bool:
