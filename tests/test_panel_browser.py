@@ -211,17 +211,6 @@ def browser() -> Iterator[Browser]:
             browser.close()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    outcome: Any = yield
-    report = outcome.get_result()
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-
-
-_FAILED = pytest.StashKey[bool]()
-
-
 @pytest.fixture
 def page(
     stand: Stand, browser: Browser, tmp_path: Path, request: pytest.FixtureRequest
@@ -237,7 +226,8 @@ def page(
     try:
         yield page
     finally:
-        if request.node.stash.get(_FAILED, True):
+        call = getattr(request.node, "rep_call", None)  # set by tests/conftest.py
+        if call is None or call.failed:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
             (tmp_path / "console.log").write_text("\n".join(console) + "\n")
             for log in stand.folder.glob("*.log"):
