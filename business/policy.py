@@ -35,6 +35,7 @@ from rda.serialization.errors import NotAuthorizedError, RdaError
 __all__ = [
     "ANONYMOUS",
     "DENIAL_LOG_INTERVAL",
+    "OTHER_PRINCIPAL",
     "Authorizer",
     "DenialLog",
     "Policy",
@@ -49,6 +50,8 @@ _denial_log = logging.getLogger("rda.server")
 
 #: How the anonymous principal ("") is shown in messages, statistics and metrics.
 ANONYMOUS = "anonymous"
+#: The metric label of every principal the policy does not list (Authorizer.labels).
+OTHER_PRINCIPAL = "other"
 
 # Decisions kept per Authorizer. Cleared wholesale when full: a client cycling through endless
 # device names cannot grow the server's memory, and the common case (a few access points
@@ -320,6 +323,24 @@ class Authorizer:
 
     def roles_of(self, principal: str) -> tuple[str, ...]:
         return self.policy.roles_of(principal)
+
+    def labels(
+        self, principal: str, operation: str, commands: Callable[[str], bool] | None = None
+    ) -> tuple[str, str]:
+        """(principal, operation) as metric labels, bounded by this policy and the server's
+        admin commands (``commands(name)`` says whether one exists): a principal the policy
+        does not list is ``other``, an unknown admin command ``admin:unknown``. A client can
+        therefore not mint new series by declaring names (docs/metrics.md)."""
+        if not principal:
+            who = ANONYMOUS
+        elif principal in self.policy.principals:
+            who = principal
+        else:
+            who = OTHER_PRINCIPAL
+        if operation.startswith("admin:"):
+            known = commands is not None and commands(operation[6:])
+            return who, operation if known else "admin:unknown"
+        return who, operation if operation in _REQUEST_OPERATIONS else "unknown"
 
     def allowed(self, principal: str, device: str, prop: str, operation: str) -> bool:
         """The decision for one request: a cache hit is one dict lookup."""

@@ -51,6 +51,7 @@ class ClientConnections:
     _by_connection: dict[int, Endpoint]
     _early: dict[int, list[Callable[[], None]]]
     _discarded: set[int]
+    _clock: Callable[[], float]
 
     if TYPE_CHECKING:  # provided by ClientService, the request/subscription side
 
@@ -203,6 +204,7 @@ class ClientConnections:
                 return
             ep.backoff.reset()
             ep.acked = True
+            ep.back(self._clock())
             if ep.was_connected:
                 self._counters.reconnects += 1
                 ep.reconnects += 1
@@ -230,6 +232,7 @@ class ClientConnections:
             ep.connection = None
             ep.acked = False
             ep.last_reason = reason
+            ep.lost(self._clock())
             lost = [
                 rid
                 for table in (self._pending, self._lane_pending)
