@@ -61,7 +61,7 @@ class ClientCollector(Collector):
             reconnects.add_metric([name, server.endpoint], server.reconnects)
         disconnected = CounterMetricFamily(
             "rda_client_server_disconnected_seconds",
-            "Time spent without the connection to this server after losing it.",
+            "Time spent reconnecting to this server after losing the connection.",
             labels=["client", "endpoint"],
         )
         for server in stats.servers:

@@ -9,6 +9,7 @@ parsed back).
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -330,3 +331,13 @@ def test_busiest_groups_name_only_the_servers_devices() -> None:
         "PS1": 5,
         "__admin__": 1,
     }
+
+
+def test_every_family_exposed_is_documented(stand: Stand) -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    olga = stand.raw("olga")
+    assert stand.call(olga, RequestType.GET, "PS1", "Current") is None
+    names = {name for name, _ in stand.series()}
+    families = {re.sub(r"_(bucket|count|sum|created)$", "", name) for name in names}
+    undocumented = {f for f in families if f"`{f}`" not in docs}
+    assert not undocumented, sorted(undocumented)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import socket
 import subprocess
@@ -161,6 +162,9 @@ def test_promtool_accepts_the_server_and_client_exposition_under_load(demo: Demo
     assert 'rda_client_round_trip_seconds_bucket{client="load"' in client_text
     _check_metrics(server_text)
     _check_metrics(client_text)
+    docs = (ROOT / "docs" / "metrics.md").read_text()
+    exposed = set(re.findall(r"^# TYPE (rda_client_\w+) ", client_text, flags=re.MULTILINE))
+    assert exposed and not {f for f in exposed if f"`{f}" not in docs}, exposed
 
 
 def test_promtool_accepts_the_recorder_exposition_under_load(tmp_path: Path) -> None:

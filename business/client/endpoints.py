@@ -77,7 +77,9 @@ class Endpoint:
         return bool(self.subs or self.devices)
 
     def lost(self, now: float) -> None:
-        if self.lost_at is None and self.was_connected:
+        # Only an outage that matters: the connection was up, and something wants it back (an
+        # endpoint only admin requests used stays closed until the next one, on purpose).
+        if self.lost_at is None and self.was_connected and self.wanted():
             self.lost_at = now
 
     def back(self, now: float) -> None:

@@ -41,8 +41,8 @@ class ServerConnectionStatistics:
     ``reconnects`` counts connections re-established after a loss, ``connects`` every
     connection opened (attempts included); ``devices`` are the devices the client reaches
     there; ``last_reason`` says why the last connection was lost ("" if never);
-    ``disconnected_seconds`` is the time spent without the connection after losing it (until
-    it came back, or until now while reconnecting).
+    ``disconnected_seconds`` is the time spent reconnecting: without the connection after
+    losing it while something wanted it back (until it came back, or until now).
     """
 
     endpoint: str
