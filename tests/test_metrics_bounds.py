@@ -126,7 +126,7 @@ class Stand:
         while True:
             event = decode_frames(peer.recv(10.0), from_server=True)
             if isinstance(event, Incoming) and event.message.header.id == rid:
-                return event.message.exception  # type: ignore[no-any-return]
+                return event.message.exception
 
     def series(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample of the server's exposition (process collector left out)."""

@@ -383,7 +383,7 @@ class ClientService(ClientConnections, LaneCalls):
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
         now = self._clock()
-        self._pending[rid] = pending = Pending(fut, conn, name, device, prop, timeout, now)
+        self._pending[rid] = Pending(fut, conn, name, device, prop, timeout, now)
         # No handle to cancel: a reply takes the entry out of _pending, and the timer skips it.
         self._timer.deadline(now + timeout, rid)
         if isinstance(fut, ReplyFuture):
