@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 import string
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,6 +270,10 @@ def test_a_thousand_random_names_and_principals_mint_no_series(stand: Stand) -> 
     assert sum(denied.values()) == 3 * 1001 + 2
     # The requests were counted all the same: only the labels are bounded.
     assert after[("rda_connections_accepted_total", (("server", "Srv"),))] == 1002
+    deadline = time.monotonic() + 30
+    while stand.server.statistics().connections_closed < 1002 and time.monotonic() < deadline:
+        time.sleep(0.01)  # bounded wait for the closes to reach the server; not an assertion
+    assert stand.server.statistics().connections_closed == 1002
 
 
 def test_known_admin_commands_keep_their_label(stand: Stand) -> None:
