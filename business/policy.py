@@ -324,23 +324,25 @@ class Authorizer:
     def roles_of(self, principal: str) -> tuple[str, ...]:
         return self.policy.roles_of(principal)
 
-    def labels(
-        self, principal: str, operation: str, commands: Callable[[str], bool] | None = None
-    ) -> tuple[str, str]:
-        """(principal, operation) as metric labels, bounded by this policy and the server's
-        admin commands (``commands(name)`` says whether one exists): a principal the policy
-        does not list is ``other``, an unknown admin command ``admin:unknown``. A client can
-        therefore not mint new series by declaring names (docs/metrics.md)."""
+    # Metric labels bounded by this policy and the server's admin commands: a client cannot
+    # mint new series by declaring names or sending made-up commands (docs/metrics.md).
+
+    def principal_label(self, principal: str) -> str:
+        """A declared or anonymous principal as a label: listed in the policy, ``anonymous``,
+        or ``other`` (an authenticated one is bounded by the clients directory: Dispatch keeps
+        it)."""
         if not principal:
-            who = ANONYMOUS
-        elif principal in self.policy.principals:
-            who = principal
-        else:
-            who = OTHER_PRINCIPAL
+            return ANONYMOUS
+        return principal if principal in self.policy.principals else OTHER_PRINCIPAL
+
+    @staticmethod
+    def operation_label(operation: str, commands: Callable[[str], bool] | None = None) -> str:
+        """``admin:<command>`` for a command ``commands(name)`` says exists, else
+        ``admin:unknown``; request operations as they are."""
         if operation.startswith("admin:"):
             known = commands is not None and commands(operation[6:])
-            return who, operation if known else "admin:unknown"
-        return who, operation if operation in _REQUEST_OPERATIONS else "unknown"
+            return operation if known else "admin:unknown"
+        return operation if operation in _REQUEST_OPERATIONS else "unknown"
 
     def allowed(self, principal: str, device: str, prop: str, operation: str) -> bool:
         """The decision for one request: a cache hit is one dict lookup."""

@@ -30,7 +30,12 @@ from rda.business.server.builder import Server
 from rda.business.server.devices import Device
 from rda.business.server.outcomes import outcome_of, register_client_error
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.business.server.statistics import OUTCOMES, REQUEST_TYPES
+from rda.business.server.statistics import (
+    DENIED_PRINCIPALS,
+    OUTCOMES,
+    REQUEST_TYPES,
+    RequestCounters,
+)
 from rda.serialization import _binary
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
@@ -346,3 +351,14 @@ def test_every_family_exposed_is_documented(stand: Stand) -> None:
     families = {re.sub(r"_(bucket|count|sum|created)$", "", name) for name in names}
     undocumented = {f for f in families if f"`{f}`" not in docs}
     assert not undocumented, sorted(undocumented)
+
+
+def test_denial_principals_are_capped() -> None:
+    counters = RequestCounters()
+    for i in range(DENIED_PRINCIPALS + 50):
+        counters.denied(f"key{i:03d}", "get")
+    denied = counters.denials()
+    assert len(denied) == DENIED_PRINCIPALS
+    # "other" is one of the DENIED_PRINCIPALS label values: 99 keys of their own, 51 past them
+    assert denied[("other", "get")] == 51
+    assert denied[("key000", "get")] == 1

@@ -273,7 +273,10 @@ class Dispatch:
             else RequestType.EXCEPTION
         )
         # Labels the server's configuration names, never strings from the request as such.
-        self._counters.denied(*policy.labels(client.principal, operation, self._admin_commands))
+        name = (
+            client.principal if client.authenticated else policy.principal_label(client.principal)
+        )
+        self._counters.denied(name, policy.operation_label(operation, self._admin_commands))
         device_label = None if rtype is RequestType.ADMIN else device
         took = self._clock() - received_at
         self._counters.record(_TYPE_NAMES[rtype], "denied", took, device_label, prop)

@@ -15,6 +15,7 @@ from rda.business.scheduler import SchedulerStatistics
 from rda.transport.api import ServerTransportStatistics
 
 __all__ = [
+    "DENIED_PRINCIPALS",
     "DURATION_BUCKETS",
     "FAILURES",
     "OTHER",
@@ -42,6 +43,9 @@ OUTCOMES: tuple[str, ...] = (
 )
 #: The outcomes that are not ``ok``.
 FAILURES: frozenset[str] = frozenset(OUTCOMES[1:])
+#: Most principals with denial series of their own (the overflow bucket is ``other``): a
+#: clients directory of thousands of keys must not become thousands of series.
+DENIED_PRINCIPALS = 100
 #: The request types the server counts (lower case ``RequestType`` names).
 REQUEST_TYPES: tuple[str, ...] = ("get", "set", "subscribe", "admin")
 
@@ -165,6 +169,7 @@ class RequestCounters:
         self._handler_errors = 0
         self._late = 0
         self._denied: dict[tuple[str, str], int] = {}
+        self._principals: set[str] = {OTHER}
         self._device_limit = device_limit
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self._other = _Pair()
@@ -242,9 +247,15 @@ class RequestCounters:
 
     def denied(self, principal: str, operation: str) -> None:
         """Count one request refused by the policy (its outcome is counted by ``record``).
-        The caller bounds both values (never a name taken from the request as it stands)."""
-        key = (principal, operation)
+        The caller bounds both values by the server's configuration (policy, clients
+        directory, admin commands); past :data:`DENIED_PRINCIPALS` principals, ``other``."""
         with self._lock:
+            if principal not in self._principals:
+                if len(self._principals) < DENIED_PRINCIPALS:
+                    self._principals.add(principal)
+                else:
+                    principal = OTHER
+            key = (principal, operation)
             self._denied[key] = self._denied.get(key, 0) + 1
 
     def denials(self) -> dict[tuple[str, str], int]:
