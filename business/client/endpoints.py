@@ -47,6 +47,7 @@ class Endpoint:
         "last_reason",
         "lost_at",
         "reconnects",
+        "refused",
         "retry",
         "subs",
         "was_connected",
@@ -65,6 +66,8 @@ class Endpoint:
         # ``lost_at`` (the service's clock; None while connected or never connected).
         self.disconnected = 0.0
         self.lost_at: float | None = None
+        # The server refused this client's handshake: no retry until a request dials again.
+        self.refused = False
         self.retry: TimerHandle | None = None
         self.subs: dict[int, Subscription] = {}
         # Devices resolved to this endpoint: resolved again when the connection is lost, so a
@@ -93,6 +96,8 @@ class Endpoint:
                 state = "connected"
             else:
                 state = "reconnecting" if self.was_connected else "connecting"
+        elif self.refused:
+            state = "refused"
         else:
             state = "reconnecting" if self.wanted() else "disconnected"
         return ServerConnectionStatistics(
