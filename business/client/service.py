@@ -247,7 +247,8 @@ class ClientService(ClientConnections, LaneCalls):
     def statistics(self) -> ClientStatistics:
         c, now = self._counters, self._clock()
         with self._lock:
-            servers = tuple(ep.snapshot(now) for ep in self._endpoints.values())
+            endpoints = list(self._endpoints.values())
+            servers = tuple(ep.snapshot(now) for ep in endpoints)
         return ClientStatistics(
             transport=self._transport.statistics(),
             requests=self._requests_made(),
@@ -262,9 +263,7 @@ class ClientService(ClientConnections, LaneCalls):
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=sum(
-                1 for ep in list(self._endpoints.values()) if ep.connection is not None
-            ),
+            connections=sum(1 for ep in endpoints if ep.connection is not None),
             reconnects=c.reconnects,
             servers=servers,
             round_trips=c.round_trips.snapshot(),
@@ -382,8 +381,7 @@ class ClientService(ClientConnections, LaneCalls):
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
-        now = self._clock()
-        self._pending[rid] = Pending(fut, conn, name, device, prop, timeout, now)
+        self._pending[rid] = Pending(fut, conn, name, device, prop, timeout, now := self._clock())
         # No handle to cancel: a reply takes the entry out of _pending, and the timer skips it.
         self._timer.deadline(now + timeout, rid)
         if isinstance(fut, ReplyFuture):
