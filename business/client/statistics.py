@@ -89,6 +89,7 @@ class ClientStatistics:
     reconnects: int = 0
     servers: tuple[ServerConnectionStatistics, ...] = ()
     round_trips: tuple[dict[str, HistogramSnapshot], dict[str, HistogramSnapshot]] = ({}, {})
+    directory: str = ""  # the state of a directory with one (etcd: watch synced or stale)
 
 
 class ClientCounters:

@@ -120,9 +120,11 @@ class ServerStatistics:
     counts ``complete``/``fail`` calls on a request that was already answered (for instance
     after its deadline). ``denied`` counts requests the authorization policy refused, keyed by
     (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect"), with
-    both values bounded by the server's own configuration (``Dispatch`` labels a principal the
-    policy does not list ``other``, an unknown admin command ``admin:unknown``).
+    both values bounded by the server's own configuration (``Dispatch`` labels a declared
+    principal the policy does not list ``other``, an unknown admin command ``admin:unknown``).
     ``connections_accepted``/``connections_closed`` count client connections (lanes apart).
+    ``directory``: where the server registered and the state of that (etcd: registered,
+    unreachable, replaced...).
     """
 
     transport: ServerTransportStatistics
@@ -141,6 +143,7 @@ class ServerStatistics:
     device_limit: int = 0
     connections_accepted: int = 0
     connections_closed: int = 0
+    directory: str = ""  # where the server is registered, and how that stands
 
 
 class _Pair:
