@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java etcd chromium bench clean demo cluster-check panel-screenshots
+.PHONY: test lint typecheck unit install java etcd prometheus chromium bench clean demo cluster-check panel-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ java:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			openjdk-17-jre-headless >/dev/null; }
+
+# The metrics tests check the exposition, the alert rules and a real scrape with Prometheus'
+# own tools (Debian's prometheus package: prometheus and promtool), installed when missing.
+prometheus:
+	@{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || { \
+		echo "promtool/prometheus not found: installing prometheus"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			prometheus >/dev/null; }
 
 # The etcd directory's tests start a real etcd (tests/etcd_fixture.py): install Debian's
 # etcd-server only when `etcd` is missing, as for Java.
@@ -56,7 +65,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy --strict
 
-unit: install
+unit: install prometheus
 	$(BIN)/pytest
 
 test: lint typecheck unit
