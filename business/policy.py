@@ -31,6 +31,7 @@ from typing import Any, Literal
 import pydantic
 
 from rda.serialization.errors import NotAuthorizedError, RdaError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "ANONYMOUS",
@@ -365,25 +366,16 @@ class DenialLog:
 
     A misconfigured client retrying a forbidden set in a loop must not flood the log (nor
     slow the dispatcher thread with I/O): the first denial is logged at once, later ones within
-    the interval only counted, and the next logged line says how many were suppressed. The
-    exact figures per (principal, operation) are in the statistics. Dispatcher thread only.
+    the interval only counted, and the next logged line says how many were suppressed
+    (``rda.transport._ratelog``, shared by every line a remote peer can cause). The exact
+    figures per (principal, operation) are in the statistics.
     """
 
     def __init__(self, clock: Callable[[], float], interval: float = DENIAL_LOG_INTERVAL) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next = float("-inf")
-        self.suppressed = 0
+        self.log = RateLimitedLog(_denial_log, interval, clock)
 
     def denied(self, error: NotAuthorizedError, peer: bytes) -> None:
-        now = self._clock()
-        if now < self._next:
-            self.suppressed += 1
-            return
-        self._next = now + self._interval
-        suppressed, self.suppressed = self.suppressed, 0
-        more = f" ({suppressed} more denials not logged)" if suppressed else ""
-        _denial_log.warning("denied: %s (peer %s)%s", error, peer.hex(), more)
+        self.log.log("denials", "denied: %s (peer %s)", error, peer.hex())
 
 
 # The admin operation whose loss leaves a server that can no longer be repaired remotely.

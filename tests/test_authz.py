@@ -350,7 +350,7 @@ def test_reload_refuses_a_policy_that_locks_everyone_out(stand: Stand, text: str
 def test_reload_refuses_losing_every_grant_of_reload_policy(stand: Stand) -> None:
     ada = stand.client("ada")
     # The operator rules survive, the two admin rules are gone.
-    stand.policy_file.write_text(POLICY_TOML[: POLICY_TOML.index("[[rules]]\nrole = \"admin\"")])
+    stand.policy_file.write_text(POLICY_TOML[: POLICY_TOML.index('[[rules]]\nrole = "admin"')])
     with pytest.raises(RemoteError, match=r"no principal could admin:reload-policy any more"):
         stand.admin(ada, "reload-policy")
     assert len(stand.server.policy.rules) == 4  # type: ignore[union-attr]

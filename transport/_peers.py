@@ -197,6 +197,8 @@ class BadInput:
     error: DecodeError | ProtocolError
     protocol: bool
     answer: list[Buffer] | None = None
+    # What the rate-limited log calls these (``_ratelog``: one line per kind per second).
+    kind: str = "bad messages"
 
 
 def _exception_reply(request_id: int, exc: ProtocolError) -> list[Buffer]:
@@ -213,22 +215,28 @@ def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer
     dropped without an answer.
     """
     if isinstance(exc, UnsupportedVersion):
+        other = "messages of another protocol version"
         if exc.request_id is not None:
-            return BadInput(exc, True, _exception_reply(exc.request_id, exc))
+            return BadInput(exc, True, _exception_reply(exc.request_id, exc), other)
         first = frames[0]
         if len(first) and first[0] == Kind.CONNECT:
-            return BadInput(exc, True, list(encode_refusal(exc)))
-        return BadInput(exc, True)
-    return BadInput(exc, isinstance(exc, ProtocolError))
+            return BadInput(exc, True, list(encode_refusal(exc)), other)
+        return BadInput(exc, True, None, other)
+    if isinstance(exc, ProtocolError):
+        return BadInput(exc, True, None, "protocol errors")
+    return BadInput(exc, False)
 
 
 def reject_request_before_connect(request_id: int) -> BadInput:
     """A REQUEST from a peer that never sent CONNECT: answered, so its caller fails fast."""
     err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
-    return BadInput(err, True, _exception_reply(request_id, err))
+    return BadInput(err, True, _exception_reply(request_id, err), _BEFORE_CONNECT)
 
 
-HEARTBEAT_BEFORE_CONNECT = BadInput(ProtocolError("HEARTBEAT before CONNECT"), True)
+_BEFORE_CONNECT = "messages before CONNECT"
+HEARTBEAT_BEFORE_CONNECT = BadInput(
+    ProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT
+)
 
 
 # ------------------------------------------------------------------------- peers

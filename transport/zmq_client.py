@@ -44,6 +44,7 @@ from rda.transport._peers import (
     rda_version,
     refused_reason,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -135,6 +136,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         # Wake-ups handed to ``wake_later`` on the dispatcher, set before it polls again.
         self._wakes: list[Wakeup] = []
         self._lanes: Lanes | None = None
+        # What a server sends can make us log: one line per kind per second (``_ratelog``).
+        self._peer_log = RateLimitedLog(log, clock=clock)
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -437,7 +440,9 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                 event = decode_frames(frames, from_server=True, max_size=max_size)
             except (DecodeError, ProtocolError) as exc:
                 self._decode_errors += 1
-                log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
+                self._peer_log.log(
+                    "bad messages", "dropped a bad message from %s: %s", c.endpoint, exc
+                )
                 continue
             if type(event) is Incoming:
                 if c.state is ConnState.CONNECTED:
@@ -456,7 +461,9 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                             self._handler_failed("on_message")
                 else:
                     self._decode_errors += 1
-                    log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
+                    self._peer_log.log(
+                        "early replies", "%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint
+                    )
             elif type(event) is ConnectAck:
                 self._on_ack(c, event.info)
             elif type(event) is not Heartbeat:

@@ -44,6 +44,7 @@ from rda.transport._peers import (
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -156,6 +157,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._probe_at: float | None = None
         self._curve = curve
         self._zap: ZapHandler | None = None
+        # Every line a remote peer can cause goes through it: one per kind per second.
+        self._peer_log = RateLimitedLog(log, clock=clock)
         ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
@@ -338,7 +341,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             if exc.errno == zmq.EHOSTUNREACH:
                 self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
             else:
-                log.warning("send to a peer failed: %s", exc)
+                self._peer_log.log("failed sends", "send to a peer failed: %s", exc)
                 self._dropped += 1
             return True
         self._messages_out += 1
@@ -440,7 +443,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _reject(self, rid: bytes, bad: BadInput) -> None:
         """Drop a bad message: count, log, answer (best effort, never queued) if due."""
         self._count_bad_input(bad)
-        log.warning("dropped a bad message from peer %s: %s", rid.hex(), bad.error)
+        self._peer_log.log(bad.kind, "dropped a bad message from peer %s: %s", rid.hex(), bad.error)
         if bad.answer is not None:
             assert self._router is not None
             self._poller.touch(self._router)
@@ -538,6 +541,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _check_heartbeats(self, now: float) -> None:
         self._next_check = heartbeat_round(self._peers, now, self, self._ping, self._drop)
+        self._peer_log.flush()
 
     def _ping(self, p: Peer) -> bool:
         return self._write(p, _HEARTBEAT_FRAMES)
@@ -578,6 +582,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for p in list(self._peers.values()):
             self._drop(p, CLOSED_LOCALLY)
         self._close_mailbox()
+        self._peer_log.flush()
         if self._zap is not None:
             self._zap.close()
         if self._router is not None:

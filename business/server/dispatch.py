@@ -46,6 +46,7 @@ from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     ServerRequest,
+    client_timeout,
     describe_error,
     new_request,
 )
@@ -69,6 +70,7 @@ from rda.serialization.errors import (
     RdaError,
     TimeoutError,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, ServerTransport
 from rda.transport.protocol import Kind, encode_routed
 
@@ -141,6 +143,8 @@ class Dispatch:
         self.policy = policy
         self._trust_declared = trust_declared
         self._denials = DenialLog(clock)
+        # Lines a client can cause (its requests make handlers fail): one per kind per second.
+        self._log = RateLimitedLog(log, clock=clock)
         self._transport: ServerTransport | None = None
         self._registry: SubscriptionRegistry | None = None
         # Set at stop: answers after that are dropped instead of sent to a closed transport.
@@ -271,7 +275,7 @@ class Dispatch:
     def _run(self, request: ServerRequest) -> None:
         """Worker: check the deadline, call the user callback, arm the deadline watcher."""
         try:
-            timeout = _client_timeout(request.message)
+            timeout = client_timeout(request.message)
         except DecodeError as exc:
             request._answer(None, exc)
             return
@@ -314,9 +318,11 @@ class Dispatch:
         if isinstance(exc, RdaError | PropertyValidationError):
             log.debug("%r: handler raised %r", request, exc)
         else:
-            log.info("%r: handler raised", request, exc_info=True)
+            self._log.log(
+                "handler errors", "%r: handler raised", request, exc_info=True, level=logging.INFO
+            )
         if not request._answer(None, exc):
-            log.warning("%r: handler raised after answering: %r", request, exc)
+            self._log.log("late errors", "%r: handler raised after answering: %r", request, exc)
 
     def _overload(self, request: ServerRequest) -> None:
         limit = self._scheduler.queue_limit
@@ -342,7 +348,9 @@ class Dispatch:
             outcome = "ok"
         except Exception as exc:
             if not isinstance(exc, RdaError):
-                log.warning("admin command %r raised", header.device, exc_info=True)
+                self._log.log(
+                    "admin errors", "admin command %r raised", header.device, exc_info=True
+                )
                 self._counters.handler_error()
             frames = _error_frames(header, RequestType.EXCEPTION, exc)
             outcome = "error"
@@ -376,7 +384,9 @@ class Dispatch:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.
                 self._counters.handler_error()
-                log.warning("%r: reply could not be encoded", request, exc_info=True)
+                self._log.log(
+                    "unencodable replies", "%r: reply not encodable", request, exc_info=True
+                )
                 frames = _error_frames(header, RequestType.EXCEPTION, exc)
                 outcome = "error"
             else:
@@ -412,7 +422,7 @@ class Dispatch:
         try:
             transport.send(peer, frames)
         except Exception:
-            log.warning("reply to %s could not be sent", peer.hex(), exc_info=True)
+            self._log.log("unsent replies", "reply to %s not sent", peer.hex(), exc_info=True)
 
     # -- subscriptions -----------------------------------------------------------------------
 
@@ -514,30 +524,9 @@ class Dispatch:
                 log.exception("subscription callback %r raised", callback)
 
         if not self._scheduler.submit(group, task):
-            log.warning("%s: queue full, %r not called for %r", group, callback, arg)
-
-
-# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
-# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
-# decodes each distinct one once instead of running the binary codec for every request.
-_TIMEOUTS: dict[bytes, float | None] = {}
-_TIMEOUTS_MAX = 256
-_TIMEOUT_FRAME_MAX = 64
-
-
-def _client_timeout(message: Message) -> float | None:
-    frame = message.frame(BodyKind.REQUEST_CONTEXT)
-    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
-        return message.timeout
-    key = bytes(frame)
-    try:
-        return _TIMEOUTS[key]
-    except KeyError:
-        pass
-    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
-    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
-        _TIMEOUTS[key] = timeout
-    return timeout
+            self._log.log(
+                "skipped callbacks", "%s: queue full, %r not called for %r", group, callback, arg
+            )
 
 
 def _deliver_immediate(

@@ -23,8 +23,9 @@ from rda.business.common import AcquiredData, stamped, stamped_data
 from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
-from rda.serialization._message import Message
+from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import NoSuchDeviceError, RemoteError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "AUTHENTICATED_PRINCIPAL",
@@ -39,11 +40,14 @@ __all__ = [
     "SetRequest",
     "SubscriptionRejected",
     "SubscriptionRequest",
+    "client_timeout",
     "describe_error",
     "new_request",
 ]
 
 log = logging.getLogger("rda.server")
+# A client choosing short deadlines makes handlers answer late: one line per second at most.
+_late_log = RateLimitedLog(log)
 
 Clock = Callable[[], float]
 
@@ -223,7 +227,9 @@ class ServerRequest:
     def _late(self, what: str) -> None:
         if self._on_late is not None:
             self._on_late()
-        log.warning("%r: %s ignored, the request was already answered", self, what)
+        _late_log.log(
+            "late answers", "%r: %s ignored, the request was already answered", self, what
+        )
 
 
 class _Completable(ServerRequest):
@@ -335,6 +341,30 @@ def new_request(
     if rtype is RequestType.SUBSCRIBE:
         return SubscriptionRequest(message, client, received_at, responder, on_late=on_late)
     raise ValueError(f"no request object for {rtype.name}")
+
+
+# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
+# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
+# decodes each distinct one once instead of running the binary codec for every request.
+_TIMEOUTS: dict[bytes, float | None] = {}
+_TIMEOUTS_MAX = 256
+_TIMEOUT_FRAME_MAX = 64
+
+
+def client_timeout(message: Message) -> float | None:
+    """The client's timeout of a request (None: it sent none); DecodeError for a bad frame."""
+    frame = message.frame(BodyKind.REQUEST_CONTEXT)
+    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
+        return message.timeout
+    key = bytes(frame)
+    try:
+        return _TIMEOUTS[key]
+    except KeyError:
+        pass
+    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
+    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
+        _TIMEOUTS[key] = timeout
+    return timeout
 
 
 class _Entry:

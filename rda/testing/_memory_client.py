@@ -27,6 +27,7 @@ from rda.transport._peers import (
     lost_reason,
     refused_reason,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -128,6 +129,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         )
         self._network = network
         self._handler = handler
+        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
         self._info = connect_info("memory")
         self._info.update(client_info or {})
@@ -222,14 +224,18 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
             )
         except (DecodeError, ProtocolError) as exc:
             self._decode_errors += 1
-            log.warning("dropped a bad message on connection %d: %s", c.id, exc)
+            self._peer_log.log(
+                "bad messages", "dropped a bad message on connection %d: %s", c.id, exc
+            )
             return
         if c.heartbeat is not None:
             c.heartbeat.received(item.stamp)
         if isinstance(event, Incoming):
             if c.state is not ConnState.CONNECTED:
                 self._decode_errors += 1
-                log.warning("REPLY before CONNECT_ACK on connection %d dropped", c.id)
+                self._peer_log.log(
+                    "early replies", "REPLY before CONNECT_ACK on connection %d dropped", c.id
+                )
                 return
             if self._on_messages is not None:
                 # As the ZeroMQ client: a batch-taking handler gets the replies of one batch

@@ -32,6 +32,7 @@ from rda.transport._peers import (
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -144,6 +145,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         self._network = network
         self._endpoint = endpoint
         self._handler = handler
+        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
         name = endpoint.removeprefix("mem://")
         self._info = connect_ack_info(name, "memory", settings, server_info)
@@ -289,7 +291,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
     def _reject(self, link: Link, bad: BadInput) -> None:
         """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
         self._count_bad_input(bad)
-        log.warning("dropped a bad message from peer %r: %s", link.peer, bad.error)
+        self._peer_log.log(bad.kind, "dropped a bad message from peer %r: %s", link.peer, bad.error)
         if bad.answer is None:
             return
         # The sender may not be registered: best effort, never queued.
