@@ -287,6 +287,9 @@ class Dispatch:
             # surprise (a set applied after the caller saw a timeout).
             request._answer(None, _timeout_error(request, timeout, queued=True))
             return
+        # Known before the handler runs: a synchronous handler that runs past it answers late
+        # (the watcher below is armed only when it returns), and _respond must know.
+        request.deadline = deadline
         rtype = request.header.request_type
         try:
             if rtype is RequestType.GET:
@@ -365,6 +368,10 @@ class Dispatch:
     ) -> None:
         header = request.header
         rtype = header.request_type
+        now = self._clock()
+        if now >= request.deadline and not isinstance(error, TimeoutError):
+            self._late_answer(request, now)
+            return
         peer = request.client.peer
         frames: list[Buffer] | None = None
         if error is not None:
@@ -399,7 +406,7 @@ class Dispatch:
             outcome = "ok"
         # Counted before the answer leaves: a client that has its reply finds it counted (the
         # worker would otherwise race the client's next look at the statistics).
-        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
+        self._counters.record(_TYPE_NAMES[rtype], outcome, now - request.received_at)
         if frames is not None:
             self._send(peer, frames)
         if error is not None:
@@ -409,6 +416,21 @@ class Dispatch:
                 self._updates(header.device, header.property)
         elif rtype is RequestType.SUBSCRIBE:
             self._accepted(request)
+
+    def _late_answer(self, request: ServerRequest, now: float) -> None:
+        """A handler answered after the deadline (it ran past it): what the deadline watcher
+        would have done, i.e. counted ``timeout`` (and ``late_completions``), but nothing is
+        sent to a client that gave up already; a client that set no deadline of its own (a
+        subscribe) is still waiting and is told TimeoutError."""
+        self._counters.late_completion()
+        rtype = request.header.request_type
+        self._counters.record(_TYPE_NAMES[rtype], "timeout", now - request.received_at)
+        self._log.log("late answers", "%r answered past its deadline: not sent", request)
+        if request.message.timeout is None:
+            sub = rtype is RequestType.SUBSCRIBE
+            reply = RequestType.SUBSCRIBE_EXCEPTION if sub else RequestType.EXCEPTION
+            error = _timeout_error(request, request.deadline - request.received_at, queued=False)
+            self._send_error(request.client.peer, request.header, reply, error)
 
     def _send_error(
         self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException

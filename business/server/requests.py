@@ -136,6 +136,7 @@ class ServerRequest:
         "_on_late",
         "_responder",
         "client",
+        "deadline",
         "message",
         "received_at",
     )
@@ -159,6 +160,9 @@ class ServerRequest:
         self._on_answer: Callable[[], None] | None = None
         # Counts answers that came too late (the server's statistics).
         self._on_late = on_late
+        # When the client gives up (server clock), set by the server before the handler runs:
+        # an answer after it is counted ``timeout`` and not sent (Dispatch._respond).
+        self.deadline = float("inf")
 
     def __repr__(self) -> str:
         h = self.header
