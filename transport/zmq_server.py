@@ -41,6 +41,7 @@ from rda.transport._peers import (
     heartbeat_round,
     peer_statistics,
     rda_version,
+    reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
@@ -430,6 +431,10 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except Exception:
                     self._handler_failed("on_message")
             elif type(event) is Connect:
+                refused = reject_connect_info(event.info)
+                if refused is not None:
+                    self._reject(rid, refused)
+                    continue
                 fd, user_id = handshake
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:

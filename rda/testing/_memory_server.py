@@ -29,6 +29,7 @@ from rda.transport._peers import (
     connect_ack_info,
     heartbeat_round,
     peer_statistics,
+    reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
@@ -262,6 +263,10 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
             except Exception:
                 self._handler_failed("on_message")
         elif isinstance(event, Connect):
+            refused = reject_connect_info(event.info)
+            if refused is not None:
+                self._reject(link, refused)
+                return
             self._on_connect(link, event.info, item.stamp)
         elif isinstance(event, Heartbeat) and p is None:
             self._reject(link, HEARTBEAT_BEFORE_CONNECT)
