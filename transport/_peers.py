@@ -43,12 +43,14 @@ from rda.transport.protocol import (
     UnsupportedVersion,
     encode_connect_ack,
     encode_message,
+    encode_reconnect,
     encode_refusal,
 )
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
 
 __all__ = [
     "CLOSED_LOCALLY",
+    "FORGOTTEN",
     "HANDSHAKE_REFUSED",
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
@@ -56,6 +58,7 @@ __all__ = [
     "NO_CONNECT_ACK",
     "PEER_GONE",
     "RECONNECTED",
+    "RECONNECT_FRAMES",
     "BadInput",
     "ClientCounters",
     "ClientInfoModel",
@@ -179,6 +182,9 @@ RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
 # Client: the ZeroMQ security handshake failed (the business layer raises NotAuthorizedError).
 HANDSHAKE_REFUSED = "security handshake refused"
+# Client: the server answered RECONNECT (it dropped this connection, e.g. after a heartbeat
+# timeout while this process was paused).
+FORGOTTEN = "the server no longer knew this connection"
 
 
 def lost_reason(state: ConnState) -> str:
@@ -209,6 +215,9 @@ class BadInput:
     answer: list[Buffer] | None = None
     # What the rate-limited log calls these (``_ratelog``: one line per kind per second).
     kind: str = "bad messages"
+    # The sender is no peer (never connected, or dropped after a heartbeat timeout while it was
+    # paused): a RECONNECT goes first, so that a client resumes at once (docs/protocol.md).
+    reconnect: bool = False
 
 
 def _exception_reply(request_id: int, exc: ProtocolError) -> list[Buffer]:
@@ -240,13 +249,15 @@ def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer
 def reject_request_before_connect(request_id: int) -> BadInput:
     """A REQUEST from a peer that never sent CONNECT: answered, so its caller fails fast."""
     err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
-    return BadInput(err, True, _exception_reply(request_id, err), _BEFORE_CONNECT)
+    return BadInput(err, True, _exception_reply(request_id, err), _BEFORE_CONNECT, True)
 
 
 _BEFORE_CONNECT = "messages before CONNECT"
 HEARTBEAT_BEFORE_CONNECT = BadInput(
-    ProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT
+    ProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT, True
 )
+#: What a transport sends with a BadInput whose ``reconnect`` is set.
+RECONNECT_FRAMES = encode_reconnect()
 
 
 # What a client may say about itself in CONNECT (docs/protocol.md, "CONNECT"). The server keeps
@@ -303,7 +314,8 @@ def reject_connect_info(info: dict[str, Any]) -> BadInput | None:
                 problems.setdefault(".".join(map(str, loc)), e["msg"])
         listed = "; ".join(f"{k}: {m}" for k, m in list(problems.items())[:5])
         err = ProtocolError(f"CONNECT refused: invalid client info: {listed}")
-        return BadInput(err, True, encode_connect_ack({"error": str(err)}), "invalid CONNECTs")
+        refusal: list[Buffer] = list(encode_connect_ack({"error": str(err)}))
+        return BadInput(err, True, refusal, "invalid CONNECTs")
     return None
 
 

@@ -35,6 +35,7 @@ from rda.transport._curve import ClientCurve, apply_client
 from rda.transport._mailbox import Mailbox, Wakeup
 from rda.transport._peers import (
     CLOSED_LOCALLY,
+    FORGOTTEN,
     HANDSHAKE_REFUSED,
     HEARTBEAT_TIMEOUT,
     NO_CONNECT_ACK,
@@ -56,6 +57,7 @@ from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
     Incoming,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -466,6 +468,10 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                     )
             elif type(event) is ConnectAck:
                 self._on_ack(c, event.info)
+            elif type(event) is Reconnect and c.state is ConnState.CONNECTED:
+                # The server dropped us (we were paused past its heartbeat timeout): report
+                # the connection lost now, so the business layer connects and subscribes again.
+                self._drop(c, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)
             elif type(event) is not Heartbeat:
                 self._decode_errors += 1
             if self._closing or c.id not in self._conns:

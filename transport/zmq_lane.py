@@ -39,7 +39,7 @@ from rda.transport import _zmq_common as common
 from rda.transport._curve import ClientCurve, apply_client
 from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, TransportSettings
-from rda.transport.protocol import ConnectAck, Incoming, decode_frames, encode_connect
+from rda.transport.protocol import ConnectAck, Incoming, Reconnect, decode_frames, encode_connect
 
 __all__ = ["WAIT_SLICE", "Lane", "Lanes"]
 
@@ -175,6 +175,8 @@ class Lane:
                 self.stale += 1
             elif type(event) is ConnectAck and "error" in event.info:
                 raise TransportError(f"{self.address} refused the lane: {event.info['error']}")
+            elif type(event) is Reconnect:
+                self.last_used = -float("inf")  # forgotten: the next call introduces itself
             # A CONNECT_ACK or a heartbeat: nothing to do.
 
     def close(self, timeout: float) -> bool:

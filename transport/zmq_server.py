@@ -33,6 +33,7 @@ from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
     PEER_GONE,
+    RECONNECT_FRAMES,
     RECONNECTED,
     BadInput,
     Peer,
@@ -90,30 +91,7 @@ _GONE_REMEMBERED = 4096
 
 
 _CONNECT = int(Kind.CONNECT)
-_CONNECT_BYTE = bytes([_CONNECT])
-
-
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
-
-
-def _recv_pyzmq(router: zmq.Socket[bytes]) -> Any:
-    """``_czmq.recv_routed`` through pyzmq: the frames, and for a CONNECT ``(frames, srcfd,
-    user_id)``; None when nothing is waiting."""
-    raw = common.recv_frames(router)
-    if raw is None:
-        return None
-    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
-    if len(raw) < 2 or raw[1].buffer[:1] != _CONNECT_BYTE:
-        return frames
-    try:
-        fd = int(raw[1].get(zmq.SRCFD))
-    except zmq.ZMQError:
-        fd = -1
-    try:
-        user_id: str | None = str(raw[1].get("User-Id"))
-    except zmq.ZMQError:
-        user_id = None
-    return frames, fd, user_id
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -397,7 +375,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for _ in range(common.BATCH):
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
             if direct is None or type(got) is int:
-                got = _recv_pyzmq(router)
+                got = common.recv_routed(router, _CONNECT)
             if got is None:
                 self._poller.settle(router)
                 return
@@ -449,11 +427,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         """Drop a bad message: count, log, answer (best effort, never queued) if due."""
         self._count_bad_input(bad)
         self._peer_log.log(bad.kind, "dropped a bad message from peer %s: %s", rid.hex(), bad.error)
-        if bad.answer is not None:
+        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
+            if answer is None:
+                continue
             assert self._router is not None
             self._poller.touch(self._router)
             try:
-                common.send_routed(self._router, rid, bad.answer)
+                common.send_routed(self._router, rid, answer)
                 self._messages_out += 1
             except zmq.ZMQError:
                 self._dropped += 1

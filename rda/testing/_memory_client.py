@@ -20,6 +20,7 @@ from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
 from rda.transport._peers import (
     CLOSED_LOCALLY,
+    FORGOTTEN,
     HEARTBEAT_TIMEOUT,
     NO_CONNECT_ACK,
     ClientCounters,
@@ -39,6 +40,7 @@ from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
     Incoming,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -251,7 +253,9 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
                 self._handler_failed("on_message")
         elif isinstance(event, ConnectAck):
             self._on_ack(c, event.info, item.stamp)
-        elif isinstance(event, Heartbeat) and c.state is not ConnState.CONNECTED:
+        elif isinstance(event, Reconnect) and c.state is ConnState.CONNECTED:
+            self._drop(c, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)  # as the ZeroMQ client
+        elif not isinstance(event, Heartbeat) or c.state is not ConnState.CONNECTED:
             self._decode_errors += 1
 
     def _end_batch(self) -> None:

@@ -22,6 +22,7 @@ from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
     PEER_GONE,
+    RECONNECT_FRAMES,
     RECONNECTED,
     BadInput,
     Peer,
@@ -297,14 +298,15 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
         self._count_bad_input(bad)
         self._peer_log.log(bad.kind, "dropped a bad message from peer %r: %s", link.peer, bad.error)
-        if bad.answer is None:
-            return
-        # The sender may not be registered: best effort, never queued.
-        if self._network._server_send(link, bad.answer):
-            self._messages_out += 1
-            self._bytes_out += frames_size(bad.answer)
-        else:
-            self._dropped += 1
+        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
+            if answer is None:
+                continue
+            # The sender may not be registered: best effort, never queued.
+            if self._network._server_send(link, answer):
+                self._messages_out += 1
+                self._bytes_out += frames_size(answer)
+            else:
+                self._dropped += 1
 
     def _send_to(self, peer: bytes, frames: Sequence[Buffer], key: int | None) -> None:
         p = self._peers.get(peer)
