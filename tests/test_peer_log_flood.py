@@ -3,7 +3,8 @@
 Before, each malformed message wrote one WARNING line and each refused CURVE handshake one
 more (50,000 bad messages: 50,000 lines in 2 s). Now every line a peer can cause goes through
 ``rda.transport._ratelog.RateLimitedLog``: one line per kind per second, the next one saying how
-many were not logged, while the counters count every event. The server's clock is a FakeClock
+many were not logged, while the counters count every event (the helper itself:
+tests/test_ratelog.py). The server's clock is a FakeClock
 that only moves when told, so "within one second" is exact, not a race with the machine.
 """
 
@@ -19,7 +20,6 @@ import zmq
 
 from rda.serialization._message import Message
 from rda.testing import FakeClock
-from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import encode_heartbeat
 from rda.transport.zmq_server import ZmqServerTransport
@@ -46,31 +46,6 @@ class Quiet:
 
     def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
         pass
-
-
-def test_rate_limited_log_one_line_per_kind_per_interval(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock = FakeClock()
-    limited = RateLimitedLog(logging.getLogger("rda.test.ratelog"), 1.0, clock)
-    with caplog.at_level(logging.WARNING, logger="rda.test.ratelog"):
-        assert limited.log("bad messages", "bad %d", 1)
-        assert not any(limited.log("bad messages", "bad %d", n) for n in range(2, 1001))
-        assert limited.log("denials", "denied %s", "x")  # another kind has its own budget
-        limited.flush()  # the interval is not over: nothing to summarise yet
-        clock.advance(1.0)
-        assert limited.log("bad messages", "bad %d", 1001)
-        limited.log("bad messages", "bad %d", 1002)
-        clock.advance(1.0)
-        limited.flush()  # the flood stopped: its count is said once
-        limited.flush()
-    assert [r.getMessage() for r in caplog.records] == [
-        "bad 1",
-        "denied x",
-        "bad 1001 (999 more bad messages not logged)",
-        "1 more bad messages not logged since the last line",
-    ]
-    assert limited.suppressed_total == {"bad messages": 1000}
 
 
 @pytest.fixture
