@@ -218,7 +218,7 @@ def test_serve_refuses_an_empty_policy_unless_allowed(tmp_path: Path) -> None:
     """Issue 27 (1): a zero-byte policy locked everyone out, admin included."""
     empty = tmp_path / "policy.toml"
     empty.write_text("")
-    refused = run("serve", "demo", "--policy", str(empty), cwd=tmp_path)
+    refused = run("serve", "demo", "--policy", str(empty), "--duration", "5", cwd=tmp_path)
     assert refused.returncode == 2
     assert "refused: it has no rules" in refused.stderr and "--allow-empty" in refused.stderr
     allowed = run("serve", "demo", "--policy", str(empty), "--allow-empty", "--duration", "0.1",
