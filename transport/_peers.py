@@ -55,6 +55,7 @@ __all__ = [
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
     "LANE_IDLE",
+    "NOT_RDA",
     "NO_CONNECT_ACK",
     "PEER_GONE",
     "RECONNECTED",
@@ -185,6 +186,9 @@ HANDSHAKE_REFUSED = "security handshake refused"
 # Client: the server answered RECONNECT (it dropped this connection, e.g. after a heartbeat
 # timeout while this process was paused).
 FORGOTTEN = "the server no longer knew this connection"
+# Client: the peer at the endpoint is no ZeroMQ socket (rda.transport._handshake); the business
+# layer raises DisconnectedError, not NotAuthorizedError: no key would help.
+NOT_RDA = "the peer does not speak the rda protocol"
 
 
 def lost_reason(state: ConnState) -> str:
