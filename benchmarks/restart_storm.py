@@ -92,7 +92,10 @@ def client_rda(endpoint: str, clients: int, subs: int) -> None:
             index = c * subs + j
 
             def listener(note: Any, index: int = index) -> None:
-                if note.update_type is UpdateType.FIRST and note.error is None:
+                if note.error is not None:
+                    with lock:  # DisconnectedError once per outage; anything else is news
+                        say(error=type(note.error).__name__, message=str(note.error)[:300])
+                elif note.update_type is UpdateType.FIRST:
                     with lock:
                         say(first=index, t=time.monotonic())
 
@@ -261,6 +264,8 @@ def storm(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     ]
     by_fd = {c.fd: (n, c) for n, c in enumerate(clients)}
     seen: dict[tuple[int, int], float] = {}  # (process, index) -> last FIRST time
+    errors: dict[str, int] = {}  # error notifications by type (DisconnectedError: per outage)
+    samples: dict[str, str] = {}  # the first message of each other type
 
     def collect(until: float, want: int, after: float) -> int:
         """Read FIRST lines until ``want`` subscriptions have one later than ``after``."""
@@ -273,6 +278,11 @@ def storm(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             for fd in ready:
                 n, child = by_fd[fd]
                 for line in child.lines():
+                    if "error" in line:
+                        errors[line["error"]] = errors.get(line["error"], 0) + 1
+                        if line["error"] != "DisconnectedError":
+                            samples.setdefault(line["error"], line["message"])
+                        continue
                     seen[(n, line["first"])] = line["t"]
 
     rounds: list[dict[str, Any]] = []
@@ -319,6 +329,8 @@ def storm(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "resume_s": summary(values),
         "never_resumed": sum(r["never_resumed"] for r in rounds),
+        "error_notifications": errors,
+        "error_samples": samples,
     }
 
 
