@@ -11,13 +11,17 @@ Outcomes and their replies (docs/protocol.md, "Application messages"):
 what happened      reply                                   counted as
 =================  =====================================  =========================
 complete()         REPLY [DATA, DATA_CONTEXT] / REPLY      ok
-fail() / raise     EXCEPTION [EXCEPTION]                   error
+fail() / raise     EXCEPTION [EXCEPTION]                   by the error's class
 queue full         EXCEPTION OverloadError                 overload
 deadline passed    EXCEPTION TimeoutError                  timeout
-reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         rejected
+reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         by the error's class
 policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
                    NotAuthorizedError
 =================  =====================================  =========================
+
+"By the error's class" is :func:`~rda.business.server.outcomes.outcome_of`: ``not_found``,
+``bad_request``, ... and ``handler_error`` only for an exception nobody typed (the server's
+fault, also counted in ``handler_errors``).
 
 Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
 ``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
@@ -39,6 +43,7 @@ from rda.business.common import AcquiredData
 from rda.business.policy import Authorizer, DenialLog
 from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server.devices import PropertyValidationError
+from rda.business.server.outcomes import is_handler_fault, outcome_of
 from rda.business.server.requests import (
     SERVER_CLIENT,
     ClientInfo,
@@ -49,6 +54,7 @@ from rda.business.server.requests import (
     client_timeout,
     describe_error,
     new_request,
+    timeout_error,
 )
 from rda.business.server.statistics import RequestCounters
 from rda.business.server.subscriptions import (
@@ -122,8 +128,11 @@ class Dispatch:
         policy: Authorizer | None = None,
         trust_declared: bool = False,
         inline_handlers: InlineRule | None = None,
+        admin_commands: Callable[[str], bool] | None = None,
     ) -> None:
         self._server_name = server_name
+        # Whether an admin command exists: only those get an ``operation`` label of their own.
+        self._admin_commands = admin_commands
         self._scheduler = scheduler
         self._deadlines = deadlines
         self._counters = counters
@@ -177,12 +186,16 @@ class Dispatch:
         )
         with self._peers_lock:
             self._peers[peer] = state
+        if not state.lane:
+            self._counters.connection(opened=True)
         if self._registry is not None:
             self._registry.peer_connected(peer)
 
     def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
         with self._peers_lock:
             state = self._peers.pop(peer, None)
+        if state is not None and not state.lane:
+            self._counters.connection(opened=False)
         if self._registry is None:
             return
         # A departed client (disconnect, heartbeat timeout, close) ends each of its
@@ -264,8 +277,14 @@ class Dispatch:
             if rtype is RequestType.SUBSCRIBE
             else RequestType.EXCEPTION
         )
-        self._counters.denied(who, operation)
-        self._counters.record(_TYPE_NAMES[rtype], "denied", self._clock() - received_at)
+        # Labels the server's configuration names, never strings from the request as such.
+        name = (
+            client.principal if client.authenticated else policy.principal_label(client.principal)
+        )
+        self._counters.denied(name, policy.operation_label(operation, self._admin_commands))
+        device_label = None if rtype is RequestType.ADMIN else device
+        took = self._clock() - received_at
+        self._counters.record(_TYPE_NAMES[rtype], "denied", took, device_label, prop)
         self._send_error(peer, header, reply_type, error)
         self._denials.denied(error, peer)
         return False
@@ -285,7 +304,7 @@ class Dispatch:
         if self._clock() >= deadline:
             # The client gave up while this waited in the queue: running it would be a
             # surprise (a set applied after the caller saw a timeout).
-            request._answer(None, _timeout_error(request, timeout, queued=True))
+            request._answer(None, timeout_error(request, timeout, queued=True))
             return
         # Known before the handler runs: a synchronous handler that runs past it answers late
         # (the watcher below is armed only when it returns), and _respond must know.
@@ -311,10 +330,13 @@ class Dispatch:
             cancel()
 
     def _expire(self, request: ServerRequest, timeout: float) -> None:
-        request._answer(None, _timeout_error(request, timeout, queued=False))
+        request._answer(None, timeout_error(request, timeout, queued=False))
 
     def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
-        self._counters.handler_error()
+        # A typed client error (unknown property, refused value) is the client's outcome, not
+        # a server fault: only the rest moves the handler-error counter.
+        if is_handler_fault(exc):
+            self._counters.handler_error()
         # The client gets the error and the counter moves; the log is for whoever debugs the
         # handler, so the traceback goes at INFO, and expected errors (rda's own, a value
         # refused by a schema) at DEBUG.
@@ -350,13 +372,13 @@ class Dispatch:
             )
             outcome = "ok"
         except Exception as exc:
-            if not isinstance(exc, RdaError):
+            outcome = outcome_of(exc)
+            if outcome == "handler_error":
                 self._log.log(
                     "admin errors", "admin command %r raised", header.device, exc_info=True
                 )
                 self._counters.handler_error()
             frames = _error_frames(header, RequestType.EXCEPTION, exc)
-            outcome = "error"
         # Counted before the answer leaves, as in _respond.
         self._counters.record("admin", outcome, self._clock() - at)
         self._send(peer, frames)
@@ -381,7 +403,7 @@ class Dispatch:
                 else RequestType.EXCEPTION
             )
             frames = _error_frames(header, reply_type, error)
-            outcome = _outcome(rtype, error)
+            outcome = outcome_of(error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
             try:
@@ -395,7 +417,7 @@ class Dispatch:
                     "unencodable replies", "%r: reply not encodable", request, exc_info=True
                 )
                 frames = _error_frames(header, RequestType.EXCEPTION, exc)
-                outcome = "error"
+                outcome = "handler_error"
             else:
                 frames = _reply_frames(header, RequestType.REPLY, body)
                 outcome = "ok"
@@ -406,7 +428,8 @@ class Dispatch:
             outcome = "ok"
         # Counted before the answer leaves: a client that has its reply finds it counted (the
         # worker would otherwise race the client's next look at the statistics).
-        self._counters.record(_TYPE_NAMES[rtype], outcome, now - request.received_at)
+        took = now - request.received_at
+        self._counters.record(_TYPE_NAMES[rtype], outcome, took, header.device, header.property)
         if frames is not None:
             self._send(peer, frames)
         if error is not None:
@@ -418,18 +441,19 @@ class Dispatch:
             self._accepted(request)
 
     def _late_answer(self, request: ServerRequest, now: float) -> None:
-        """A handler answered after the deadline (it ran past it): what the deadline watcher
-        would have done, i.e. counted ``timeout`` (and ``late_completions``), but nothing is
-        sent to a client that gave up already; a client that set no deadline of its own (a
-        subscribe) is still waiting and is told TimeoutError."""
+        """A handler answered after the deadline (it ran past it): counted ``timeout`` and
+        ``late_completions``, not sent to a client that gave up; one that set no deadline of
+        its own (a subscribe) is still waiting and is told TimeoutError."""
         self._counters.late_completion()
         rtype = request.header.request_type
-        self._counters.record(_TYPE_NAMES[rtype], "timeout", now - request.received_at)
+        took = now - request.received_at
+        header = request.header
+        self._counters.record(_TYPE_NAMES[rtype], "timeout", took, header.device, header.property)
         self._log.log("late answers", "%r answered past its deadline: not sent", request)
         if request.message.timeout is None:
             sub = rtype is RequestType.SUBSCRIBE
             reply = RequestType.SUBSCRIBE_EXCEPTION if sub else RequestType.EXCEPTION
-            error = _timeout_error(request, request.deadline - request.received_at, queued=False)
+            error = timeout_error(request, request.deadline - request.received_at, queued=False)
             self._send_error(request.client.peer, request.header, reply, error)
 
     def _send_error(
@@ -569,30 +593,5 @@ def _reply_frames(
     header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
 ) -> list[Buffer]:
     """The answer to the request with ``header``: it repeats the request's id and names."""
-    return encode_routed(
-        Kind.REPLY,
-        reply_type,
-        header.id,
-        header.device,
-        header.property,
-        header.selector,
-        body or (),
-    )
-
-
-def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
-    where = "waited in the queue past" if queued else "was not completed within"
-    return TimeoutError(
-        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
-        f"the client's deadline of {timeout:.3g} s"
-    )
-
-
-def _outcome(rtype: RequestType, error: BaseException) -> str:
-    if isinstance(error, OverloadError):
-        return "overload"
-    if isinstance(error, TimeoutError):
-        return "timeout"
-    if rtype is RequestType.SUBSCRIBE:
-        return "rejected"
-    return "error"
+    h = header
+    return encode_routed(Kind.REPLY, reply_type, h.id, h.device, h.property, h.selector, body or ())

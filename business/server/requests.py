@@ -24,7 +24,7 @@ from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
-from rda.serialization.errors import NoSuchDeviceError, RemoteError
+from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError
 from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "client_timeout",
     "describe_error",
     "new_request",
+    "timeout_error",
 ]
 
 log = logging.getLogger("rda.server")
@@ -80,6 +81,12 @@ class ClientInfo:
     @property
     def peer_hex(self) -> str:
         return self.peer.hex()
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the principal is the transport's authenticated identity (a CURVE key the
+        server's clients directory lists), not a declared name."""
+        return bool(self.principal) and self.info.get(AUTHENTICATED_PRINCIPAL) == self.principal
 
     @property
     def principal_name(self) -> str:
@@ -369,6 +376,15 @@ def client_timeout(message: Message) -> float | None:
     if len(_TIMEOUTS) < _TIMEOUTS_MAX:
         _TIMEOUTS[key] = timeout
     return timeout
+
+
+def timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
+    """The TimeoutError of a request the server did not answer by its deadline."""
+    where = "waited in the queue past" if queued else "was not completed within"
+    return TimeoutError(
+        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
+        f"the client's deadline of {timeout:.3g} s"
+    )
 
 
 class _Entry:
