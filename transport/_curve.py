@@ -19,6 +19,7 @@ import zmq
 import zmq.utils.z85
 
 from rda.serialization.errors import TransportError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "ZAP_ENDPOINT",
@@ -125,6 +126,8 @@ class ZapHandler:
         self._principals = {zmq.utils.z85.decode(k): name for name, k in curve.clients.items()}
         self.denied = 0
         self.accepted = 0
+        # Anyone can attempt a handshake: its lines are rate-limited (``_ratelog``).
+        self._log = RateLimitedLog(log)
         sock = context.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -149,7 +152,7 @@ class ZapHandler:
             try:
                 self.socket.send_multipart(reply, zmq.NOBLOCK)
             except zmq.ZMQError as exc:
-                log.warning("could not answer a ZAP request: %s", exc)
+                self._log.log("ZAP errors", "could not answer a ZAP request: %s", exc)
 
     def _decide(self, request: list[bytes]) -> list[bytes]:
         # version, request id, domain, address, identity, mechanism, credentials...
@@ -167,9 +170,12 @@ class ZapHandler:
 
     def _deny(self, request_id: bytes, why: bytes, address: str) -> list[bytes]:
         self.denied += 1
-        log.warning("refused a connection from %s: %s", address, why.decode())
+        self._log.log(
+            "refused connections", "refused a connection from %s: %s", address, why.decode()
+        )
         return [_ZAP_VERSION, request_id, b"400", why, b"", b""]
 
     def close(self) -> None:
+        self._log.flush()
         if not self.socket.closed:
             self.socket.close(linger=0)

@@ -44,6 +44,7 @@ __all__ = [
     "open_monitor",
     "recv_copied",
     "recv_frames",
+    "recv_routed",
     "send_frames",
     "send_routed",
 ]
@@ -169,6 +170,27 @@ def recv_frames(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[zmq.Fram
         frame = _backend_recv(sock, _NOBLOCK, False)
         frames.append(frame)
     return frames
+
+
+def recv_routed(router: zmq.Socket[bytes], connect_kind: int) -> Any:
+    """``_czmq.recv_routed`` through pyzmq, for the server's ROUTER: the frames, and for a
+    message of ``connect_kind`` (CONNECT) ``(frames, srcfd, user_id)``; None when nothing is
+    waiting."""
+    raw = recv_frames(router)
+    if raw is None:
+        return None
+    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
+    if len(raw) < 2 or raw[1].buffer[:1] != bytes([connect_kind]):
+        return frames
+    try:
+        fd = int(raw[1].get(zmq.SRCFD))
+    except zmq.ZMQError:
+        fd = -1
+    try:
+        user_id: str | None = str(raw[1].get("User-Id"))
+    except zmq.ZMQError:
+        user_id = None
+    return frames, fd, user_id
 
 
 def recv_copied(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[Any] | None:

@@ -33,6 +33,7 @@ from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
     PEER_GONE,
+    RECONNECT_FRAMES,
     RECONNECTED,
     BadInput,
     Peer,
@@ -41,9 +42,11 @@ from rda.transport._peers import (
     heartbeat_round,
     peer_statistics,
     rda_version,
+    reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -88,30 +91,7 @@ _GONE_REMEMBERED = 4096
 
 
 _CONNECT = int(Kind.CONNECT)
-_CONNECT_BYTE = bytes([_CONNECT])
-
-
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
-
-
-def _recv_pyzmq(router: zmq.Socket[bytes]) -> Any:
-    """``_czmq.recv_routed`` through pyzmq: the frames, and for a CONNECT ``(frames, srcfd,
-    user_id)``; None when nothing is waiting."""
-    raw = common.recv_frames(router)
-    if raw is None:
-        return None
-    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
-    if len(raw) < 2 or raw[1].buffer[:1] != _CONNECT_BYTE:
-        return frames
-    try:
-        fd = int(raw[1].get(zmq.SRCFD))
-    except zmq.ZMQError:
-        fd = -1
-    try:
-        user_id: str | None = str(raw[1].get("User-Id"))
-    except zmq.ZMQError:
-        user_id = None
-    return frames, fd, user_id
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -156,6 +136,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._probe_at: float | None = None
         self._curve = curve
         self._zap: ZapHandler | None = None
+        # Every line a remote peer can cause goes through it: one per kind per second.
+        self._peer_log = RateLimitedLog(log, clock=clock)
         ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
@@ -338,7 +320,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             if exc.errno == zmq.EHOSTUNREACH:
                 self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
             else:
-                log.warning("send to a peer failed: %s", exc)
+                self._peer_log.log("failed sends", "send to a peer failed: %s", exc)
                 self._dropped += 1
             return True
         self._messages_out += 1
@@ -393,7 +375,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for _ in range(common.BATCH):
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
             if direct is None or type(got) is int:
-                got = _recv_pyzmq(router)
+                got = common.recv_routed(router, _CONNECT)
             if got is None:
                 self._poller.settle(router)
                 return
@@ -427,6 +409,10 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except Exception:
                     self._handler_failed("on_message")
             elif type(event) is Connect:
+                refused = reject_connect_info(event.info)
+                if refused is not None:
+                    self._reject(rid, refused)
+                    continue
                 fd, user_id = handshake
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:
@@ -440,12 +426,14 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _reject(self, rid: bytes, bad: BadInput) -> None:
         """Drop a bad message: count, log, answer (best effort, never queued) if due."""
         self._count_bad_input(bad)
-        log.warning("dropped a bad message from peer %s: %s", rid.hex(), bad.error)
-        if bad.answer is not None:
+        self._peer_log.log(bad.kind, "dropped a bad message from peer %s: %s", rid.hex(), bad.error)
+        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
+            if answer is None:
+                continue
             assert self._router is not None
             self._poller.touch(self._router)
             try:
-                common.send_routed(self._router, rid, bad.answer)
+                common.send_routed(self._router, rid, answer)
                 self._messages_out += 1
             except zmq.ZMQError:
                 self._dropped += 1
@@ -538,6 +526,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _check_heartbeats(self, now: float) -> None:
         self._next_check = heartbeat_round(self._peers, now, self, self._ping, self._drop)
+        self._peer_log.flush()
 
     def _ping(self, p: Peer) -> bool:
         return self._write(p, _HEARTBEAT_FRAMES)
@@ -578,6 +567,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for p in list(self._peers.values()):
             self._drop(p, CLOSED_LOCALLY)
         self._close_mailbox()
+        self._peer_log.flush()
         if self._zap is not None:
             self._zap.close()
         if self._router is not None:
