@@ -6,10 +6,13 @@ Two arrangements, each measured for raw pyzmq and for rda in the same run, on tc
   pre-encoded bytes; rda: a ``Server`` from ``ServerBuilder``, dispatcher + workers), so client
   and server share one GIL;
 * ``separate_process``: the same servers in child processes (``rpc.py --serve raw|rda|
-  rda_inline``), the deployment arrangement. Two rda servers run there: ``rda``, whose
-  handlers run on workers (the default: a handler may block), and ``rda_inline``, whose
-  handlers are declared non-blocking and run on the dispatcher (``ServerBuilder.
-  inline_handlers``), as raw pyzmq's and PyTango's do on the receiving thread.
+  rda_workers``), the deployment arrangement. Two rda servers run there: ``rda``, whose
+  handlers start on the dispatcher (the default; a long one is handed over to a standby
+  dispatcher), as raw pyzmq's and PyTango's do on the receiving thread, and ``rda_workers``,
+  whose handlers always run on workers (``ServerBuilder.inline_handlers(False)``, the
+  default before issue 28). Two clients talk to ``rda``: ``rda`` (callbacks and a
+  ``set_wakeup`` consumer, the fastest patterns) and ``rda_user`` (``get_async()`` futures,
+  ``subscribe(listener=...)``: what docs/client.md shows first; issue 28's harness).
 
 The client is driven from the main thread (raw: a DEALER; rda: a ``ClientService``). Ratios
 are rda / raw (or raw / rda for latencies) within one arrangement, so they survive a noisy
@@ -22,7 +25,7 @@ machine. Measured:
   array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
-  without being counted); not for ``rda_inline`` (a notification runs no handler);
+  without being counted); not for ``rda_workers`` (a notification runs no handler);
 * time from a restarted server listening to the FIRST update of a resumed subscription.
 
 Every contestant of an arrangement stays connected for the whole run, and they alternate
@@ -56,6 +59,7 @@ from _contestants import (
     Raw,
     RawServer,
     Rda,
+    RdaUser,
     pct,
     rda_resume,
     rda_server,
@@ -154,9 +158,8 @@ def median_of(rounds: list[Any]) -> Any:
 
 def run_rounds(contestants: Sequence[Contestant], args: argparse.Namespace) -> dict[str, Any]:
     """``args.rounds`` rounds; the report compares each rda contestant with raw (the first):
-    ``ratio``/``targets_met`` for the one named ``rda``, ``ratio_inline``/
-    ``targets_met_inline`` for ``rda_inline``; ``ratio_per_round`` (and
-    ``ratio_inline_per_round``) list each round's ratios."""
+    ``ratio``/``targets_met`` for the one named ``rda``, ``ratio_<x>``/``targets_met_<x>``
+    for ``rda_<x>``; ``ratio_per_round`` (and ``ratio_<x>_per_round``) list each round's."""
     rounds = [one_round(contestants, args, r) for r in range(args.rounds)]
     result: dict[str, Any] = {}
     medians = [median_of([r[i] for r in rounds]) for i in range(len(contestants))]
@@ -209,7 +212,7 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
 def in_process(args: argparse.Namespace) -> dict[str, Any]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     raw_server = RawServer(ctx)
-    server = rda_server(inline=args.inline_handlers)
+    server = rda_server(inline=not args.worker_handlers)
     server.start()
     contestants: list[Contestant] = [Raw(ctx, raw_server.endpoint)]
     try:
@@ -236,13 +239,14 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def separate_process(args: argparse.Namespace) -> dict[str, Any]:
-    children = [Child("raw"), Child("rda"), Child("rda_inline")]
+    children = [Child("raw"), Child("rda"), Child("rda_workers")]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     contestants: list[Contestant] = []
     try:
         contestants.append(Raw(ctx, children[0].endpoint))
         contestants.append(Rda("rda", children[1].endpoint))
-        contestants.append(Rda("rda_inline", children[2].endpoint, subscriptions=False))
+        contestants.append(RdaUser("rda_user", children[1].endpoint))
+        contestants.append(Rda("rda_workers", children[2].endpoint, subscriptions=False))
         return run_rounds(contestants, args)
     finally:
         for c in contestants:
@@ -266,7 +270,7 @@ def serve(kind: str) -> None:
         raw.thread.join()
         ctx.term()
     else:
-        server = rda_server(inline=kind == "rda_inline")
+        server = rda_server(inline=kind != "rda_workers")
         server.start()
         print(server.endpoint, flush=True)
         _structure.serve_counts_loop()
@@ -288,12 +292,12 @@ def main() -> None:
         "--no-structure", action="store_true", help="skip the structural counts (and strace)"
     )
     parser.add_argument(
-        "--inline-handlers",
+        "--worker-handlers",
         action="store_true",
-        help="the in-process rda server runs gets/sets on its dispatcher "
-        "(separate processes always measure both)",
+        help="the in-process rda server runs gets/sets on workers (inline_handlers(False)); "
+        "separate processes always measure both",
     )
-    parser.add_argument("--serve", choices=("raw", "rda", "rda_inline"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("raw", "rda", "rda_workers"), help=argparse.SUPPRESS)
     parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds of alternated passes (1 with --quick)"
@@ -319,7 +323,7 @@ def main() -> None:
 
     report: dict[str, Any] = {
         "load_average_before": os.getloadavg(),
-        "inline_handlers_in_process": args.inline_handlers,
+        "worker_handlers_in_process": args.worker_handlers,
     }
     # The timed passes run without the structural counters (a Python wrapper per pyzmq call,
     # which costs raw pyzmq's per-frame calls more than rda's one call per message).
@@ -335,8 +339,8 @@ def main() -> None:
         report["structure_per_operation"] = {
             "raw": _structure.raw_structure(Child, args.structure_ops),
             "rda": _structure.rda_structure(Child, args.structure_ops),
-            "rda_inline": _structure.rda_structure(
-                Child, args.structure_ops, kind="rda_inline", notifications=False
+            "rda_workers": _structure.rda_structure(
+                Child, args.structure_ops, kind="rda_workers", notifications=False
             ),
         }
     report["load_average_after"] = os.getloadavg()

@@ -44,6 +44,7 @@ __all__ = [
     "open_monitor",
     "recv_copied",
     "recv_frames",
+    "recv_routed_pyzmq",
     "send_frames",
     "send_routed",
 ]
@@ -169,6 +170,27 @@ def recv_frames(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[zmq.Fram
         frame = _backend_recv(sock, _NOBLOCK, False)
         frames.append(frame)
     return frames
+
+
+def recv_routed_pyzmq(router: zmq.Socket[bytes], connect_kind: int) -> Any:
+    """``_direct_zmq.recv_routed`` through pyzmq: the frames, and for a message whose first
+    frame starts with ``connect_kind`` (a CONNECT) ``(frames, srcfd, user_id)``; None when
+    nothing is waiting."""
+    raw = recv_frames(router)
+    if raw is None:
+        return None
+    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
+    if len(raw) < 2 or raw[1].buffer[:1] != bytes([connect_kind]):
+        return frames
+    try:
+        fd = int(raw[1].get(zmq.SRCFD))
+    except zmq.ZMQError:
+        fd = -1
+    try:
+        user_id: str | None = str(raw[1].get("User-Id"))
+    except zmq.ZMQError:
+        user_id = None
+    return frames, fd, user_id
 
 
 def recv_copied(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[Any] | None:
@@ -405,11 +427,16 @@ class DispatcherShell(Counters, abc.ABC):
         deadline = time.monotonic() + limit
         mailbox.mark_closed()  # producers blocked on a full mailbox give up within 50 ms
         mailbox.wake(min(limit, 0.1))
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
+        if not self._join_dispatcher(thread, deadline):
             self._log.warning(
                 "%s dispatcher did not stop within %.1f s (a handler blocks?)", self._side, limit
             )
+
+    def _join_dispatcher(self, thread: threading.Thread, deadline: float) -> bool:
+        """Wait for the dispatcher to end (until the ``time.monotonic`` deadline); False when
+        it is still running."""
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return not thread.is_alive()
 
     def _begin_start(self) -> zmq.Context[zmq.Socket[bytes]]:
         """The context to open sockets in; refuses a second start or a start after close."""

@@ -1,9 +1,9 @@
-"""The server transport: one dispatcher thread over one ROUTER for every client.
+"""The server transport: one dispatcher at a time over one ROUTER for every client.
 
-Threading as the client (see ``zmq_client``): the thread ``rda-server-dispatcher`` owns the
-ROUTER and its monitor, and takes replies and notifications from worker threads out of its
-bounded mailbox (``_mailbox``; a producer blocks at 2 x ``send_hwm`` messages). docs/transport.md
-has the details:
+The dispatcher (first the thread ``rda-server-dispatcher``; a standby takes the lead when a
+handler it runs takes long: ``_relay``) owns the ROUTER and its monitor, and takes replies and
+notifications from other threads out of its bounded mailbox (``_mailbox``; a producer blocks
+at 2 x ``send_hwm`` messages). docs/transport.md has the details:
 
 * slow clients: non-blocking sends with ``ROUTER_MANDATORY``; on EAGAIN a message waits in that
   peer's bounded, conflating outbox (``_outbox``) and is retried on POLLOUT, with a backoff
@@ -29,6 +29,7 @@ from rda.transport import _zmq_common as common
 from rda.transport._curve import ServerCurve, ZapHandler, apply_server
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
+from rda.transport._relay import Relay
 from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
@@ -88,30 +89,9 @@ _GONE_REMEMBERED = 4096
 
 
 _CONNECT = int(Kind.CONNECT)
-_CONNECT_BYTE = bytes([_CONNECT])
 
 
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
-
-
-def _recv_pyzmq(router: zmq.Socket[bytes]) -> Any:
-    """``_czmq.recv_routed`` through pyzmq: the frames, and for a CONNECT ``(frames, srcfd,
-    user_id)``; None when nothing is waiting."""
-    raw = common.recv_frames(router)
-    if raw is None:
-        return None
-    frames = [raw[0].bytes, *[f.buffer for f in raw[1:]]]
-    if len(raw) < 2 or raw[1].buffer[:1] != _CONNECT_BYTE:
-        return frames
-    try:
-        fd = int(raw[1].get(zmq.SRCFD))
-    except zmq.ZMQError:
-        fd = -1
-    try:
-        user_id: str | None = str(raw[1].get("User-Id"))
-    except zmq.ZMQError:
-        user_id = None
-    return frames, fd, user_id
 
 
 class ZmqServerTransport(common.DispatcherShell, ServerCounters):
@@ -156,6 +136,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._probe_at: float | None = None
         self._curve = curve
         self._zap: ZapHandler | None = None
+        self._relay = Relay(self._lead, "rda-server-dispatcher", settings.handover_after)
         ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
@@ -163,6 +144,12 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     @property
     def endpoint(self) -> str:
         return self._endpoint
+
+    @property
+    def hands_over(self) -> bool:
+        """True: a handler that runs long on the dispatcher is handed over (``_relay``), so
+        the business layer may start any get or set there (``Dispatch.attach``)."""
+        return self._settings.handover_after > 0
 
     def start(self) -> None:
         router = self._begin_start().socket(zmq.ROUTER)
@@ -201,8 +188,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
         if self._on_dispatcher():
-            self._deliver(peer, frames, conflate_key)
-            return
+            # A handler on the dispatcher: a standby may take the lead at any moment (_relay).
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    self._deliver(peer, frames, conflate_key)
+                    return
         mailbox = self._mailbox
         if mailbox is not None:
             mailbox.put((_SEND, peer, frames, conflate_key))
@@ -216,9 +206,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if not targets:
             return
         if self._on_dispatcher():
-            for peer, sub, header in targets:
-                self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
-            return
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    for peer, sub, header in targets:
+                        self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
+                    return
         mailbox = self._mailbox
         if mailbox is not None:
             # Never blocks (api.ServerTransport.publish): the notifier paced itself first.
@@ -226,8 +218,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():
-            self._drop_rid(peer, CLOSED_LOCALLY)
-        elif self._mailbox is not None:
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    self._drop_rid(peer, CLOSED_LOCALLY)
+                    return
+        if self._mailbox is not None:
             self._mailbox.put((_DISCONNECT, peer, None, None))
 
     def statistics(self) -> ServerTransportStatistics:
@@ -241,8 +236,20 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     # --------------------------------------------------------------- dispatcher thread
 
+    def _on_dispatcher(self) -> bool:
+        return threading.get_ident() == self._relay.leader
+
+    def _join_dispatcher(self, thread: threading.Thread, deadline: float) -> bool:
+        return self._relay.join(deadline)
+
     def _run(self) -> None:
-        self._thread_id = threading.get_ident()
+        self._relay.serve_first()
+
+    def _lead(self) -> bool:
+        """The dispatcher loop, on whichever thread leads: True once closed (after the
+        shutdown), False when a standby took the lead while this thread ran a handler."""
+        me = self._thread_id = threading.get_ident()
+        relay = self._relay
         mailbox, router, monitor = self._mailbox, self._router, self._monitor
         zap = None if self._zap is None else self._zap.socket
         assert mailbox is not None and router is not None
@@ -271,6 +278,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                         # A bug must not take every client down: log it and keep serving.
                         self._internal_errors += 1
                         log.exception("server dispatcher: unexpected error; carrying on")
+                    if relay.leader != me:
+                        return False  # not one more socket operation: the lead moved on
                     if self._closing:
                         break
                 now = self._clock()
@@ -282,9 +291,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 if self._probe_at is not None and now >= self._probe_at:
                     self._probe_suspects(now)
         except Exception:
+            if relay.leader != me:
+                return False
             log.exception("server dispatcher failed; closing the transport")
-        finally:
-            self._shutdown()
+        self._shutdown()
+        return True
 
     def _poll_timeout_ms(self) -> int:
         deadline = self._next_check
@@ -393,7 +404,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for _ in range(common.BATCH):
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
             if direct is None or type(got) is int:
-                got = _recv_pyzmq(router)
+                got = common.recv_routed_pyzmq(router, _CONNECT)
             if got is None:
                 self._poller.settle(router)
                 return
@@ -422,10 +433,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 if p is None:
                     self._reject(rid, reject_request_before_connect(event.message.header.id))
                     continue
+                self._relay.begin()
                 try:
                     self._handler.on_message(rid, event.message)
                 except Exception:
                     self._handler_failed("on_message")
+                if not self._relay.end():
+                    return
             elif type(event) is Connect:
                 fd, user_id = handshake
                 info = event.info

@@ -1,9 +1,10 @@
 """The server's request/reply plumbing: from the transport's callback to the encoded answer.
 
 :class:`Dispatch` is the transport's ``ServerHandler``. Its ``on_*`` methods run on the
-dispatcher thread and do only constant-time work: look the peer up, build a request object,
-``scheduler.submit``. Everything that decodes a body or runs user code happens in a worker
-(``_run``) or in whichever thread answers the request (``_respond``).
+dispatcher thread: look the peer up, build a request object, then run a get or set at once
+when its device group is idle (``run_inline``; the transport hands the dispatching to a
+standby if it takes long) or ``scheduler.submit`` it to a worker (``_run``); the answer is
+encoded in whichever thread answers the request (``_respond``).
 
 Outcomes and their replies (docs/protocol.md, "Application messages"):
 
@@ -131,8 +132,9 @@ class Dispatch:
         self._clock = clock
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
-        # Gets and sets run on the transport's dispatcher when their device group is idle
-        # (ServerBuilder.inline_handlers / inline_properties): those handlers never block.
+        # Gets and sets start on the transport's dispatcher when their device group is idle
+        # (InlineRule; by default all but the blocking ones): one that takes long is handed
+        # over, the transport's standby dispatching meanwhile (rda.transport._relay).
         self._inline = inline_handlers if inline_handlers else None
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
@@ -149,6 +151,15 @@ class Dispatch:
     def attach(self, transport: ServerTransport, registry: SubscriptionRegistry) -> None:
         self._transport = transport
         self._registry = registry
+        inline = self._inline
+        if inline is not None and inline.everything and not getattr(transport, "hands_over", 0):
+            # Nobody would dispatch while a long handler runs: only the declared ones inline.
+            self._inline = inline.declared_only() or None
+
+    @property
+    def inline_rule(self) -> InlineRule:
+        """The rule in force (after ``attach``)."""
+        return self._inline if self._inline is not None else InlineRule(False)
 
     def peers(self) -> list[tuple[bytes, PeerState]]:
         """The connected clients (lanes left out)."""

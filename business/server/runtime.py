@@ -191,6 +191,7 @@ class Server:
         self._transport = transport
         self._registry = SubscriptionRegistry(transport)
         dispatch.attach(transport, self._registry)
+        self._inline = dispatch.inline_rule
         for name, device in self._device_objects.items():
             device._attach(name, self._publisher(name))
         transport.start()
@@ -300,6 +301,7 @@ class Server:
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
             "inline_handlers": self._inline.describe(),
+            "blocking_properties": self._inline.describe_blocking(),
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }
