@@ -39,6 +39,11 @@ run in-process only (they drive the server directly). Prints one JSON object.
     .venv/bin/python benchmarks/rpc.py [--quick] [--mode in_process|separate_process|both]
 
 ``--secure`` runs the CURVE arrangement instead (``benchmarks/_secure.py``).
+
+PyTango (``pip install rda[bench]``), when installed, is one more contestant of the
+separate-process arrangement (``tango``, ``ratio_tango``; ``benchmarks/_tango.py``): a
+device served without a Tango database, the same gets, set, 64 in flight and 1 MiB, no
+subscriptions. Without it the report says ``"tango": "absent: ..."``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import _structure
+import _tango
 import zmq
 from _contestants import (
     MIB_BYTES,
@@ -66,7 +72,7 @@ from _contestants import (
     rda_slow_consumer,
 )
 
-Contestant = Raw | Rda
+Contestant = Raw | Rda | _tango.Tango
 T = TypeVar("T")
 LATENCIES = ("get_scalar", "get_object", "set")
 BLOCK = 50  # round trips per contestant before the next one takes over
@@ -247,7 +253,13 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         contestants.append(Rda("rda", children[1].endpoint))
         contestants.append(RdaUser("rda_user", children[1].endpoint))
         contestants.append(Rda("rda_workers", children[2].endpoint, subscriptions=False))
-        return run_rounds(contestants, args)
+        if _tango.available() and not args.no_tango:
+            children.append(Child("tango"))
+            contestants.append(_tango.Tango(children[-1].endpoint))
+            return run_rounds(contestants, args)
+        result = run_rounds(contestants, args)
+        result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
+        return result
     finally:
         for c in contestants:
             c.close()
@@ -261,6 +273,9 @@ def serve(kind: str) -> None:
     (structural counts, see _structure), stop when stdin closes."""
     if os.environ.get(_structure.COUNT_ENV) == "1":
         _structure.install()
+    if kind == "tango":
+        _tango.serve()
+        return
     if kind == "raw":
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         raw = RawServer(ctx)
@@ -297,7 +312,10 @@ def main() -> None:
         help="the in-process rda server runs gets/sets on workers (inline_handlers(False)); "
         "separate processes always measure both",
     )
-    parser.add_argument("--serve", choices=("raw", "rda", "rda_workers"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-tango", action="store_true", help="leave PyTango out")
+    parser.add_argument(
+        "--serve", choices=("raw", "rda", "rda_workers", "tango"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds of alternated passes (1 with --quick)"
