@@ -29,7 +29,6 @@ from rda.transport import _zmq_common as common
 from rda.transport._curve import ServerCurve, ZapHandler, apply_server
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
-from rda.transport._relay import Relay
 from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
@@ -45,6 +44,7 @@ from rda.transport._peers import (
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._relay import Relay
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
