@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from rda.business.config import Config
 from rda.business.directory import FileDirectory
@@ -64,20 +64,20 @@ class ServerBuilder:
         self._on_stop: list[Hook] = []
         self._security: ServerSecurity | None = None
 
-    def endpoint(self, endpoint: str) -> ServerBuilder:
+    def endpoint(self, endpoint: str) -> Self:
         """Where to bind, e.g. "tcp://127.0.0.1:0" (port 0: any free port) or "tcp://*:5555"."""
         self._endpoint = endpoint
         return self
 
-    def request_reply(self, callback: RequestReplyCallback) -> ServerBuilder:
+    def request_reply(self, callback: RequestReplyCallback) -> Self:
         self._rr = callback
         return self
 
-    def subscription(self, callback: SubscriptionCallback) -> ServerBuilder:
+    def subscription(self, callback: SubscriptionCallback) -> Self:
         self._subs = callback
         return self
 
-    def device(self, name: str, device: Device) -> ServerBuilder:
+    def device(self, name: str, device: Device) -> Self:
         """Serve a declarative :class:`~rda.business.server.devices.Device` under ``name``."""
         if name in self._devices:
             raise ValueError(f"device {name!r} is already served by this builder")
@@ -90,41 +90,41 @@ class ServerBuilder:
                 self._blocking_patterns.append(pattern)
         return self
 
-    def devices(self, *names: str) -> ServerBuilder:
+    def devices(self, *names: str) -> Self:
         """Device names or glob patterns served by the raw callbacks (for the directory)."""
         self._device_names.extend(names)
         return self
 
-    def heartbeat(self, interval: float, timeout: float) -> ServerBuilder:
+    def heartbeat(self, interval: float, timeout: float) -> Self:
         self._overrides["heartbeat_interval"] = interval
         self._overrides["heartbeat_timeout"] = timeout
         return self
 
-    def workers(self, n: int) -> ServerBuilder:
+    def workers(self, n: int) -> Self:
         self._overrides["workers"] = n
         return self
 
-    def queue_limit(self, n: int) -> ServerBuilder:
+    def queue_limit(self, n: int) -> Self:
         self._overrides["queue_limit"] = n
         return self
 
-    def overflow_policy(self, policy: OverflowPolicy) -> ServerBuilder:
+    def overflow_policy(self, policy: OverflowPolicy) -> Self:
         self._overrides["overflow_policy"] = policy
         return self
 
-    def peer_hwm(self, messages: int) -> ServerBuilder:
+    def peer_hwm(self, messages: int) -> Self:
         """Messages ZeroMQ buffers for one client before notifications to it are conflated:
         larger lets longer bursts through whole, and lets a slow client fall further behind
         before it is brought up to date (``Config.peer_hwm``, default 1000)."""
         self._overrides["peer_hwm"] = messages
         return self
 
-    def request_timeout(self, seconds: float) -> ServerBuilder:
+    def request_timeout(self, seconds: float) -> Self:
         """Deadline for requests whose client sent none (and for FIRST/IMMEDIATE gets)."""
         self._overrides["request_timeout"] = seconds
         return self
 
-    def inline_handlers(self, enabled: bool = True) -> ServerBuilder:
+    def inline_handlers(self, enabled: bool = True) -> Self:
         """On (the default): a get or set whose device has nothing queued or running starts on
         the thread that received it (no worker hop); if it runs past ``handover_after``
         (2 ms) a standby thread takes over the dispatching, so the server never stops
@@ -133,7 +133,7 @@ class ServerBuilder:
         self._inline = enabled
         return self
 
-    def inline_properties(self, *patterns: str) -> ServerBuilder:
+    def inline_properties(self, *patterns: str) -> Self:
         """With ``inline_handlers(False)``: still start these properties on the dispatcher,
         those whose ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs, e.g.
         ``"PS*/Acquisition"``). A :class:`~rda.business.server.devices.Device` property
@@ -142,13 +142,13 @@ class ServerBuilder:
         self._inline_patterns.extend(patterns)
         return self
 
-    def handover_after(self, seconds: float) -> ServerBuilder:
+    def handover_after(self, seconds: float) -> Self:
         """How long a handler may run on the dispatcher before a standby thread takes over
         the dispatching (``Config.handover_after``, default 2 ms; 0: never)."""
         self._overrides["handover_after"] = seconds
         return self
 
-    def blocking_properties(self, *patterns: str) -> ServerBuilder:
+    def blocking_properties(self, *patterns: str) -> Self:
         """Always run these properties on a worker (handlers that wait on hardware): those
         whose ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs). A ``Device`` property
         declared ``blocking=True`` is added by :meth:`device` itself."""
@@ -156,46 +156,46 @@ class ServerBuilder:
         self._blocking_patterns.extend(patterns)
         return self
 
-    def immediate_updates(self, enabled: bool = True) -> ServerBuilder:
+    def immediate_updates(self, enabled: bool = True) -> Self:
         """After a successful set, send subscribers of the property an IMMEDIATE update."""
         self._immediate = enabled
         return self
 
-    def config(self, config: Config) -> ServerBuilder:
+    def config(self, config: Config) -> Self:
         self._config = config
         return self
 
-    def directory(self, directory: FileDirectory | None) -> ServerBuilder:
+    def directory(self, directory: FileDirectory | None) -> Self:
         """Register into ``directory`` on start (None: register nowhere)."""
         self._directory = directory
         return self
 
-    def transport(self, factory: TransportFactory) -> ServerBuilder:
+    def transport(self, factory: TransportFactory) -> Self:
         """Build the transport with ``factory(handler, settings, server_info)`` (tests use
         ``rda.testing.MemoryNetwork``); default: a ZeroMQ ROUTER on the endpoint."""
         self._transport = factory
         return self
 
-    def clock(self, clock: Callable[[], float]) -> ServerBuilder:
+    def clock(self, clock: Callable[[], float]) -> Self:
         """Monotonic clock for deadlines and durations (a ``FakeClock`` in tests)."""
         self._clock = clock
         return self
 
-    def admin_handler(self, handler: AdminHandler) -> ServerBuilder:
+    def admin_handler(self, handler: AdminHandler) -> Self:
         self._admin = handler
         return self
 
-    def metrics_port(self, port: int | None) -> ServerBuilder:
+    def metrics_port(self, port: int | None) -> Self:
         self.metrics_port_value = port
         return self
 
-    def security(self, security: ServerSecurity | None) -> ServerBuilder:
+    def security(self, security: ServerSecurity | None) -> Self:
         """CURVE encryption and client authentication (docs/security.md): only the clients
         listed in ``security.clients`` can connect. Needs the default ZeroMQ transport."""
         self._security = security
         return self
 
-    def policy(self, policy: Policy | str | Path | None) -> ServerBuilder:
+    def policy(self, policy: Policy | str | Path | None) -> Self:
         """Authorize every get, set, subscribe and admin request by ``policy`` (a
         :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
         not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
@@ -207,18 +207,18 @@ class ServerBuilder:
             self._policy = Policy.from_toml(self._policy_file)
         return self
 
-    def trust_declared_principals(self, trust: bool = True) -> ServerBuilder:
+    def trust_declared_principals(self, trust: bool = True) -> Self:
         """Take the principal a client declares (``ClientService(principal=...)``) at its word
         when the transport authenticated none. For test stands only: without CURVE anyone can
         claim any name."""
         self._trust_declared = trust
         return self
 
-    def on_start(self, hook: Hook) -> ServerBuilder:
+    def on_start(self, hook: Hook) -> Self:
         self._on_start.append(hook)
         return self
 
-    def on_stop(self, hook: Hook) -> ServerBuilder:
+    def on_stop(self, hook: Hook) -> Self:
         self._on_stop.append(hook)
         return self
 

@@ -158,15 +158,21 @@ def _run(recorder: Recorder, stop: threading.Event, limit: float | None) -> None
     interactive = sys.stderr.isatty()
     last = recorder.statistics()
     last_time = time.monotonic()
-    while not stop.is_set():
-        wait = 1.0 if limit is None else max(0.0, min(1.0, limit - time.monotonic()))
-        if stop.wait(wait) or (limit is not None and time.monotonic() >= limit):
-            return
-        now, stats = time.monotonic(), recorder.statistics()
-        rate = (stats.acked_rows - last.acked_rows) / max(1e-9, now - last_time)
-        line = _counter_line(stats, rate)
-        click.echo(f"\r{line}" if interactive else line, err=True, nl=not interactive)
-        last, last_time = stats, now
+    overwriting = False  # a counter line without its newline is on the terminal
+    try:
+        while not stop.is_set():
+            wait = 1.0 if limit is None else max(0.0, min(1.0, limit - time.monotonic()))
+            if stop.wait(wait) or (limit is not None and time.monotonic() >= limit):
+                return
+            now, stats = time.monotonic(), recorder.statistics()
+            rate = (stats.acked_rows - last.acked_rows) / max(1e-9, now - last_time)
+            line = _counter_line(stats, rate)
+            click.echo(f"\r{line}" if interactive else line, err=True, nl=not interactive)
+            overwriting = interactive
+            last, last_time = stats, now
+    finally:
+        if overwriting:  # end the counter line, so the summary starts on its own line
+            click.echo("", err=True)
 
 
 @click.command()
