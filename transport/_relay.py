@@ -53,7 +53,9 @@ class Relay:
         self._lead = lead
         self._name = name
         self._tick = handover_after / 2.0
-        self.lock = threading.Lock()
+        # Re-entrant: a send from a handler holds it while a failed write reports the peer
+        # gone to the business layer, which may send or disconnect again on this thread.
+        self.lock = threading.RLock()
         # The thread id that owns the sockets; None before start.
         self.leader: int | None = None
         # Non-zero while the leader is inside the business layer: the number of that entry.

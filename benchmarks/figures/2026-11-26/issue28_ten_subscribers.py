@@ -1,22 +1,43 @@
-import json, sys, os, subprocess
+"""10 subscribers against main's server and this branch's (the same client), beside raw
+pyzmq, in turns: how many updates each server conflates for clients that fall behind. Run
+from the repository root:
+
+    .venv/bin/python benchmarks/figures/2026-11-26/issue28_ten_subscribers.py UPDATES COUNT TURNS
+"""
+
+import sys
+
 sys.path.insert(0, "benchmarks")
-import zmq, rpc, _structure
-from _contestants import Raw, Rda, RdaUser
-class MainChild(_structure.Child):
-    def __init__(self, kind):
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        self.proc = subprocess.Popen(["/work/main/.venv/bin/python", "/work/main/benchmarks/rpc.py", "--serve", kind],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/work/main", env=env)
-        self.endpoint = self.proc.stdout.readline().strip()
-ctx = zmq.Context()
-ch = [rpc.Child("raw"), MainChild("rda"), rpc.Child("rda")]
-cs = [Raw(ctx, ch[0].endpoint), Rda("main_server", ch[1].endpoint), Rda("new_server", ch[2].endpoint)]
-n = int(sys.argv[1]); count = int(sys.argv[2]); turns = int(sys.argv[3])
-try:
-    res = rpc.interleaved(cs, lambda c: c.subscribers(count, n), turns)
-    for c, r in zip(cs, res):
-        print(c.name, [round(x["updates_per_s"]) for x in r], "lost-counted", [x.get("gaps", 0) + x.get("dropped", 0) for x in r])
-finally:
-    for c in cs: c.close()
-    ctx.term()
-    for c in ch: c.close()
+sys.path.insert(0, "benchmarks/figures/2026-11-26")
+
+import rpc
+import zmq
+from _contestants import Raw, Rda
+from issue28_before_after import MainChild
+
+
+def main() -> None:
+    updates, count, turns = (int(a) for a in sys.argv[1:4])
+    ctx = zmq.Context()
+    children = [rpc.Child("raw"), MainChild("rda"), rpc.Child("rda")]
+    contestants = [
+        Raw(ctx, children[0].endpoint),
+        Rda("main_server", children[1].endpoint),
+        Rda("new_server", children[2].endpoint),
+    ]
+    try:
+        results = rpc.interleaved(contestants, lambda c: c.subscribers(count, updates), turns)
+        for c, runs in zip(contestants, results, strict=True):
+            rates = [round(r["updates_per_s"]) for r in runs]
+            counted = [r.get("gaps", 0) + r.get("dropped", 0) for r in runs]
+            print(c.name, rates, "lost-counted", counted)
+    finally:
+        for c in contestants:
+            c.close()
+        ctx.term()
+        for child in children:
+            child.close()
+
+
+if __name__ == "__main__":
+    main()
