@@ -184,8 +184,8 @@ def run_rounds(contestants: Sequence[Contestant], args: argparse.Namespace) -> d
 
 
 def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
-    """rda's ratios to raw and issue 11's targets (set for the separate-process arrangement),
-    for the measures ``rda`` has."""
+    """rda's ratios to raw and issue 28's targets (set for the separate-process arrangement;
+    issue 11's were 1.5, 0.5, 0.85 and 0.6), for the measures ``rda`` has."""
     ratio = {
         "get_scalar_p50": rda["get_scalar"]["p50_us"] / raw["get_scalar"]["p50_us"],
         "get_object_p50": rda["get_object"]["p50_us"] / raw["get_object"]["p50_us"],
@@ -195,8 +195,8 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
         "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_read_only_get_MBps"],
     }
     targets = {
-        "get_scalar_p50": ratio["get_scalar_p50"] <= 1.5,
-        "in_flight_64": ratio["in_flight_64"] >= 0.5,
+        "get_scalar_p50": ratio["get_scalar_p50"] <= 1.25,
+        "in_flight_64": ratio["in_flight_64"] >= 0.7,
         "mib_get": ratio["mib_get"] >= 0.85,
     }
     losses = []
@@ -204,7 +204,7 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
         key = f"subscription_{count}"
         if key in rda:
             ratio[key] = rda[key]["updates_per_s"] / raw[key]["updates_per_s"]
-            targets[key] = ratio[key] >= 0.6
+            targets[key] = ratio[key] >= 0.8
             losses.append(rda[key])
     if "subscription_slow_consumer" in rda:
         losses.append(rda["subscription_slow_consumer"])
