@@ -156,17 +156,31 @@ def load_keypair(path: Path | str) -> KeyPair:
         raise KeyFileError(f"key file {path}: no such file") from exc
     except OSError as exc:
         raise KeyFileError(f"key file {path}: cannot read it: {exc.strerror or exc}") from exc
+    content = _read_toml(path)
+    if "secret" not in content and "public" in content:
+        # Checked before the mode: a public key file is world-readable by design, and telling
+        # its owner to chmod it (then that it lacks 'secret') sends them the wrong way.
+        raise KeyFileError(f"key file {path}: {_public_instead(path)}")
     if mode & 0o077:
         raise KeyFileError(
             f"key file {path}: holds a secret key but has mode {mode:04o}; "
             f"only its owner may read it (chmod 600 {path})"
         )
-    content = _read_toml(path)
     public, secret = _key_from(content, "public", path), _key_from(content, "secret", path)
     try:
         return KeyPair(public, secret)
     except ValueError as exc:
         raise KeyFileError(f"key file {path}: malformed: {exc}") from exc
+
+
+def _public_instead(path: Path) -> str:
+    """Why a public key file cannot be ``--key``, and which file to pass instead."""
+    text = "this is a public key file, not a key pair: pass the key pair file"
+    if path.name.endswith(PUBLIC_SUFFIX):
+        pair = path.with_name(path.name + SECRET_SUFFIX[len(PUBLIC_SUFFIX) :])
+        found = "" if pair.exists() else ", not found here"
+        return f"{text} ({pair}{found}; `rda keys generate NAME` writes both)"
+    return f"{text} (NAME{SECRET_SUFFIX}, written by `rda keys generate NAME` beside NAME{PUBLIC_SUFFIX})"
 
 
 def load_public_key(path: Path | str) -> str:

@@ -13,6 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests must not depend on wall-clock speed: on a loaded 2-core machine one example
+# can take far longer than Hypothesis' default 200 ms deadline (issue 26). Every property test
+# runs under this profile; a test's own @settings keeps it unless it sets a deadline itself.
+settings.register_profile("rda", deadline=None)
+settings.load_profile("rda")
 
 
 @pytest.fixture(autouse=True)

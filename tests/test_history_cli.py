@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from rda._cli import build
-from rda.pipeline.history.cli import parse_cli_time
+from rda.admin.cli.common import ExitCode
+from rda.pipeline.history.cli import NOT_FOUND, parse_cli_time
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
@@ -129,7 +130,7 @@ def test_get_to_files(store: Path, tmp_path: Path) -> None:
 def test_get_table_output_and_empty_results(store: Path) -> None:
     table = _run("get", str(store), "PS2/Acq", "-s", _iso(0), "-e", _iso(2)).output
     assert "s0" in table and "s1" in table and "(2 rows)" in table
-    empty = _run("get", str(store), "NOPE/Acq", "-s", _iso(0), "-e", _iso(2))
+    empty = _run("get", str(store), "PS2/Acq", "-s", _iso(ROWS + 6), "-e", _iso(ROWS + 8))
     assert empty.exit_code == 0 and "(0 rows)" in empty.output
     assert (
         json.loads(
@@ -178,13 +179,12 @@ def test_stats_hourly_against_numpy(store: Path) -> None:
         (["search", "{root}", "PS1/Acq#x"], "names no field"),
     ],
 )
-def test_bad_input_is_one_line_and_fails(store: Path, args: list[str], message: str) -> None:
+def test_bad_input_is_a_usage_error(store: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(build(), ["history", *[a.format(root=store) for a in args]])
-    assert result.exit_code == 1
-    assert message in result.output
+    assert result.exit_code == 2  # usage error, as for every rda command (docs/cli.md)
     assert "Traceback" not in result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ")
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and message in last
 
 
 def test_relative_times() -> None:
@@ -217,3 +217,43 @@ def test_spark_gives_the_same_rows(store: Path, spark: Any) -> None:
         ("PS1", "2026-11-20"),
         ("PS2", "2026-11-20"),
     ]
+
+
+# Issue 26: a typo in a signal or field is named (exit 4, as "not found" elsewhere), never an
+# answer without the value column; usage errors exit 2 in every subcommand.
+
+
+def _not_found(result: Any) -> str:
+    assert result.exit_code == NOT_FOUND == ExitCode.NO_SUCH_DEVICE, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output
+    assert result.stdout == ""
+    return str(lines[0])
+
+
+def test_an_unknown_field_is_named_with_the_recorded_ones(store: Path) -> None:
+    window = ("-s", _iso(0), "-e", _iso(ROWS))
+    line = _not_found(_run("get", str(store), "PS1/Acq#nope", *window))
+    assert line == "rda: not found: PS1/Acq has no field 'nope' (fields: arr, x, y)"
+    line = _not_found(_run("get", str(store), "PS1/Acq", "-f", "x", "-f", "why", *window))
+    assert line == "rda: not found: PS1/Acq has no field 'why' (fields: arr, x, y)"
+    line = _not_found(_run("stats", str(store), "PS2/Acq#t", *window))
+    assert line == "rda: not found: PS2/Acq has no field 't' (fields: s)"
+    # Outside the window's days the last recorded day's fields count.
+    later = ("-s", "2026-12-01T00:00:00Z", "-e", "2026-12-02T00:00:00Z")
+    assert "(fields: arr, x, y)" in _not_found(_run("get", str(store), "PS1/Acq#z", *later))
+    assert _run("get", str(store), "PS1/Acq#y", *later).exit_code == 0
+
+
+def test_a_signal_with_no_recorded_data_is_named_with_the_recorded_ones(store: Path) -> None:
+    line = _not_found(_run("get", str(store), "PS1/Acq", "NOPE/Acq"))
+    assert line == "rda: not found: no recorded data for 'NOPE/Acq' (recorded: PS1/Acq, PS2/Acq)"
+    line = _not_found(_run("stats", str(store), "PS*/Acquisition"))
+    assert line.startswith("rda: not found: no recorded data for 'PS*/Acquisition'")
+
+
+def test_compact_and_record_usage_errors_exit_2(store: Path, no_thread_leak: None) -> None:
+    bad_date = CliRunner().invoke(build(), ["compact", str(store), "PS1/Acq", "20-11-2026"])
+    assert bad_date.exit_code == 2 and "not a date like 2026-11-20" in bad_date.output
+    bad = CliRunner().invoke(build(), ["record", str(store), "PS1/Acq", "--duration", "soon"])
+    assert bad.exit_code == 2 and "not a duration" in bad.output

@@ -232,12 +232,10 @@ def test_refused_client_fails_fast_and_reaches_no_handler(
     # A long connect timeout: a refusal must come from the handshake, not from a timer.
     client = client_for(server.endpoint, pair, server_key, request_timeout=30.0)
     try:
-        started = time.monotonic()
+        # NotAuthorizedError, not TimeoutError nor the connect timer's DisconnectedError:
+        # the handshake said no (the type tells, not the elapsed time on a loaded machine).
         with pytest.raises(rda.NotAuthorizedError, match="security handshake refused"):
             client.access_point("PS1", "Text").get(timeout=30.0)
-        # Far below the 30 s deadline and the 5 s connect timeout: the handshake said no.
-        elapsed = time.monotonic() - started
-        assert elapsed < 4.0, f"refusal took {elapsed:.1f} s"
         wait_for(lambda: server.statistics().transport.auth_failures >= 1)
         assert handler.calls == 0 and subs.calls == 0
         # The server keeps serving an authorized client.
@@ -251,9 +249,9 @@ def test_refused_client_fails_fast_and_reaches_no_handler(
         server.stop()
 
 
-def test_refused_subscription_retries_on_the_backoff_not_hot(
-    no_thread_leak: None, keys: Keys
-) -> None:
+def test_refused_subscription_ends_and_nothing_retries(no_thread_leak: None, keys: Keys) -> None:
+    # Issue 26: a refused handshake is final for the endpoint until something changes; the
+    # subscription ends with NotAuthorizedError instead of retrying on the back-off forever.
     server = build(keys, Handler()).start()
     clock = FakeClock()
     client = ClientService(
@@ -270,15 +268,20 @@ def test_refused_subscription_retries_on_the_backoff_not_hot(
 
     try:
         sub = client.access_point("PS1", "Text").subscribe()
-        wait_for(lambda: failures() == 1)
-        # No retry while the (fake) back-off has not elapsed: a hot loop would show here.
+        ended = sub.poll(timeout=10.0)
+        assert ended is not None and isinstance(ended.error, rda.NotAuthorizedError)
+        assert sub.poll(timeout=1.0) is None and sub.closed
+        assert failures() == 1
+        # Back-off periods pass on the (fake) clock: no attempt follows.
+        for _ in range(3):
+            clock.advance(1.5)
         time.sleep(0.2)
         assert failures() == 1
-        for attempt in (2, 3):
-            clock.advance(1.5)
-            wait_for(lambda n=attempt: failures() == n)  # type: ignore[misc]
-        assert server.statistics().transport.auth_failures >= 3
-        sub.close()
+        # A new request is a new decision: it dials once, and is refused once.
+        with pytest.raises(rda.NotAuthorizedError, match="does not accept this client's key"):
+            client.access_point("PS1", "Text").get(timeout=10.0)
+        assert failures() == 2
+        wait_for(lambda: server.statistics().transport.auth_failures >= 2)
     finally:
         client.close()
         server.stop()

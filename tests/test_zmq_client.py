@@ -213,10 +213,10 @@ def test_refused_connection_is_reported_at_once(
     ctx.term()
     cl, rec = client
     conn = cl.connect(endpoint)
-    start = time.monotonic()
     assert wait_for(lambda: conn in rec.disconnected)
-    # connect_timeout is 5 s: the monitor's CLOSED event, not the timer, reported it.
-    assert time.monotonic() - start < 4.0
+    # The monitor's CLOSED event reported it, not the 5 s connect timer (whose reason names
+    # the missing CONNECT_ACK): the reason says which, whatever the machine's load.
+    assert "CONNECT_ACK" not in rec.disconnected[conn]
     assert cl.statistics().disconnects == 1
 
 
@@ -233,9 +233,8 @@ def test_server_restart_is_noticed_through_the_monitor_not_the_heartbeat() -> No
         conn = cl.connect(srv.endpoint)
         assert wait_for(lambda: conn in rec.connected)
         srv.close()
-        start = time.monotonic()
-        assert wait_for(lambda: conn in rec.disconnected, timeout=5.0)
-        assert time.monotonic() - start < 5.0  # far below the 30 s heartbeat timeout
+        # The reason tells the server's close from the 30 s heartbeat timeout (no timing).
+        assert wait_for(lambda: conn in rec.disconnected, timeout=20.0)
         assert rec.disconnected[conn] == "server closed the connection"
         assert cl.statistics().heartbeat_timeouts == 0
         assert cl.statistics().connections == 0

@@ -45,6 +45,7 @@ __all__ = [
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
     "LANE_IDLE",
+    "NOT_RDA",
     "NO_CONNECT_ACK",
     "PEER_GONE",
     "RECONNECTED",
@@ -169,6 +170,9 @@ RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
 # Client: the ZeroMQ security handshake failed (the business layer raises NotAuthorizedError).
 HANDSHAKE_REFUSED = "security handshake refused"
+# Client: the peer at the endpoint is no ZeroMQ socket (rda.transport._handshake); the business
+# layer raises DisconnectedError, not NotAuthorizedError: no key would help.
+NOT_RDA = "the peer does not speak the rda protocol"
 
 
 def lost_reason(state: ConnState) -> str:

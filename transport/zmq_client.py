@@ -32,6 +32,7 @@ from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._curve import ClientCurve, apply_client
+from rda.transport._handshake import handshake_failure
 from rda.transport._mailbox import Mailbox, Wakeup
 from rda.transport._peers import (
     CLOSED_LOCALLY,
@@ -71,11 +72,6 @@ log = logging.getLogger("rda.transport.client")
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
-_HANDSHAKE_FAILED: dict[int, str] = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ (CURVE on one side only?)",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
-}
 
 
 def default_client_info() -> dict[str, Any]:
@@ -492,10 +488,10 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                 raw = monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event, _ = common.decode_monitor_event(raw)
-            refused = _HANDSHAKE_FAILED.get(event)
-            if refused is not None:
-                self._drop(c, f"{HANDSHAKE_REFUSED}: {refused}", ConnEvent.PEER_GONE)
+            event, value = common.decode_monitor_event(raw)
+            failed = handshake_failure(event, value, c.endpoint, self._curve is not None)
+            if failed is not None:
+                self._drop(c, failed, ConnEvent.PEER_GONE)
                 return
             if event in common.GONE_EVENTS:
                 self._drop(c, lost_reason(c.state), ConnEvent.PEER_GONE)

@@ -8,6 +8,7 @@ traceback, because hiding those would hide the bug.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 from collections.abc import Callable, Iterator
@@ -38,9 +39,14 @@ from rda.serialization.errors import (
 )
 
 __all__ = [
+    "CONFIG_HELP",
+    "ENDPOINT_HELP",
     "CliError",
     "ExitCode",
     "Options",
+    "add_global_options",
+    "check_endpoint",
+    "cli_error",
     "emit_json",
     "fail",
     "open_client",
@@ -116,10 +122,17 @@ def reporting() -> Iterator[None]:
     except CliError:
         raise
     except RdaError as exc:
-        # One line, whatever the message: multi-line ones (ConfigError lists each problem)
-        # are joined rather than cut.
-        text = " ".join(line.strip() for line in str(exc).splitlines()) or type(exc).__name__
-        raise CliError(f"{_kind(exc)}: {text}", exit_code_for(exc)) from None
+        raise cli_error(exc) from None
+
+
+def cli_error(exc: RdaError, note: str = "") -> CliError:
+    """The one-line CLI error for ``exc`` (``note`` appended in parentheses), with its code."""
+    # One line, whatever the message: multi-line ones (ConfigError lists each problem)
+    # are joined rather than cut.
+    text = " ".join(line.strip() for line in str(exc).splitlines()) or type(exc).__name__
+    if note:
+        text += f" ({note})"
+    return CliError(f"{_kind(exc)}: {text}", exit_code_for(exc))
 
 
 def _kind(exc: BaseException) -> str:
@@ -151,6 +164,64 @@ class Options:
             if self.config_file is not None:
                 return Config.from_file(self.config_file)
             return Config()
+
+
+ENDPOINT_HELP = "Send every request to this endpoint (tcp://host:port), bypassing the directory."
+CONFIG_HELP = "A TOML configuration file (RDA_* variables still win)."
+_GLOBAL_MARK = "_rda_global_options"
+
+
+def check_endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--endpoint``: ``tcp://host:port`` and the like, or a usage error."""
+    if value is not None and "://" not in value:
+        raise click.BadParameter(f"{value!r} is not an endpoint like tcp://host:port")
+    return value
+
+
+def _global_after(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """A global option given after the subcommand: it replaces the group's value."""
+    if value is None:
+        return
+    if param.name == "endpoint":
+        check_endpoint(ctx, param, value)
+    options = ctx.obj if isinstance(ctx.obj, Options) else Options()
+    ctx.obj = dataclasses.replace(options, **{str(param.name): value})
+
+
+def add_global_options(command: click.Command) -> None:
+    """Give ``command`` (and, for a group, each of its subcommands) ``--endpoint`` and
+    ``--config``, so the global options work after the subcommand too and show in its help.
+    Idempotent."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            add_global_options(sub)
+        return  # a group's own options would have to come before its subcommand again
+    if getattr(command, _GLOBAL_MARK, False):
+        return
+    setattr(command, _GLOBAL_MARK, True)
+    taken = {opt for param in command.params for opt in param.opts}
+    if "--endpoint" not in taken:
+        flags = ["--endpoint"] if "-e" in taken else ["--endpoint", "-e"]
+        command.params.append(
+            click.Option(
+                [*flags, "endpoint"],
+                default=None,
+                expose_value=False,
+                callback=_global_after,
+                help=ENDPOINT_HELP + " (global option)",
+            )
+        )
+    if "--config" not in taken:
+        command.params.append(
+            click.Option(
+                ["--config", "config_file"],
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                expose_value=False,
+                callback=_global_after,
+                help=CONFIG_HELP + " (global option)",
+            )
+        )
 
 
 def security_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,14 @@ import click
 from click.shell_completion import CompletionItem
 
 from rda.admin.cli.common import (
+    CONFIG_HELP,
+    ENDPOINT_HELP,
     CliError,
     ExitCode,
     Options,
+    add_global_options,
+    check_endpoint,
+    cli_error,
     emit_json,
     open_client,
     reporting,
@@ -30,14 +36,15 @@ from rda.admin.cli.common import (
 )
 from rda.admin.cli.keys import keys
 from rda.admin.cli.run import bench, serve
-from rda.admin.cli.values import BadValueError, build_data, parse_assignments
+from rda.admin.cli.values import BadValueError, build_data, merge_data, parse_assignments
 from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
-from rda.serialization.errors import RdaError
+from rda.serialization.errors import NotAuthorizedError, RdaError
+from rda.transport._peers import HANDSHAKE_REFUSED
 
 __all__ = ["cli", "main"]
 
@@ -64,11 +71,20 @@ def _complete_address(
 
 
 class _Group(click.Group):
-    """Turns rda errors escaping a command into a one-line message and an exit code."""
+    """Turns rda errors escaping a command into a one-line message and an exit code; gives
+    every subcommand the global options, so they work after it too (``rda get X/Y -e EP``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         with reporting():
             return super().invoke(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        # At lookup rather than at add_command: nested groups (directory, keys, history) get
+        # their subcommands after they were added here, and record/history come from rda._cli.
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            add_global_options(command)
+        return command
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,21 +93,24 @@ class _Group(click.Group):
     "-e",
     envvar="RDA_ENDPOINT",
     default=None,
-    help="Send every request to this endpoint (tcp://host:port), bypassing the directory.",
+    callback=check_endpoint,
+    help=ENDPOINT_HELP,
 )
 @click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="A TOML configuration file (RDA_* variables still win).",
+    help=CONFIG_HELP,
 )
 @click.version_option(package_name="rda", prog_name="rda")
 @click.pass_context
 def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> None:
-    """rda: get, set and subscribe to device properties; run and inspect servers."""
-    if endpoint is not None and "://" not in endpoint:
-        raise click.BadParameter(f"{endpoint!r} is not an endpoint like tcp://host:port")
+    """rda: get, set and subscribe to device properties; run and inspect servers.
+
+    The global options (--endpoint, --config) may also follow the subcommand.
+    """
+    # A subcommand's own --endpoint/--config (parsed after this) replace these.
     ctx.obj = Options(endpoint=endpoint, config_file=config_file)
 
 
@@ -142,7 +161,8 @@ def get(
 @click.option(
     "--no-read",
     is_flag=True,
-    help="Do not read the current value first (types are inferred from the literals).",
+    help="Do not read the current value first: send only the given fields, their types "
+    "inferred from the literals (for write-only properties).",
 )
 @security_options
 @click.pass_obj
@@ -157,16 +177,49 @@ def set_(
     key_file: Path | None,
     server_key: str | None,
 ) -> None:
-    """Write a property: each NAME=VALUE is converted to that field's current type."""
+    """Write a property. It is read first: the NAME=VALUE fields replace theirs in the value
+    read, each converted to that field's type, and the whole value is sent, so a partial set
+    keeps the other fields (--no-read sends only the given ones)."""
     device, prop = split_address(address)
     given = _set_values(values, json_text)
     with open_client(options, key_file, server_key) as client:
         ap = client.access_point(device, prop)
-        template = None if no_read else ap.get(selector=selector or None, timeout=timeout).data
+        template: Data | None = None
+        unread: str | None = None  # why the value could not be read first
+        if not no_read:
+            try:
+                template = ap.get(selector=selector or None, timeout=timeout).data
+            except NotAuthorizedError as exc:
+                if HANDSHAKE_REFUSED in str(exc):
+                    raise  # the connection itself was refused: the set would be too
+                # A set-only role: report what the set itself gets, not the refused read.
+                unread = f"not read first: {exc}"
         with reporting():
             data = build_data(given, template)
-        ap.set(data, selector=selector or None, timeout=timeout)
-    click.echo(f"{address}: set {', '.join(data)}", err=True)
+            if template is not None:
+                _check_fields(address, given, template)
+                data = merge_data(template, data)
+        try:
+            ap.set(data, selector=selector or None, timeout=timeout)
+        except RdaError as exc:
+            if unread is None:
+                raise
+            raise cli_error(exc, unread) from None
+    note = f" ({unread}; types inferred from the values)" if unread else ""
+    click.echo(f"{address}: set {', '.join(given)}{note}", err=True)
+
+
+def _check_fields(address: str, given: Mapping[str, Any], template: Data) -> None:
+    """A name the value read does not have is most likely misspelt: name it and the known
+    ones before anything is sent (--no-read sends it anyway)."""
+    unknown = [name for name in given if name not in template]
+    if unknown:
+        names = ", ".join(repr(n) for n in unknown)
+        raise CliError(
+            f"{address} has no field {names} (fields: {', '.join(template)}); "
+            "--no-read sends it as given",
+            ExitCode.NO_SUCH_DEVICE,
+        )
 
 
 def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any]:

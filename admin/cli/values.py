@@ -18,7 +18,7 @@ import numpy as np
 from rda.serialization._data import Data, DataType
 from rda.serialization.errors import RdaError
 
-__all__ = ["BadValueError", "build_data", "parse_assignments", "parse_literal"]
+__all__ = ["BadValueError", "build_data", "merge_data", "parse_assignments", "parse_literal"]
 
 _TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
 _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
@@ -78,6 +78,22 @@ def build_data(values: Mapping[str, Any], template: Data | None) -> Data:
         except (TypeError, ValueError, OverflowError) as exc:
             kind = target.name.lower() if target is not None else "a value"
             raise BadValueError(f"field {name!r}: cannot use {value!r} as {kind}: {exc}") from None
+    return out
+
+
+def merge_data(base: Data, changes: Data) -> Data:
+    """``base`` with the fields of ``changes`` put in (nested ``Data`` merged the same way).
+
+    ``rda set DEV/PROP mode=3`` sends the value it read with ``mode`` replaced: a property
+    whose schema requires ``current`` too would refuse ``mode`` alone (issue 26).
+    """
+    out = base.copy()
+    types = base.types()
+    for name in changes:
+        value, kind = changes[name], changes.type_of(name)
+        if kind is DataType.DATA and types.get(name) is DataType.DATA:
+            value = merge_data(base[name], value)
+        out.append(name, value, type=kind)
     return out
 
 

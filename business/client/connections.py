@@ -25,7 +25,8 @@ from rda.business.client.statistics import ClientCounters
 from rda.business.client.subscriptions import Subscription
 from rda.business.client.timer import Timer
 from rda.business.directory import Directory
-from rda.serialization.errors import DisconnectedError, TransportError
+from rda.serialization.errors import DisconnectedError, NotAuthorizedError, TransportError
+from rda.transport._peers import HANDSHAKE_REFUSED
 from rda.transport.api import ClientTransport
 
 __all__ = ["ClientConnections"]
@@ -47,6 +48,7 @@ class ClientConnections:
     _pending: dict[int, Pending]
     _lane_pending: dict[int, Pending]
     _endpoints: dict[str, Endpoint]
+    _subs: dict[int, Subscription]
     _device_endpoints: dict[str, str]
     _by_connection: dict[int, Endpoint]
     _early: dict[int, list[Callable[[], None]]]
@@ -203,6 +205,7 @@ class ClientConnections:
                 return
             ep.backoff.reset()
             ep.acked = True
+            ep.refused = False
             if ep.was_connected:
                 self._counters.reconnects += 1
                 ep.reconnects += 1
@@ -237,15 +240,30 @@ class ClientConnections:
                 if p.connection == connection
             ]
             subs = list(ep.subs.values())
-            # Subscriptions and access points get the connection back in the background (so
-            # the first get after a server restart finds it up); an endpoint only admin
-            # requests used reconnects when the next one comes.
-            if ep.wanted() and not self._closing:
+            refused = ep.refused = reason.startswith(HANDSHAKE_REFUSED)
+            if refused:
+                # The server refuses this client (no key, a key it does not know, a wrong
+                # server key): retrying cannot change that, and must not hammer it. Its
+                # subscriptions end; the next request dials again (issue 26).
+                for sub in subs:
+                    ep.subs.pop(sub.id, None)
+                    self._subs.pop(sub.id, None)
+            elif ep.wanted() and not self._closing:
+                # Subscriptions and access points get the connection back in the background
+                # (so the first get after a server restart finds it up); an endpoint only
+                # admin requests used reconnects when the next one comes.
                 delay = ep.backoff.next_delay()
                 ep.retry = self._timer.call_later(delay, functools.partial(self._reconnect, ep))
         for rid in lost:
             self._disconnected(rid, ep.address, reason)
         for sub in subs:
+            if refused:
+                sub.fail(
+                    NotAuthorizedError(
+                        f"subscribe {sub.device}/{sub.property}: {ep.address}: {reason}"
+                    )
+                )
+                continue
             sub.deliver_error(
                 DisconnectedError(
                     f"{sub.device}/{sub.property}: connection to {ep.address} lost ({reason}); "

@@ -45,6 +45,7 @@ class Endpoint:
         "devices",
         "last_reason",
         "reconnects",
+        "refused",
         "retry",
         "subs",
         "was_connected",
@@ -59,6 +60,8 @@ class Endpoint:
         self.was_connected = False
         self.reconnects = 0
         self.last_reason = ""
+        # The server refused this client's handshake: no retry until a request dials again.
+        self.refused = False
         self.retry: TimerHandle | None = None
         self.subs: dict[int, Subscription] = {}
         # Devices resolved to this endpoint: resolved again when the connection is lost, so a
@@ -76,6 +79,8 @@ class Endpoint:
                 state = "connected"
             else:
                 state = "reconnecting" if self.was_connected else "connecting"
+        elif self.refused:
+            state = "refused"
         else:
             state = "reconnecting" if self.wanted() else "disconnected"
         return ServerConnectionStatistics(

@@ -63,7 +63,7 @@ from rda.serialization.errors import (
     TransportError,
 )
 from rda.transport._mailbox import Wakeup
-from rda.transport._peers import HANDSHAKE_REFUSED
+from rda.transport._peers import HANDSHAKE_REFUSED, NOT_RDA
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_routed
 
@@ -428,6 +428,9 @@ class ClientService(ClientConnections, LaneCalls):
         if reason.startswith(HANDSHAKE_REFUSED):
             # Retrying cannot help: the server does not accept this client (or its key).
             return NotAuthorizedError(f"{p.op} {p.device}/{p.property}: {address}: {reason}")
+        if reason.startswith(NOT_RDA):
+            # Not "lost": there never was an rda connection (a wrong port, another service).
+            return DisconnectedError(f"{p.op} {p.device}/{p.property}: {reason}")
         return DisconnectedError(
             f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
         )

@@ -28,6 +28,9 @@ class ServerConnectionStatistics:
       (exponential back-off), devices being resolved again through the directory first;
     - ``"disconnected"``: lost, and nothing needs it back (only admin requests used it); the
       next request connects.
+    - ``"refused"``: the server refused this client's security handshake (``last_reason``
+      says how); its subscriptions ended with ``NotAuthorizedError`` and nothing retries in
+      the background; the next request dials again.
 
     ``reconnects`` counts connections re-established after a loss, ``connects`` every
     connection opened (attempts included); ``devices`` are the devices the client reaches

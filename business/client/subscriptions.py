@@ -470,6 +470,14 @@ class Subscription:
         self._expected = 0
         self._deliver((error, 0, 0))
 
+    def fail(self, error: RdaError) -> None:
+        """A final error (the server refuses this client): delivered, then the end."""
+        if self._ended:
+            return
+        self._in_outage = False
+        self._deliver((error, 0, 0))
+        self.end()
+
     def terminate(self) -> None:
         """The client service is closing: stop at once, discarding what is queued."""
         with self._lock:

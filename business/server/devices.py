@@ -111,14 +111,38 @@ class DeviceProperty:
         """The value the setter receives: the schema's model, or ``data`` without a schema."""
         if self.schema is None:
             return data
+        problems = _unknown_fields(self.schema, data)
+        model: BaseModel | None = None
         try:
-            return self.schema.model_validate(data.to_dict())
+            model = self.schema.model_validate(data.to_dict())
         except ValidationError as exc:
-            problems = "; ".join(
+            problems += [
                 f"{'.'.join(str(p) for p in err['loc']) or '(value)'}: {err['msg']}"
                 for err in exc.errors()
-            )
-            raise PropertyValidationError(f"{device}/{self.name}: {problems}") from None
+                if err["type"] != "extra_forbidden"  # named by _unknown_fields, with the known
+            ]
+        if problems or model is None:
+            raise PropertyValidationError(f"{device}/{self.name}: {'; '.join(problems)}")
+        return model
+
+
+def _unknown_fields(schema: type[BaseModel], data: Data) -> list[str]:
+    """``["unknown field 'volts' (fields: current, mode)"]`` for names the schema lacks.
+
+    pydantic ignores extra fields by default, so a misspelt name would vanish and the set report
+    only what is now missing (issue 26). Unknown names are refused unless the model says what
+    to do with extras itself (``extra="allow"`` or ``"ignore"`` in its ``model_config``).
+    """
+    if schema.model_config.get("extra") in ("allow", "ignore"):
+        return []
+    known = {name: info.alias or name for name, info in schema.model_fields.items()}
+    accepted = set(known) | set(known.values())
+    unknown = [name for name in data if name not in accepted]
+    if not unknown:
+        return []
+    names = ", ".join(repr(n) for n in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    return [f"unknown field{plural} {names} (fields: {', '.join(known.values())})"]
 
 
 def prop(

@@ -4,8 +4,10 @@ Small pulls read the Parquet files with pyarrow (``rda.pipeline.history.local``;
 ``--spark`` runs the same call through ``rda.pipeline.history.api.History`` on a local Spark session.
 Output is a table on stdout, or ``--json`` (one document), ``--csv FILE``, ``--parquet FILE``.
 Times are ISO 8601 (UTC unless an offset is given), ns integers, ``now``, or ``-1h`` (that long
-before now); signals are ``DEV/Prop``, ``DEV/Prop#field`` or globs. Bad input prints one line
-and exits with status 1.
+before now); signals are ``DEV/Prop``, ``DEV/Prop#field`` or globs. Exit codes are those of
+every ``rda`` command (docs/cli.md): 2 for a usage error (bad time, bad signal, clashing
+options), 4 when a signal has no recorded data or names a field no recorded value has (the line
+lists what exists), 1 for any other failure.
 """
 
 from __future__ import annotations
@@ -24,12 +26,89 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from rda.pipeline.history.local import local_get, local_search, local_stats
-from rda.pipeline.history.paths import parse_duration, parse_time
+from rda.pipeline.history.paths import (
+    Signal,
+    StoreIndex,
+    days_between,
+    parse_duration,
+    parse_signals,
+    parse_time,
+)
 from rda.pipeline.recorder.store import Store
 
-__all__ = ["history", "parse_cli_time"]
+__all__ = ["NOT_FOUND", "NotRecordedError", "check_recorded", "history", "parse_cli_time"]
 
 _MAX_CELL = 60
+# rda.admin.cli.common.ExitCode.NO_SUCH_DEVICE (this layer may not import rda.admin; a test
+# checks that the two agree).
+NOT_FOUND = 4
+_LISTED = 12  # names listed in a "not found" line before "..."
+
+
+class NotRecordedError(click.ClickException):
+    """A signal with no recorded data, or a field no recorded value has: one line, exit 4."""
+
+    exit_code = NOT_FOUND
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"rda: not found: {self.format_message()}", err=True)
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_LISTED])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > _LISTED else "") or "none"
+
+
+def _field_paths(kind: pa.DataType | None, prefix: str = "") -> list[str]:
+    """``a``, ``b``, ``b.c`` ...: every field path of a ``data`` struct type."""
+    if kind is None or not pa.types.is_struct(kind):
+        return []
+    paths: list[str] = []
+    for i in range(kind.num_fields):
+        child = kind.field(i)
+        paths.append(prefix + child.name)
+        paths += _field_paths(child.type, f"{prefix}{child.name}.")
+    return paths
+
+
+def check_recorded(
+    root: Store, signals: Sequence[str], fields: Sequence[str], window: tuple[int, int]
+) -> None:
+    """Refuse, naming them, signals that match nothing recorded and fields that no recorded
+    value of theirs has: a typo must not pass as an empty answer (issue 26).
+
+    Fields are looked up in the files of the window's days (the last recorded day when the
+    window has none): Parquet footers only, no data is read.
+    """
+    try:
+        parsed = parse_signals(list(signals))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SIGNALS") from None
+    index = StoreIndex(root)
+    recorded = index.keys([Signal("*", "*")])
+    problems: list[str] = []
+    for signal in parsed:
+        keys = [key for key in recorded if signal.matches(*key)]
+        if not keys:
+            known = _listing([f"{d}/{p}" for d, p in recorded])
+            problems.append(f"no recorded data for {signal.text!r} (recorded: {known})")
+            continue
+        wanted = [signal.field] if signal.field is not None else list(fields)
+        if not wanted:
+            continue
+        paths: set[str] = set()
+        for device, prop in keys:
+            days = index.days(device, prop)
+            chosen = [d for d in days_between(*window) if d in days] or days[-1:]
+            for path in index.files(device, prop, chosen):
+                paths.update(_field_paths(index.data_type(path)))
+        unknown = [name for name in wanted if name not in paths]
+        if unknown:
+            where = f"{signal.device}/{signal.prop}"
+            names = ", ".join(repr(n) for n in unknown)
+            problems.append(f"{where} has no field {names} (fields: {_listing(sorted(paths))})")
+    if problems:
+        raise NotRecordedError("; ".join(problems))
 
 
 def parse_cli_time(text: str, argument: str, now: int | None = None) -> int:
@@ -50,7 +129,7 @@ class _Output:
 
     def __init__(self, as_json: bool, csv_file: Path | None, parquet_file: Path | None) -> None:
         if sum((as_json, csv_file is not None, parquet_file is not None)) > 1:
-            raise click.ClickException("give at most one of --json, --csv, --parquet")
+            raise click.UsageError("give at most one of --json, --csv, --parquet")
         self.as_json = as_json
         self.csv_file = csv_file
         self.parquet_file = parquet_file
@@ -188,11 +267,14 @@ _END = click.option("--end", "-e", default="now", show_default=True, help="Windo
 
 
 def _window(start: str, end: str) -> tuple[int, int]:
-    try:
-        now = time.time_ns()
-        return parse_cli_time(start, "start", now), parse_cli_time(end, "end", now)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    now = time.time_ns()
+    times = []
+    for text, name in ((start, "start"), (end, "end")):
+        try:
+            times.append(parse_cli_time(text, name, now))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"--{name}") from None
+    return times[0], times[1]
 
 
 @click.group()
@@ -217,6 +299,8 @@ def search(
 ) -> None:
     """Recorded DEVICE/PROPERTY pairs matching PATTERN (a glob, default */*), with their days."""
     output = _Output(as_json, csv_file, parquet_file)
+    if "#" in pattern:
+        raise click.BadParameter(f"{pattern!r}: a search names no field", param_hint="PATTERN")
     if spark:
         _run(lambda: _spark_table(_spark_history(root).search(pattern)), output)
     else:
@@ -248,6 +332,7 @@ def get(
     """Values of SIGNALS with start <= acq_stamp < end (default: the last hour)."""
     output = _Output(as_json, csv_file, parquet_file)
     window = _window(start, end)
+    check_recorded(root, signals, fields, window)
     chosen: Sequence[str] | None = list(fields) or None
     if spark:
         _run(
@@ -284,7 +369,8 @@ def stats(
     try:
         width = None if every is None else parse_duration(every, "every")
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="--every") from None
+    check_recorded(root, signals, (), window)
     if spark:
         _run(
             lambda: _spark_table(_spark_history(root).stats(list(signals), *window, every=every)),

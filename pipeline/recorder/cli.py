@@ -7,6 +7,7 @@ object when there is one. Standalone: ``python -m rda.pipeline.recorder.cli reco
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import signal
@@ -98,6 +99,10 @@ def record(
 
     Device names may be globs (resolved through the directory): rda record /data 'PS*/Acq'.
     """
+    # Every argument is checked before the client exists: a usage error must not leave its
+    # threads running.
+    retention_s, convert_s = parse_duration(retention), parse_duration(convert_every)
+    seconds = None if duration is None else parse_duration(duration)
     client = None
     try:
         client = _client(ctx)
@@ -108,15 +113,15 @@ def record(
             recorder_id=recorder_id,
             journal=journal,
             queue_limit=queue_limit,
-            retention=parse_duration(retention),
-            convert_interval=parse_duration(convert_every),
+            retention=retention_s,
+            convert_interval=convert_s,
         )
     except ValueError as exc:
         if client is not None:
             client.close()
         raise click.BadParameter(str(exc)) from None
     stop = threading.Event()
-    limit = None if duration is None else time.monotonic() + parse_duration(duration)
+    limit = None if seconds is None else time.monotonic() + seconds
     previous = signal.getsignal(signal.SIGTERM)
 
     def terminate(signum: int, frame: FrameType | None) -> None:
@@ -184,6 +189,12 @@ def compact(root: Path, address: str, date: str) -> None:
     device, _, prop = address.partition("/")
     if not device or not prop:
         raise click.BadParameter(f"{address!r}: expected DEVICE/PROPERTY")
+    try:
+        datetime.date.fromisoformat(date)
+    except ValueError:
+        raise click.BadParameter(
+            f"{date!r} is not a date like 2026-11-20", param_hint="DATE"
+        ) from None
     try:
         outputs = compact_day(root, device, prop, date)
     except ValueError as exc:
