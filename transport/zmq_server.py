@@ -86,11 +86,7 @@ _CLOSE_LINGER_MS = 100
 # first) so that their last messages, still in the ROUTER when the monitor's verdict came
 # first, are dropped and counted instead of answered as "REQUEST before CONNECT".
 _GONE_REMEMBERED = 4096
-
-
 _CONNECT = int(Kind.CONNECT)
-
-
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
 
 
@@ -147,8 +143,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     @property
     def hands_over(self) -> bool:
-        """True: a handler that runs long on the dispatcher is handed over (``_relay``), so
-        the business layer may start any get or set there (``Dispatch.attach``)."""
+        """True: a long handler on the dispatcher is handed over (``_relay``, Dispatch.attach)."""
         return self._settings.handover_after > 0
 
     def start(self) -> None:
@@ -256,7 +251,12 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         poll = self._poller.poll
         try:
             while not self._closing:
-                for sock, event in poll(self._poll_timeout_ms()):
+                ready = poll(self._poll_timeout_ms())
+                if len(ready) > 1 and ready[-1][0] is mailbox:
+                    # Replies other threads completed go out before inline handlers answer
+                    # the requests read now: an inline reply must not overtake them.
+                    ready.insert(0, ready.pop())
+                for sock, event in ready:
                     try:
                         if sock is router:
                             # Plain ints: ``IntFlag & IntFlag`` is a Python-level call
