@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java bench clean demo cluster-check
+.PHONY: test lint typecheck unit install java etcd bench clean demo cluster-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,16 @@ java:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			openjdk-17-jre-headless >/dev/null; }
 
-install: $(STAMP) java
+# The etcd directory's tests start a real etcd (tests/etcd_fixture.py): install Debian's
+# etcd-server only when `etcd` is missing, as for Java.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+		echo "etcd not found: installing etcd-server"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			etcd-server >/dev/null; }
+
+install: $(STAMP) java etcd
 
 lint: install
 	$(BIN)/ruff check .

@@ -59,6 +59,7 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         "python": platform.python_version(),
         "devices": len(server.devices()),
         "commands": [c.name for c in ctx.registry.commands()],
+        "directory": server.statistics().directory,
         "settings": plain(server.settings()),
     }
     endpoint = metrics_endpoint(server)

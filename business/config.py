@@ -22,7 +22,7 @@ from rda.serialization.errors import RdaError
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
-__all__ = ["ENV_PREFIX", "Config", "ConfigError", "default_directory_file"]
+__all__ = ["ENV_PREFIX", "Config", "ConfigError", "default_directory_file", "etcd_endpoints"]
 
 ENV_PREFIX = "RDA_"
 
@@ -84,6 +84,19 @@ class Config(BaseSettings):
     directory: dict[str, str] = Field(
         default_factory=dict,
         description="Static device name or glob pattern -> endpoint; consulted first.",
+    )
+    directory_url: str | None = Field(
+        None,
+        description="Facility directory: etcd://host1:2379,host2:2379 (etcds:// for TLS); "
+        "servers register there, clients resolve there after the static mapping. None: off.",
+    )
+    directory_prefix: str = Field(
+        "/rda/", min_length=1, description="Key prefix of this facility's entries in etcd."
+    )
+    directory_ttl: float = Field(
+        10.0,
+        ge=2.0,
+        description="Seconds a killed server's entries outlive it in etcd (its lease's TTL).",
     )
     workers: int = Field(4, ge=1, le=1024, description="Scheduler worker threads.")
     queue_limit: int = Field(1000, ge=1, description="Waiting tasks per scheduler group.")
@@ -152,6 +165,13 @@ class Config(BaseSettings):
     @classmethod
     def _expand_key_home(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser()
+
+    @field_validator("directory_url")
+    @classmethod
+    def _check_directory_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            etcd_endpoints(url)  # raises ValueError naming what is wrong
+        return url
 
     @field_validator("directory")
     @classmethod
@@ -224,6 +244,22 @@ class Config(BaseSettings):
             max_message_size=self.max_message_size,
             handover_after=self.handover_after,
         )
+
+
+def etcd_endpoints(url: str) -> list[str]:
+    """``etcd://h1:2379,h2:2379`` -> ``["http://h1:2379", "http://h2:2379"]`` (``etcds://``:
+    https). Plain ``http(s)://`` endpoints, comma-separated, are taken as they are."""
+    scheme, sep, rest = url.partition("://")
+    schemes = {"etcd": "http", "etcds": "https", "http": "http", "https": "https"}
+    if not sep or scheme not in schemes:
+        raise ValueError(
+            f"directory URL {url!r} must start with etcd:// (or etcds://, http://, https://)"
+        )
+    hosts = [h.strip().rstrip("/") for h in rest.split(",")]
+    for host in hosts:
+        if not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[\w.-]+):\d{1,5}", host):
+            raise ValueError(f"directory URL {url!r}: {host!r} is not host:port")
+    return [f"{schemes[scheme]}://{h}" for h in hosts]
 
 
 def _readable(exc: ValidationError) -> str:

@@ -4,7 +4,11 @@
 - :class:`FileDirectory`: a JSON file that servers on this machine register into on start and
   leave on stop, so ``rda serve`` and ``rda get`` on one machine need no configuration.
 - :class:`ChainDirectory`: asks several in order; :func:`default_directory` chains the static
-  mapping first, then the file.
+  mapping first, then etcd (``RDA_DIRECTORY_URL``, ``rda.business.etcd``), then the file.
+
+One live server per name: a directory that servers register into (a :class:`Registry`) refuses
+a server whose name, or one of whose devices, a live server of another process holds, with
+:class:`NameTakenError` naming the owner; ``replace=True`` takes the entries over on purpose.
 
 Device names match exactly first, then glob patterns (``fnmatch``, case-sensitive: device names
 are case-sensitive in RDA3).
@@ -22,24 +26,37 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from fnmatch import translate
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from fnmatch import fnmatchcase, translate
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rda.business.config import Config
+from rda.business.entries import (
+    NameTakenError,
+    Record,
+    ServerEntry,
+    conflict,
+    parse_record,
+    process_start,
+)
 from rda.serialization.errors import NoSuchDeviceError, RdaError, TimeoutError
 
 __all__ = [
     "ChainDirectory",
     "Directory",
+    "DirectoryUnavailableError",
     "FileDirectory",
+    "NameTakenError",
+    "Registry",
     "ServerEntry",
     "StaticDirectory",
+    "covers",
     "default_directory",
+    "default_registry",
     "server_key_of",
     "split_server_key",
+    "watch_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +83,31 @@ class Directory(Protocol):
     def devices(self) -> dict[str, str]:
         """Every known device name or pattern -> endpoint."""
         ...
+
+
+@runtime_checkable
+class Registry(Protocol):
+    """A directory servers register into (the file, etcd)."""
+
+    def register(
+        self,
+        server: str,
+        endpoint: str,
+        devices: Iterable[str],
+        server_key: str | None = None,
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Claim ``server`` and its ``devices``; ``NameTakenError`` if a live server of
+        another process holds one of them (unless ``replace``)."""
+        ...
+
+    def unregister(self, server: str) -> None: ...
+
+
+class DirectoryUnavailableError(RdaError):
+    """The directory itself cannot be reached or read (etcd down or unreachable): the device
+    may well exist. The message names the directory and the cause."""
 
 
 def _is_pattern(name: str) -> bool:
@@ -157,13 +199,36 @@ class ChainDirectory:
         return f"ChainDirectory({', '.join(map(repr, self.directories))})"
 
     def resolve(self, device: str) -> str:
+        unavailable: DirectoryUnavailableError | None = None
         for directory in self.directories:
             try:
                 return directory.resolve(device)
             except NoSuchDeviceError:
                 continue
+            except DirectoryUnavailableError as exc:
+                # A later directory may still know it; if none does, the outage is the answer
+                # (the device may exist), not "no such device".
+                unavailable = unavailable or exc
+        if unavailable is not None:
+            raise unavailable
         tried = ", ".join(map(repr, self.directories))
         raise NoSuchDeviceError(f"{device}: no such device (looked in {tried})")
+
+    def watch(self, callback: Callable[[str, str | None], None]) -> Callable[[], None]:
+        """Report changes of every directory in the chain that reports them."""
+        stops = [w(callback) for d in self.directories if (w := watch_of(d)) is not None]
+
+        def unwatch() -> None:
+            for stop in stops:
+                stop()
+
+        return unwatch
+
+    def close(self) -> None:
+        for directory in self.directories:
+            close = getattr(directory, "close", None)
+            if callable(close):
+                close()
 
     def server_key(self, endpoint: str) -> str | None:
         for directory in self.directories:
@@ -180,19 +245,6 @@ class ChainDirectory:
         return merged
 
 
-@dataclass(frozen=True, slots=True)
-class ServerEntry:
-    """One server registered in a :class:`FileDirectory`."""
-
-    name: str
-    endpoint: str
-    devices: tuple[str, ...]
-    pid: int
-    host: str
-    registered_at: float  # seconds since the epoch
-    server_key: str | None = None  # CURVE public key of a server with security
-
-
 class FileDirectory:
     """A JSON registry of the servers running on this machine.
 
@@ -204,7 +256,9 @@ class FileDirectory:
     killed server leaves no trap. ``start`` (the process start time from ``/proc``) guards
     against a recycled pid making a dead entry look alive.
 
-    When two live servers claim the same device, the latest registration wins.
+    A second live process registering a name or device already held is refused
+    (:class:`NameTakenError`), unless it registers with ``replace=True``. Should two claims
+    exist anyway (an entry from another host on a shared file), the latest wins.
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -224,9 +278,13 @@ class FileDirectory:
         endpoint: str,
         devices: Iterable[str],
         server_key: str | None = None,
+        *,
+        replace: bool = False,
     ) -> None:
-        """Add or replace the entry of ``server`` (owned by this process); ``server_key``
-        is its CURVE public key, which clients read with the endpoint."""
+        """Add the entry of ``server`` (or update this process's own); ``server_key`` is its
+        CURVE public key, which clients read with the endpoint. A live server of another
+        process holding the name or a device: ``NameTakenError``, unless ``replace``, which
+        removes its entry (the name) or its claim (a device) and logs whose it was."""
         if not isinstance(server, str) or not server.strip():
             raise ValueError(f"server name must be a non-empty string, got {server!r}")
         _check_endpoint(endpoint, f"server {server!r}")
@@ -243,16 +301,40 @@ class FileDirectory:
             "pid": os.getpid(),
             "host": self._host,
             "registered_at": time.time(),
-            "start": _process_start(os.getpid()),
+            "start": process_start(os.getpid()),
         }
         if server_key is not None:
             entry["server_key"] = server_key
         with self._locked():
             servers = self._live(self._read())
+            self._claim(servers, server, names, replace)
             # Re-inserting moves the name to the end: file order is registration order.
             servers.pop(server, None)
             servers[server] = entry
             self._write(servers)
+
+    def _claim(
+        self, servers: dict[str, dict[str, Any]], server: str, names: list[str], replace: bool
+    ) -> None:
+        """Refuse (or, with ``replace``, take over) what other live processes hold."""
+        # This process re-registering its own server is an update, not a clash.
+        others = [
+            record.entry
+            for name, raw in servers.items()
+            if not (name == server and self._owned(raw))
+            and (record := parse_record(name, raw)) is not None
+        ]
+        while (clash := conflict(server, names, others)) is not None:
+            what, owner = clash
+            if not replace:
+                raise NameTakenError(what, owner, repr(self))
+            log.warning("%s: taken over from %s (replace)", what, owner.describe())
+            others.remove(owner)
+            if owner.name == server:
+                del servers[server]
+            else:
+                raw = servers[owner.name]
+                raw["devices"] = [d for d in raw["devices"] if d not in set(names)]
 
     def unregister(self, server: str) -> None:
         """Remove the entry of ``server`` if this process registered it.
@@ -265,6 +347,13 @@ class FileDirectory:
             entry = servers.get(server)
             if entry is not None and self._owned(entry):
                 del servers[server]
+            elif entry is not None and (record := parse_record(server, entry)) is not None:
+                log.warning(
+                    "server %r: its entry in %r had been taken over by %s",
+                    server,
+                    self,
+                    record.entry.describe(),
+                )
             self._write(servers)
 
     # -- readers -----------------------------------------------------------------------------
@@ -310,7 +399,7 @@ class FileDirectory:
         records = [
             record
             for name, raw in self._parse(text).items()
-            if (record := _record(name, raw)) is not None
+            if (record := parse_record(name, raw)) is not None
         ]
         snapshot = _Snapshot(text, records)
         self._cache = snapshot
@@ -348,10 +437,10 @@ class FileDirectory:
         return {
             name: raw
             for name, raw in servers.items()
-            if (record := _record(name, raw)) is not None and self._alive(record)
+            if (record := parse_record(name, raw)) is not None and self._alive(record)
         }
 
-    def _alive(self, record: _Record) -> bool:
+    def _alive(self, record: Record) -> bool:
         entry = record.entry
         if entry.host != self._host:
             # Another machine's process (a shared home directory): cannot check, keep it.
@@ -367,7 +456,7 @@ class FileDirectory:
         if record.start is None:
             return True
         # Unknown now (e.g. /proc mounted with hidepid): trust the pid rather than drop it.
-        current = _process_start(entry.pid)
+        current = process_start(entry.pid)
         return current is None or current == record.start
 
     def _owned(self, raw: dict[str, Any]) -> bool:
@@ -419,47 +508,17 @@ class FileDirectory:
             os.close(dir_fd)
 
 
-class _Record(NamedTuple):
-    entry: ServerEntry
-    start: int | None  # process start time, to tell a live process from a recycled pid
-
-
-def _record(name: str, raw: dict[str, Any]) -> _Record | None:
-    """A record from the file, or None if it is malformed (hand-edited)."""
-    endpoint, devices = raw.get("endpoint"), raw.get("devices")
-    pid, host, at = raw.get("pid"), raw.get("host"), raw.get("registered_at")
-    if (
-        not isinstance(endpoint, str)
-        or not isinstance(devices, list)
-        or not all(isinstance(d, str) for d in devices)
-        or not isinstance(pid, int)
-        or isinstance(pid, bool)
-        or pid <= 0
-        or not isinstance(host, str)
-        or not isinstance(at, int | float)
-    ):
-        return None
-    start = raw.get("start")
-    if not isinstance(start, int) or isinstance(start, bool):
-        start = None
-    key = raw.get("server_key")
-    entry = ServerEntry(
-        name, endpoint, tuple(devices), pid, host, float(at), key if isinstance(key, str) else None
-    )
-    return _Record(entry, start)
-
-
 class _Snapshot:
     """One version of the file, parsed: records in file (registration) order, and the
     lookup structures with the newest registration first."""
 
     __slots__ = ("exact", "patterns", "records", "text")
 
-    def __init__(self, text: str, records: list[_Record]) -> None:
+    def __init__(self, text: str, records: list[Record]) -> None:
         self.text = text
         self.records = records
-        self.exact: dict[str, list[_Record]] = {}
-        self.patterns: list[tuple[re.Pattern[str], _Record]] = []
+        self.exact: dict[str, list[Record]] = {}
+        self.patterns: list[tuple[re.Pattern[str], Record]] = []
         for record in reversed(records):
             for name in record.entry.devices:
                 if _is_pattern(name):
@@ -468,27 +527,49 @@ class _Snapshot:
                     self.exact.setdefault(name, []).append(record)
 
 
-def _process_start(pid: int) -> int | None:
-    """The process start time in clock ticks since boot (Linux ``/proc``), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])  # field 22 overall
-    except (IndexError, ValueError):
-        return None
-
-
 def server_key_of(directory: Directory, endpoint: str) -> str | None:
     """The server key ``directory`` knows for ``endpoint`` (a directory without keys: None)."""
     lookup = getattr(directory, "server_key", None)
     return lookup(endpoint) if callable(lookup) else None
 
 
+def covers(name: str, device: str) -> bool:
+    """Whether the directory entry ``name`` (a device name or a glob pattern) covers ``device``."""
+    return name == device or (_is_pattern(name) and fnmatchcase(device, name))
+
+
+def watch_of(directory: Directory) -> Any:
+    """``directory``'s ``watch(callback)`` (devices that move are reported), or None."""
+    lookup = getattr(directory, "watch", None)
+    return lookup if callable(lookup) else None
+
+
+def etcd_of(directory: Directory) -> list[Directory]:
+    """Every directory in ``directory`` (a chain is opened up) that has a ``state()``."""
+    if isinstance(directory, ChainDirectory):
+        return [inner for d in directory.directories for inner in etcd_of(d)]
+    return [directory] if callable(getattr(directory, "state", None)) else []
+
+
 def default_directory(config: Config | None = None) -> Directory:
-    """The static mapping from configuration first, then this machine's directory file."""
+    """The static mapping from configuration first, then etcd when ``RDA_DIRECTORY_URL`` names
+    one, then this machine's directory file."""
     config = config if config is not None else Config()
-    return ChainDirectory(StaticDirectory(config.directory), FileDirectory(config.directory_file))
+    chain: list[Directory] = [StaticDirectory(config.directory)]
+    if config.directory_url is not None:
+        # Loaded late: the etcd directory builds on this module (and on httpx).
+        from rda.business.etcd.directory import EtcdDirectory
+
+        chain.append(EtcdDirectory.from_config(config))
+    chain.append(FileDirectory(config.directory_file))
+    return ChainDirectory(*chain)
+
+
+def default_registry(config: Config) -> Registry:
+    """Where a server registers by default: etcd when ``RDA_DIRECTORY_URL`` names one, else
+    this machine's directory file."""
+    if config.directory_url is not None:
+        from rda.business.etcd.directory import EtcdDirectory
+
+        return EtcdDirectory.from_config(config)
+    return FileDirectory(config.directory_file)

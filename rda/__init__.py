@@ -18,10 +18,13 @@ from rda.business.config import Config, ConfigError
 from rda.business.directory import (
     ChainDirectory,
     Directory,
+    DirectoryUnavailableError,
     FileDirectory,
+    NameTakenError,
     StaticDirectory,
     default_directory,
 )
+from rda.business.etcd.directory import EtcdDirectory
 from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device, prop
@@ -39,6 +42,7 @@ from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import (
     DecodeError,
     DisconnectedError,
+    HistoryUnavailableError,
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
@@ -66,10 +70,14 @@ __all__ = [
     "DecodeError",
     "Device",
     "Directory",
+    "DirectoryUnavailableError",
     "DisconnectedError",
+    "EtcdDirectory",
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",
+    "HistoryUnavailableError",
+    "NameTakenError",
     "NoSuchDeviceError",
     "NotAuthorizedError",
     "Notification",

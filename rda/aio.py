@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
 from rda.business.client import service as core
+from rda.business.client.history import TimeLike
 from rda.business.client.statistics import ClientStatistics
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
@@ -64,6 +66,22 @@ class ClientService:
             self.core.admin_async(target, command, timeout, **args)
         )
         return result
+
+    async def history(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Notification]:
+        """``ClientService.history`` in a worker thread (its chunks are blocking gets, asked
+        one after the other: docs/client.md, "History")."""
+        return await asyncio.to_thread(
+            self.core.history, device, prop, start, end, selector, limit, timeout
+        )
 
     def statistics(self) -> ClientStatistics:
         return self.core.statistics()
@@ -117,10 +135,13 @@ class AccessPoint:
         selector: str | None = None,
         filters: Data | Mapping[str, Any] | None = None,
         queue_size: int = 1000,
+        backfill: float | datetime.timedelta | None = None,
     ) -> Subscription:
-        """Subscribe from a running event loop; iterate with ``async for``."""
+        """Subscribe from a running event loop; iterate with ``async for``. ``backfill``: as
+        the blocking ``AccessPoint.subscribe`` (the recorded past first, marked HISTORY)."""
         loop = asyncio.get_running_loop()
-        return Subscription(self.core.subscribe(selector, filters, None, queue_size), loop)
+        core_sub = self.core.subscribe(selector, filters, None, queue_size, backfill)
+        return Subscription(core_sub, loop)
 
 
 class Subscription:

@@ -217,8 +217,9 @@ def demo_builder(
     seed: int = 0,
 ) -> ServerBuilder:
     """A ``ServerBuilder`` with the demo devices, for callers that add more (e.g. the admin
-    commands) before building. ``directory="default"`` registers into the file directory of
-    ``config`` (so ``rda get PS1 Setting`` finds it); None registers nowhere."""
+    commands) before building. ``directory="default"`` registers where ``config`` says (etcd
+    with ``RDA_DIRECTORY_URL``, else the file directory; so ``rda get PS1 Setting`` finds it);
+    None registers nowhere."""
     converters = [PowerConverter(seed + i) for i in range(3)]
     bpm = BeamPositionMonitor(seed + 10)
     cycler = _Cycler(converters, bpm, rate_hz)

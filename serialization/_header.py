@@ -69,6 +69,10 @@ class UpdateType(enum.IntEnum):
     NORMAL = 0
     FIRST = 1
     IMMEDIATE = 2
+    # A recorded update delivered before the live ones of a subscription made with
+    # ``backfill`` (docs/history.md, "History as a service"). The client makes these from a
+    # history answer; an rda server never sends this value (older peers would refuse it).
+    HISTORY = 3
 
 
 class HeaderFlags(enum.IntFlag):

@@ -12,6 +12,7 @@ import builtins
 __all__ = [
     "DecodeError",
     "DisconnectedError",
+    "HistoryUnavailableError",
     "NoSuchDeviceError",
     "NotAuthorizedError",
     "OverloadError",
@@ -60,6 +61,10 @@ class NoSuchDeviceError(RdaError):
     """The device or property is unknown (to the directory or to the server)."""
 
 
+class HistoryUnavailableError(RdaError):
+    """No recorder serves the history of a signal, or its history server could not answer."""
+
+
 class NotAuthorizedError(RdaError):
     """The authorization policy denied the operation."""
 
@@ -83,6 +88,7 @@ _TRANSPORTABLE: dict[str, type[RdaError]] = {
     for cls in (
         NoSuchDeviceError,
         NotAuthorizedError,
+        HistoryUnavailableError,
         OverloadError,
         TimeoutError,
         DecodeError,

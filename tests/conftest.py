@@ -41,6 +41,16 @@ def no_thread_leak() -> Iterator[None]:
     assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
 
 
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Any]:
+    """A real etcd on 127.0.0.1 (free ports, data under tmp_path), healthy before the test
+    starts, stopped by pid after it (``rda.testing.LocalEtcd``; its log is in tmp_path)."""
+    from rda.testing import LocalEtcd
+
+    with LocalEtcd(tmp_path / "etcd") as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole run (UI off, UTC, 2 shuffle partitions).

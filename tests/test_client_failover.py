@@ -41,13 +41,20 @@ class Named(RequestReplyCallback):
         request.complete(Data(server=self.name))
 
 
-def serve(name: str, directory: FileDirectory | None, port: int = 0, answer: str = "") -> Server:
+def serve(
+    name: str,
+    directory: FileDirectory | None,
+    port: int = 0,
+    answer: str = "",
+    replace: bool = False,
+) -> Server:
     return (
         ServerBuilder(name)
         .endpoint(f"tcp://127.0.0.1:{port}")
         .request_reply(Named(answer or name))
         .devices("PS1")
         .directory(directory)
+        .replace(replace)
         .build()
         .start()
     )
@@ -117,7 +124,8 @@ def test_failover_to_a_newer_registration_while_the_first_server_still_runs(
         sub = client.access_point("PS1", "Acquisition").subscribe()
         note = sub.poll(10)
         assert note is not None and note.data == Data(server="PS-primary")
-        backup = serve("PS-backup", directory)  # the newest registration of PS1 wins
+        # One live server per device: the backup takes PS1 over on purpose.
+        backup = serve("PS-backup", directory, replace=True)
         primary.stop()
         lost = sub.poll(10)
         assert lost is not None and isinstance(lost.error, DisconnectedError)

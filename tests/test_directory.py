@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from rda.business import directory as directory_module
+from rda.business import entries as entries_module
 from rda.business.config import Config
 from rda.business.directory import (
     ChainDirectory,
     Directory,
     FileDirectory,
+    NameTakenError,
     ServerEntry,
     StaticDirectory,
     default_directory,
@@ -126,13 +128,42 @@ def test_reregistering_replaces_the_entry(tmp_path: Path) -> None:
         files.resolve("PS1")
 
 
-def test_latest_registration_wins_a_conflict(tmp_path: Path) -> None:
+def test_a_device_held_by_a_live_server_is_refused_unless_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     files = FileDirectory(tmp_path / "d.json")
     files.register("Old", "tcp://127.0.0.1:1", ["PS1", "PS*"])
-    files.register("New", "tcp://127.0.0.1:2", ["PS1", "PS*"])
+    with pytest.raises(NameTakenError) as taken:
+        files.register("New", "tcp://127.0.0.1:2", ["PS1", "PS*"])
+    assert taken.value.owner.name == "Old" and taken.value.owner.pid == os.getpid()
+    assert "tcp://127.0.0.1:1" in str(taken.value) and "--replace" in str(taken.value)
+    assert files.resolve("PS1") == "tcp://127.0.0.1:1"  # nothing changed
+    assert [e.name for e in files.servers()] == ["Old"]
+    caplog.set_level(logging.WARNING, logger="rda.business.directory")
+    files.register("New", "tcp://127.0.0.1:2", ["PS1", "PS*"], replace=True)
     assert files.resolve("PS1") == "tcp://127.0.0.1:2"
     assert files.resolve("PS7") == "tcp://127.0.0.1:2"
     assert files.devices()["PS1"] == "tcp://127.0.0.1:2"
+    assert any("taken over from server 'Old'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_name_held_by_another_live_process_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    files = FileDirectory(path)
+    files.register("PSServer", "tcp://127.0.0.1:1", ["PS1"])
+    # Our parent process stands in for another live instance of the same server.
+    content = json.loads(path.read_text())
+    content["servers"]["PSServer"]["pid"] = os.getppid()
+    content["servers"]["PSServer"]["start"] = entries_module.process_start(os.getppid())
+    path.write_text(json.dumps(content))
+    with pytest.raises(NameTakenError, match=f"pid {os.getppid()}") as taken:
+        files.register("PSServer", "tcp://127.0.0.1:2", ["PS9"])
+    assert "server name 'PSServer'" in str(taken.value)
+    # A killed instance (dead pid) is no owner: its entry is stale and simply replaced.
+    content["servers"]["PSServer"]["pid"] = dead_pid()
+    path.write_text(json.dumps(content))
+    files.register("PSServer", "tcp://127.0.0.1:3", ["PS1"])
+    assert files.resolve("PS1") == "tcp://127.0.0.1:3"
 
 
 def test_unregister_removes_only_our_own_entry(tmp_path: Path) -> None:
@@ -146,7 +177,7 @@ def test_unregister_removes_only_our_own_entry(tmp_path: Path) -> None:
     # An entry owned by another live process (our parent stands in for it) is left alone.
     content = json.loads(path.read_text())
     content["servers"]["S2"]["pid"] = os.getppid()
-    content["servers"]["S2"]["start"] = directory_module._process_start(os.getppid())
+    content["servers"]["S2"]["start"] = entries_module.process_start(os.getppid())
     path.write_text(json.dumps(content))
     files.unregister("S2")
     assert [e.name for e in files.servers()] == ["S2"]

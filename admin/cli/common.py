@@ -23,7 +23,13 @@ from rda.admin.cli.values import BadValueError
 from rda.admin.format import dumps
 from rda.business.client.service import ClientService
 from rda.business.config import Config, ConfigError
-from rda.business.directory import StaticDirectory, default_directory
+from rda.business.directory import (
+    ChainDirectory,
+    DirectoryUnavailableError,
+    NameTakenError,
+    StaticDirectory,
+    default_directory,
+)
 from rda.business.security import ClientSecurity, load_keypair, parse_server_key
 from rda.serialization.errors import (
     DecodeError,
@@ -82,6 +88,7 @@ _CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (DecodeError, ExitCode.BAD_VALUE),
     (BadValueError, ExitCode.BAD_VALUE),
     (ConfigError, ExitCode.USAGE),
+    (DirectoryUnavailableError, ExitCode.DISCONNECTED),
     (ProtocolError, ExitCode.ERROR),
     (RdaError, ExitCode.ERROR),
 )
@@ -148,6 +155,8 @@ def _kind(exc: BaseException) -> str:
         DecodeError: "bad data",
         BadValueError: "bad value",
         ConfigError: "configuration",
+        DirectoryUnavailableError: "directory unavailable",
+        NameTakenError: "name taken",
     }.get(type(exc), "configuration" if isinstance(exc, ConfigError) else "error")
 
 
@@ -276,6 +285,8 @@ def open_client(
             yield client
     finally:
         client.close()
+        if isinstance(directory, ChainDirectory):
+            directory.close()  # an etcd directory's watch thread
 
 
 def split_address(address: str) -> tuple[str, str]:

@@ -41,6 +41,8 @@ from rda.admin.format import format_duration, format_mapping, format_table, form
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
+from rda.business.entries import ServerEntry
+from rda.business.etcd.directory import EtcdDirectory
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import NotAuthorizedError, RdaError
@@ -246,6 +248,13 @@ def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any
 @_SELECTOR
 @click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
 @click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")
+@click.option(
+    "--backfill",
+    metavar="DURATION",
+    callback=lambda _ctx, _param, value: None if value is None else _seconds(value),
+    help="First the recorded updates of the last DURATION (30s, 5m, 1h), from the recorder "
+    "serving the signal's history, marked HISTORY; then live.",
+)
 @_JSON
 @security_options
 @click.pass_obj
@@ -258,12 +267,14 @@ def subscribe(
     as_json: bool,
     key_file: Path | None,
     server_key: str | None,
+    backfill: float | None = None,
 ) -> None:
     """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
     device, prop = split_address(address)
     tally = _Tally()
     with open_client(options, key_file, server_key) as client:
-        sub = client.access_point(device, prop).subscribe(selector=selector or None)
+        point = client.access_point(device, prop)
+        sub = point.subscribe(selector=selector or None, backfill=backfill)
         try:
             deadline = None if duration is None else time.monotonic() + duration
             while count is None or tally.updates < count:
@@ -293,6 +304,22 @@ def subscribe(
         click.echo(_summary_line(summary), err=True)
     if tally.updates == 0 and tally.last_error is not None:
         raise tally.last_error
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _seconds(text: str) -> float:
+    """``30s``, ``5m``, ``1.5h``, ``2d`` or plain seconds, as seconds (> 0)."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number) :] or "s"
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 5m, 1h") from None
+    if not value > 0:
+        raise click.BadParameter(f"{text!r} must be positive")
+    return value
 
 
 class _Tally:
@@ -395,43 +422,51 @@ def admin(
 
 @cli.group()
 def directory() -> None:
-    """Where devices are: the static mapping and the servers running on this machine."""
+    """Where devices are: the static mapping, etcd (RDA_DIRECTORY_URL) and this machine's file."""
 
 
 @directory.command("list")
 @_JSON
 @click.pass_obj
 def directory_list(options: Options, as_json: bool) -> None:
-    """List registered servers (with their devices) and static mappings."""
+    """List registered servers (with their devices: etcd and this machine's file) and static
+    mappings."""
     config = options.config()
     servers: list[dict[str, Any]] = []
     static: dict[str, str] = {}
-    for part in _parts(default_directory(config)):
-        if isinstance(part, FileDirectory):
-            for entry in part.servers():
-                servers.append(
-                    {
-                        "name": entry.name,
-                        "endpoint": entry.endpoint,
-                        "devices": list(entry.devices),
-                        "pid": entry.pid,
-                        "host": entry.host,
-                        "registered_at": entry.registered_at,
-                    }
-                )
-        else:
-            static.update(part.devices())
+    chain = default_directory(config)
+    try:
+        for part in _parts(chain):
+            if isinstance(part, FileDirectory | EtcdDirectory):
+                servers.extend(_server_row(entry, repr(part)) for entry in part.servers())
+            else:
+                static.update(part.devices())
+    finally:
+        if isinstance(chain, ChainDirectory):
+            chain.close()
     if as_json:
-        emit_json({"servers": servers, "static": static, "file": str(config.directory_file)})
+        emit_json(
+            {
+                "servers": servers,
+                "static": static,
+                "file": str(config.directory_file),
+                "etcd": config.directory_url,
+            }
+        )
         return
+    if config.directory_url is not None:
+        click.echo(f"etcd: {config.directory_url} (prefix {config.directory_prefix})")
     click.echo(f"directory file: {config.directory_file}")
     if servers:
+        # The host column only when servers may be on other hosts (etcd).
+        hosts = config.directory_url is not None
         rows = [
             {
                 "server": s["name"],
                 "endpoint": s["endpoint"],
+                **({"host": s["host"]} if hosts else {}),
                 "pid": s["pid"],
-                "devices": ", ".join(s["devices"]),
+                "devices": _devices_cell(s["devices"]),
             }
             for s in servers
         ]
@@ -440,6 +475,24 @@ def directory_list(options: Options, as_json: bool) -> None:
         click.echo("no servers registered")
     for pattern, endpoint in static.items():
         click.echo(f"static  {pattern} -> {endpoint}")
+
+
+def _server_row(entry: ServerEntry, where: str) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "endpoint": entry.endpoint,
+        "devices": list(entry.devices),
+        "pid": entry.pid,
+        "host": entry.host,
+        "registered_at": entry.registered_at,
+        "directory": where,
+    }
+
+
+def _devices_cell(devices: list[str], shown: int = 8) -> str:
+    """A server with thousands of devices: the first few and how many more."""
+    more = len(devices) - shown
+    return ", ".join(devices[:shown]) + (f", ... (+{more})" if more > 0 else "")
 
 
 def _parts(directory: Directory) -> list[Directory]:

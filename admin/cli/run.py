@@ -63,6 +63,12 @@ __all__ = ["bench", "load_server", "serve"]
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoint as JSON.")
 @click.option(
+    "--replace",
+    is_flag=True,
+    help="Take over the directory entries of a live server with the same name or devices "
+    "(its log is told); without it, such a start fails and names the owner.",
+)
+@click.option(
     "--key",
     "key_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -95,6 +101,7 @@ def serve(
     policy_file: Path | None,
     trust_declared_principals: bool,
     as_json: bool,
+    replace: bool,
     key_file: Path | None,
     clients_dir: Path | None,
     secure_dir: Path | None,
@@ -113,10 +120,15 @@ def serve(
             )
         server.security(security)
     if isinstance(server, ServerBuilder):
+        server.replace(replace)
         if metrics_port is not None:
             server.metrics_port(metrics_port)
         _authorization(server, policy_file, trust_declared_principals)
         server = server.build()
+    elif replace:
+        raise CliError(
+            f"{target} is an already built Server: --replace needs a builder", ExitCode.USAGE
+        )
     elif policy_file is not None or trust_declared_principals:
         raise CliError(
             "an already built Server decided its own authorization: --policy and "

@@ -7,7 +7,9 @@ hands them to the service, which owns connections, ids, deadlines and the pendin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import datetime
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,7 +21,7 @@ from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind, Buffer, Message, encode_data_body
 
 if TYPE_CHECKING:
-    from rda.business.client.subscriptions import Notification, Subscription
+    from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 
 __all__ = ["AccessPoint", "Requester", "build_request_context", "to_data"]
 
@@ -68,7 +70,12 @@ class Requester(Protocol):
         filters: Data | None,
         listener: Callable[[Notification], object] | None,
         queue_size: int,
+        backfill: BackfillHook | None = None,
     ) -> Subscription: ...
+
+    def backfill_rows(
+        self, device: str, prop: str, selector: str | None, start: int, until: int
+    ) -> Iterator[Notification]: ...
 
 
 # Encoded REQUEST_CONTEXT frames for requests without filters, by timeout in ms: nearly every
@@ -183,16 +190,48 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         listener: Callable[[Notification], object] | None = None,
         queue_size: int = 1000,
+        backfill: float | datetime.timedelta | None = None,
     ) -> Subscription:
         """Subscribe; the first notification is the server's ``FIRST`` update.
 
         Without ``listener``, read with ``poll(timeout)`` or iterate; the queue keeps at most
         ``queue_size`` notifications (the oldest is dropped and counted as a gap). With a
         listener, it is called on the client scheduler, in order, never on the dispatcher.
+
+        ``backfill`` (seconds or a timedelta): first the recorded updates of that window,
+        from the recorder that serves the signal's history, as ``UpdateType.HISTORY``
+        notifications in acquisition-stamp order, then the live ones, with none twice and none
+        missing at the seam (docs/client.md, "Backfill"). Without a reachable recorder, one
+        notification whose ``.error`` is a ``HistoryUnavailableError``, then live.
         """
         flt = None if filters is None else to_data(filters, "filters")
+        hook = None
+        if backfill is not None:
+            from rda.business.client.history import Backfill
+
+            seconds = (
+                backfill.total_seconds()
+                if isinstance(backfill, datetime.timedelta)
+                else float(backfill)
+            )
+            if not seconds > 0:
+                raise ValueError(f"backfill must be a positive duration, got {backfill!r}")
+            service, device, prop, sel = self._service, self.device, self.property, selector
+            start = time.time_ns() - round(seconds * 1e9)
+
+            def fetch(first: int, until: int) -> Iterator[Notification]:
+                return service.backfill_rows(device, prop, sel or None, first, until)
+
+            hook = Backfill(fetch, start)
         return self._service.subscribe(
-            self.endpoint, self.device, self.property, selector or "", flt, listener, queue_size
+            self.endpoint,
+            self.device,
+            self.property,
+            selector or "",
+            flt,
+            listener,
+            queue_size,
+            hook,
         )
 
     def _request(

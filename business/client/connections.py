@@ -24,7 +24,7 @@ from rda.business.client.replies import Pending
 from rda.business.client.statistics import ClientCounters
 from rda.business.client.subscriptions import Subscription
 from rda.business.client.timer import Timer
-from rda.business.directory import Directory
+from rda.business.directory import Directory, covers, etcd_of, watch_of
 from rda.serialization.errors import DisconnectedError, NotAuthorizedError, TransportError
 from rda.transport._peers import HANDSHAKE_REFUSED
 from rda.transport.api import ClientTransport
@@ -53,6 +53,8 @@ class ClientConnections:
     _by_connection: dict[int, Endpoint]
     _early: dict[int, list[Callable[[], None]]]
     _discarded: set[int]
+    _unwatch: Callable[[], None] | None = None  # set by _watch_directory
+    _owns_directory = False  # a directory the service made is closed by it (etcd: a thread)
 
     if TYPE_CHECKING:  # provided by ClientService, the request/subscription side
 
@@ -190,6 +192,53 @@ class ClientConnections:
                     sub.connection = conn
             for sub in send:
                 self._send_subscribe(sub, conn)
+
+    # -- a directory that reports changes (etcd): follow a moved device at once -----------
+
+    def _watch_directory(self, owns: bool) -> None:
+        """Ask the directory to report changes, if it can (``EtcdDirectory.watch``); ``owns``:
+        the service made it, so closes it."""
+        self._owns_directory = owns
+        watch = watch_of(self.directory)
+        self._unwatch = None if watch is None else watch(self._on_directory_change)
+
+    def _close_directory(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+        close = getattr(self.directory, "close", None)
+        if self._owns_directory and callable(close):
+            close()
+
+    def _directory_state(self) -> str:
+        """The state of the directories that have one (etcd: its watch, synced or stale)."""
+        return "; ".join(d.state().summary() for d in etcd_of(self.directory))  # type: ignore[attr-defined]
+
+    def _on_directory_change(self, name: str, endpoint: str | None) -> None:
+        """The directory's thread says ``name`` (a device or pattern) changed: follow it on
+        the service's timer thread, so the directory's thread never waits on a connect."""
+        if endpoint is None or self._closing:
+            return  # gone: the lost connection (heartbeat) is what tells its users
+        self._timer.call_later(0.0, functools.partial(self._follow_directory_change, name))
+
+    def _follow_directory_change(self, name: str) -> None:
+        """Move every device ``name`` covers that now resolves elsewhere, with its
+        subscriptions (FIRST update from the new server), without waiting for the old
+        connection's heartbeat to time out."""
+        with self._lock:
+            affected = [(d, a) for d, a in self._device_endpoints.items() if covers(name, d)]
+        moves: dict[str, dict[str, str]] = {}
+        for device, old in affected:
+            try:
+                new = self.directory.resolve(device)
+            except Exception:
+                continue  # no answer now: the connection's own loss handling takes over
+            if new != old:
+                moves.setdefault(old, {})[device] = new
+        for old, devices in moves.items():
+            ep = self._endpoints.get(old)
+            if ep is not None:
+                self._move(ep, devices)
 
     def _on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
         to_send: list[Subscription] = []

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rda.business.client.access import AccessPoint, build_request_context, to_data
 from rda.business.client.connections import ClientConnections
 from rda.business.client.endpoints import Endpoint, admin_endpoint
+from rda.business.client.history import HistoryCalls
 from rda.business.client.lanes import NO_LANE, LaneCalls
 from rda.business.client.reconnect import BackoffPolicy
 from rda.business.client.replies import (
@@ -45,7 +46,7 @@ from rda.business.client.replies import (
     op_name,
 )
 from rda.business.client.statistics import ClientCounters, ClientStatistics
-from rda.business.client.subscriptions import Notification, Subscription
+from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.client.timer import Timer
 from rda.business.config import Config
 from rda.business.directory import Directory, default_directory, server_key_of
@@ -106,17 +107,16 @@ class _Handler:
         self.on_disconnected = service._on_disconnected
 
 
-class ClientService(ClientConnections, LaneCalls):
+class ClientService(ClientConnections, LaneCalls, HistoryCalls):
     """Get, set and subscribe to ``(device, property)`` access points of rda servers.
 
     ``directory`` resolves device names to endpoints (default: ``default_directory(config)``);
-    ``config`` supplies timeouts, heartbeats and the reconnection back-off. For tests,
+    ``config`` gives timeouts, heartbeats and the reconnection back-off. For tests,
     ``transport_factory`` replaces the ZeroMQ transport and ``clock`` the monotonic clock.
-    ``security`` (``rda.security.ClientSecurity``) makes every connection CURVE-encrypted and
-    authenticated; a server that refuses this client's key fails requests with
-    ``NotAuthorizedError``. ``principal`` (default: ``config.principal``, ``RDA_PRINCIPAL``)
-    is the name this client declares to servers; only a server that trusts declared names uses
-    it for authorization. Use it as a context manager or call ``close()``.
+    ``security`` (``rda.security.ClientSecurity``): every connection CURVE-encrypted and
+    authenticated; a server refusing this client's key fails requests with NotAuthorizedError.
+    ``principal`` (default ``config.principal``, ``RDA_PRINCIPAL``): the name declared to
+    servers, used only by one that trusts declared names. A context manager, or call close().
     """
 
     def __init__(
@@ -185,6 +185,7 @@ class ClientService(ClientConnections, LaneCalls):
         self._init_lanes(self.config.direct_calls)
         try:
             self._transport.start()
+            self._watch_directory(owns=directory is None)
         except BaseException:
             self._timer.close()
             raise
@@ -262,11 +263,10 @@ class ClientService(ClientConnections, LaneCalls):
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=sum(
-                1 for ep in list(self._endpoints.values()) if ep.connection is not None
-            ),
+            connections=sum(ep.connection is not None for ep in list(self._endpoints.values())),
             reconnects=c.reconnects,
             servers=servers,
+            directory=self._directory_state(),
         )
 
     def close(self, timeout: float = 2.0) -> None:
@@ -294,6 +294,7 @@ class ClientService(ClientConnections, LaneCalls):
         if scheduler is not None:
             scheduler.close(max(0.0, deadline - time.monotonic()))
         self._timer.close(max(0.0, deadline - time.monotonic()))
+        self._close_directory()
 
     @property
     def closed(self) -> bool:
@@ -504,20 +505,12 @@ class ClientService(ClientConnections, LaneCalls):
         filters: Data | None,
         listener: Callable[[Notification], object] | None,
         queue_size: int,
+        backfill: BackfillHook | None = None,
     ) -> Subscription:
         sub = Subscription(
-            next(self._ids),
-            endpoint,
-            device,
-            prop,
-            selector,
-            filters,
-            listener,
-            queue_size,
-            self._counters,
-            self._submit,
-            self._unsubscribe,
-        )
+            next(self._ids), endpoint, device, prop, selector, filters, listener, queue_size,
+            self._counters, self._submit, self._unsubscribe, backfill,
+        )  # fmt: skip
         if self._closing:
             raise DisconnectedError(f"subscribe {device}/{prop}: client closed")
         ep = self._endpoint(endpoint)

@@ -74,6 +74,7 @@ class ClientStatistics:
     connections: int = 0
     reconnects: int = 0
     servers: tuple[ServerConnectionStatistics, ...] = ()
+    directory: str = ""  # the state of a directory with one (etcd: watch synced or stale)
 
 
 class ClientCounters:

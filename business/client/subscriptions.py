@@ -21,7 +21,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from rda.business.client.statistics import ClientCounters
 from rda.serialization._data import Data
@@ -37,9 +37,17 @@ _UNSET: Any = object()
 
 # What the queue and the scheduler carry: the undecoded message (or a locally made error), the
 # gap the server's sequence numbers show, and the sequence number.
-Payload = Message | RdaError
-Entry = tuple[Payload, int, int]
+Payload = Message | RdaError  # or a Notification made locally (HISTORY, see history.py)
+Entry = tuple[Any, int, int]
 Submit = Callable[[str, Callable[[], None], Callable[[], None] | None], bool]
+
+
+class BackfillHook(Protocol):
+    """What a subscription made with ``backfill`` consults (``history.Backfill``)."""
+
+    def attach(self, sub: Subscription, queue_size: int) -> None: ...
+
+    def take(self, entry: Entry) -> bool: ...
 
 
 def remote_error(device: str, prop: str, type_name: str, message: str) -> RdaError:
@@ -194,6 +202,7 @@ class _Inbox:
         self._waiting = 0  # threads blocked in get(): put notifies only when someone waits
         self._items: deque[Entry] = deque()
         self._carry = 0  # updates dropped since the last one handed out
+        self._room: threading.Condition | None = None  # made by the first put_wait that waits
         self._closed = False
         self.waker: Callable[[], None] | None = None
 
@@ -250,6 +259,25 @@ class _Inbox:
         if was_empty and self.waker is not None:
             self.waker()
 
+    def put_wait(self, entry: Entry) -> bool:
+        """Put without dropping: wait while the queue is full (the history rows of a backfill,
+        paced by the consumer). False if the queue was closed meanwhile."""
+        with self._lock:
+            while len(self._items) >= self.capacity and not self._closed:
+                if self._room is None:
+                    self._room = threading.Condition(self._lock)
+                self._room.wait(0.5)
+            if self._closed:
+                return False
+            was_empty = not self._items
+            self._items.append(entry)
+            if self._waiting:
+                assert self._cond is not None
+                self._cond.notify()
+        if was_empty and self.waker is not None:
+            self.waker()
+        return True
+
     def get(self, timeout: float | None) -> Entry | None:
         """The oldest entry, waiting up to ``timeout`` (None: forever); None if closed or none."""
         with self._lock:
@@ -266,6 +294,8 @@ class _Inbox:
             if not items:
                 return None
             payload, gap, seq = items.popleft()
+            if self._room is not None:
+                self._room.notify()
             if self._carry:
                 gap += self._carry
                 self._carry = 0
@@ -278,6 +308,8 @@ class _Inbox:
                 self._items.clear()
             if self._cond is not None:
                 self._cond.notify_all()
+            if self._room is not None:
+                self._room.notify_all()
         if self.waker is not None:
             self.waker()
 
@@ -310,6 +342,7 @@ class Subscription:
         counters: ClientCounters,
         submit: Submit,
         on_close: Callable[[Subscription], None],
+        backfill: BackfillHook | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
@@ -340,6 +373,9 @@ class Subscription:
         self.received = 0
         # The connection the SUBSCRIBE was last sent on; owned by the client service.
         self.connection: int | None = None
+        self._backfill = backfill
+        if backfill is not None:
+            backfill.attach(self, queue_size)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "ended" if self._ended else "live"
@@ -412,6 +448,8 @@ class Subscription:
         payload, gap, seq = entry
         if isinstance(payload, Message):
             return _from_message(payload, (self.device, self.property), gap, seq)
+        if isinstance(payload, Notification):
+            return payload
         return Notification(error=payload, gap=gap, seq=seq)
 
     # -- dispatcher side (the client service calls these) ----------------------------------
@@ -438,6 +476,8 @@ class Subscription:
             self._expected = seq + 1
         self.received += 1
         self._counters.notifications += 1
+        if self._backfill is not None and self._backfill.take((message, gap, seq)):
+            return
         if staged is None:
             self._deliver((message, gap, seq))
         else:
@@ -468,6 +508,8 @@ class Subscription:
         self._in_outage = True
         # Whatever comes next is a FIRST of a new sequence (re-subscribe) or unknown.
         self._expected = 0
+        if self._backfill is not None and self._backfill.take((error, 0, 0)):
+            return
         self._deliver((error, 0, 0))
 
     def fail(self, error: RdaError) -> None:
@@ -491,6 +533,25 @@ class Subscription:
             self._ended = True
         self._inbox.close(discard=False)
 
+    # -- backfill (history.Backfill calls these from its task in this subscription's group) --
+
+    def run_in_group(self, task: Callable[[], None]) -> bool:
+        """Run ``task`` on the client scheduler in this subscription's group (listener order)."""
+        return self._submit(self._group, task, None)
+
+    def emit(self, entry: Entry) -> None:
+        """Deliver now, from a task of this subscription's group: a listener is called here,
+        in order; a queue is waited on while full (the consumer paces the history)."""
+        if self.listener is None:
+            self._inbox.put_wait(entry)
+            return
+        notification = self._make(entry)
+        if notification is not None and not self._closed:
+            self._call_listener(notification)
+
+    def count_dropped(self) -> None:
+        self._counters.add_dropped()
+
     def _deliver(self, entry: Entry) -> None:
         self._inbox.put(entry)
 
@@ -504,20 +565,23 @@ class Subscription:
     def _drain_to_listener(self) -> None:
         """Scheduler task: every queued notification to the listener, in order. A put that
         finds the queue empty while this runs queues another drain behind it (same group)."""
-        listener = self.listener
-        assert listener is not None
         inbox = self._inbox
         while not self._closed:
             notification = self._make(inbox.get(0))
             if notification is None:
                 return
-            try:
-                listener(notification)
-            except Exception:
-                self._counters.add_listener_error()
-                log.exception(
-                    "listener of subscription %s to %s/%s raised; the subscription continues",
-                    self.id,
-                    self.device,
-                    self.property,
-                )
+            self._call_listener(notification)
+
+    def _call_listener(self, notification: Notification) -> None:
+        listener = self.listener
+        assert listener is not None
+        try:
+            listener(notification)
+        except Exception:
+            self._counters.add_listener_error()
+            log.exception(
+                "listener of subscription %s to %s/%s raised; the subscription continues",
+                self.id,
+                self.device,
+                self.property,
+            )

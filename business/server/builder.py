@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from rda.business.config import Config
-from rda.business.directory import FileDirectory
+from rda.business.directory import Registry, default_registry
 from rda.business.policy import Policy
 from rda.business.scheduler import InlineRule, OverflowPolicy
 from rda.business.server.devices import Device, DeviceRouter
@@ -52,7 +52,8 @@ class ServerBuilder:
         self._inline = True
         self._inline_patterns: list[str] = []
         self._blocking_patterns: list[str] = []
-        self._directory: FileDirectory | None = _UNSET
+        self._directory: Registry | None = _UNSET
+        self._replace = False
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._admin: AdminHandler | None = None
@@ -165,9 +166,17 @@ class ServerBuilder:
         self._config = config
         return self
 
-    def directory(self, directory: FileDirectory | None) -> Self:
-        """Register into ``directory`` on start (None: register nowhere)."""
+    def directory(self, directory: Registry | None) -> Self:
+        """Register into ``directory`` on start (None: register nowhere). Default: etcd when
+        ``RDA_DIRECTORY_URL`` names one (``rda.EtcdDirectory``), else this machine's file."""
         self._directory = directory
+        return self
+
+    def replace(self, enabled: bool = True) -> Self:
+        """Take over the directory entries of a live server holding this server's name or one
+        of its devices (logged, and the old owner is told); without it, ``start()`` fails with
+        ``NameTakenError`` naming the owner. ``rda serve --replace``."""
+        self._replace = enabled
         return self
 
     def transport(self, factory: TransportFactory) -> Self:
@@ -232,7 +241,7 @@ class ServerBuilder:
             self.metrics_port_value = config.metrics_port
         directory = self._directory
         if directory is _UNSET:
-            directory = FileDirectory(config.directory_file)
+            directory = default_registry(config)
         rr: RequestReplyCallback
         subs: SubscriptionCallback
         if self._devices:
@@ -260,6 +269,7 @@ class ServerBuilder:
                 self._inline, self._inline_patterns, self._blocking_patterns
             ),
             directory=directory,
+            replace=self._replace,
             transport_factory=self._transport,
             clock=self._clock,
             admin_handler=self._admin,

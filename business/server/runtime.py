@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rda.business.config import Config
-from rda.business.directory import FileDirectory
+from rda.business.directory import Registry
 from rda.business.policy import Authorizer, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, InlineRule, SchedulerStatistics
 from rda.business.server.devices import Device
@@ -79,7 +79,7 @@ class Server:
         devices: list[str],
         device_objects: dict[str, Device],
         immediate_updates: bool,
-        directory: FileDirectory | None,
+        directory: Registry | None,
         transport_factory: TransportFactory | None,
         clock: Callable[[], float],
         admin_handler: AdminHandler | None,
@@ -91,6 +91,7 @@ class Server:
         trust_declared: bool = False,
         inline_handlers: InlineRule | None = None,
         curve: ServerCurve | None = None,
+        replace: bool = False,
     ) -> None:
         self.name = name
         self._inline = inline_handlers if inline_handlers is not None else InlineRule()
@@ -103,6 +104,7 @@ class Server:
         self._device_objects = device_objects
         self._immediate = immediate_updates
         self._directory = directory
+        self._replace = replace
         self._factory = transport_factory
         self._clock = clock
         self._admin = admin_handler
@@ -203,6 +205,7 @@ class Server:
                 _connectable(self._endpoint),
                 self._devices,
                 server_key=None if self._curve is None else self._curve.public,
+                replace=self._replace,
             )
             self._registered = True
         with self._state_lock:
@@ -279,6 +282,16 @@ class Server:
     def server_key(self) -> str | None:
         """The CURVE public key clients need (``ServerBuilder.security``); None: plain."""
         return None if self._curve is None else self._curve.public
+
+    def directory_state(self) -> str:
+        """Where this server is registered and how that stands (etcd: the lease's state)."""
+        directory = self._directory
+        if directory is None:
+            return "none"
+        state = getattr(directory, "state", None)
+        if callable(state):
+            return str(state().summary())
+        return f"{directory!r}: {'registered' if self._registered else 'not registered'}"
 
     @property
     def running(self) -> bool:
@@ -399,6 +412,7 @@ class Server:
             late_completions=late,
             clients=clients,
             denied=self._counters.denials(),
+            directory=self.directory_state(),
         )
 
     def disconnect_client(self, peer_hex: str) -> bool:

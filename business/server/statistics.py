@@ -115,6 +115,8 @@ class ServerStatistics:
     counts ``complete``/``fail`` calls on a request that was already answered (for instance
     after its deadline). ``denied`` counts requests the authorization policy refused, keyed by
     (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect").
+    ``directory``: where the server registered and the state of that (etcd: registered,
+    unreachable, replaced...).
     """
 
     transport: ServerTransportStatistics
@@ -129,6 +131,7 @@ class ServerStatistics:
     clients: int = 0
     extra: dict[str, int] = field(default_factory=dict)
     denied: dict[tuple[str, str], int] = field(default_factory=dict)
+    directory: str = ""  # where the server is registered, and how that stands
 
 
 class _Histogram:

@@ -217,6 +217,25 @@ def _spark_table(frame: Any) -> pa.Table:
     return table
 
 
+def _from_recorder(
+    signals: list[str],
+    window: tuple[int, int],
+    fields: Sequence[str] | None,
+    selector: str | None,
+    errors: bool,
+) -> pa.Table:
+    from rda.pipeline.history.remote import remote_get
+    from rda.serialization.errors import NoSuchDeviceError, RdaError
+
+    try:
+        return remote_get(signals, *window, fields, selector, errors)
+    except RdaError as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc.__cause__, NoSuchDeviceError):  # no recorder serves it: exit 4
+            raise NotRecordedError(text) from None
+        raise click.ClickException(text) from None
+
+
 def _run(action: Callable[[], pa.Table], output: _Output) -> None:
     try:
         table = action()
@@ -249,8 +268,12 @@ def _output_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _store(ctx: click.Context, param: click.Parameter, value: str) -> Store:
-    """ROOT: an existing local directory or a URI pyarrow.fs resolves (s3://, file://, ...)."""
+def _store(ctx: click.Context, param: click.Parameter, value: str) -> Store | str:
+    """ROOT: an existing local directory or a URI pyarrow.fs resolves (s3://, file://, ...).
+
+    With ``--from-recorder`` there is no ROOT: the word is the first signal (kept as text)."""
+    if ctx.meta.get(_FROM_RECORDER):
+        return value
     try:
         store = Store.open(value)
     except ValueError as exc:
@@ -260,6 +283,7 @@ def _store(ctx: click.Context, param: click.Parameter, value: str) -> Store:
     return store
 
 
+_FROM_RECORDER = "rda.history.from_recorder"
 _ROOT = click.argument("root", metavar="ROOT", callback=_store)
 _SIGNALS = click.argument("signals", nargs=-1, required=True, metavar="DEV/PROP[#FIELD]...")
 _START = click.option("--start", "-s", default="-1h", show_default=True, help="Window start.")
@@ -309,31 +333,52 @@ def search(
 
 @history.command()
 @_ROOT
-@_SIGNALS
+# Not required here: with --from-recorder one signal (in ROOT's place) is enough.
+@click.argument("signals", nargs=-1, metavar="DEV/PROP[#FIELD]...")
 @_START
 @_END
 @click.option("--field", "-f", "fields", multiple=True, help="Only these fields (a.b: nested).")
 @click.option("--selector", default=None, help="Only rows of this selector (a glob is allowed).")
 @click.option("--errors", is_flag=True, help="Include error rows (and the error column).")
+@click.option(
+    "--from-recorder",
+    is_flag=True,
+    is_eager=True,  # read before ROOT, which it turns into the first signal
+    callback=lambda ctx, _param, value: ctx.meta.__setitem__(_FROM_RECORDER, value) or value,
+    help="Ask the running recorder that serves the signals (found through the directory) "
+    "instead of reading a store: no ROOT; unconverted rows included; exact selector.",
+)
 @_output_options
 def get(
-    root: Store,
+    root: Store | str,
     signals: tuple[str, ...],
     start: str,
     end: str,
     fields: tuple[str, ...],
     selector: str | None,
     errors: bool,
+    from_recorder: bool,
     spark: bool,
     as_json: bool,
     csv_file: Path | None,
     parquet_file: Path | None,
 ) -> None:
-    """Values of SIGNALS with start <= acq_stamp < end (default: the last hour)."""
+    """Values of SIGNALS with start <= acq_stamp < end (default: the last hour).
+
+    With --from-recorder: `rda history get --from-recorder SIGNAL... [options]` (no ROOT)."""
     output = _Output(as_json, csv_file, parquet_file)
     window = _window(start, end)
-    check_recorded(root, signals, fields, window)
     chosen: Sequence[str] | None = list(fields) or None
+    if from_recorder:
+        if spark:
+            raise click.ClickException("--spark and --from-recorder exclude each other")
+        wanted = [str(root), *signals]
+        _run(lambda: _from_recorder(wanted, window, chosen, selector, errors), output)
+        return
+    assert isinstance(root, Store)
+    if not signals:
+        raise click.UsageError("Missing argument 'DEV/PROP[#FIELD]...'.")
+    check_recorded(root, signals, fields, window)
     if spark:
         _run(
             lambda: _spark_table(

@@ -62,6 +62,18 @@ def _client(ctx: click.Context) -> Any:
     return ClientService(directory=directory, config=config)
 
 
+def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
+    """The builder of ``--serve``'s history server (admin commands included), or False."""
+    if endpoint is None:
+        return False
+    from rda.admin import install
+    from rda.business.server.builder import ServerBuilder
+    from rda.pipeline.recorder.model import default_id
+
+    builder = ServerBuilder(f"recorder-{recorder_id or default_id()}").endpoint(endpoint)
+    return install(builder)
+
+
 @click.command()
 @click.argument("root", metavar="ROOT")
 @click.argument("patterns", nargs=-1, required=True, metavar="DEVICE/PROPERTY[@SELECTOR]...")
@@ -77,6 +89,16 @@ def _client(ctx: click.Context) -> Any:
 @click.option("--convert-every", default="5s", help="Convert segments to Parquet this often.")
 @click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C).")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--serve",
+    "serve_endpoint",
+    is_flag=False,
+    flag_value="tcp://*:0",
+    default=None,
+    metavar="[ENDPOINT]",
+    help="Serve the recorded history over rda (history:<device>, registered in the "
+    "directory); ENDPOINT defaults to tcp://*:0, a free port.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final statistics as JSON.")
 @click.pass_context
 def record(
@@ -90,6 +112,7 @@ def record(
     convert_every: str,
     duration: str | None,
     metrics_port: int | None,
+    serve_endpoint: str | None,
     as_json: bool,
 ) -> None:
     """Record subscriptions into ROOT (journal, then Parquet) until Ctrl-C or --duration.
@@ -115,6 +138,7 @@ def record(
             queue_limit=queue_limit,
             retention=retention_s,
             convert_interval=convert_s,
+            serve=_history_server(serve_endpoint, recorder_id),
         )
     except ValueError as exc:
         if client is not None:
@@ -132,6 +156,8 @@ def record(
     endpoint = None
     recorder.start()
     try:
+        if recorder.history_server is not None:
+            click.echo(f"serving history at {recorder.history_server.endpoint}", err=True)
         if metrics_port is not None:
             endpoint = start_recorder_metrics(recorder, metrics_port)
         _run(recorder, stop, limit)

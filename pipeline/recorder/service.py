@@ -21,21 +21,28 @@ import fcntl
 import fnmatch
 import logging
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
+from rda.business.server.builder import Server, ServerBuilder
 from rda.pipeline.recorder.converter import Converter, journal_root
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
+from rda.pipeline.recorder.model import (
+    Closable,
+    RecorderStatistics,
+    Sample,
+    default_id,
+    parse_pattern,
+)
+from rda.pipeline.recorder.query import HistoryReader
 from rda.pipeline.recorder.schema import SchemaCatalog, arrow_type_of, signature
+from rda.pipeline.recorder.serve import HistoryHandler, start_history_server
 from rda.pipeline.recorder.store import Store
-from rda.serialization._header import DataContext
 
 __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
 
@@ -43,63 +50,6 @@ log = logging.getLogger("rda.pipeline.recorder.service")
 
 _EMPTY = pa.struct([])
 _GLOB = re.compile(r"[*?\[]")
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """A notification-shaped value for feeding the recorder without a network."""
-
-    data: Any
-    context: DataContext = field(default_factory=DataContext)
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecorderStatistics:
-    """A snapshot of the recorder's counters (what the CLI and metrics show)."""
-
-    state: str  # "created", "running", "error", "stopped"
-    recorder_id: str
-    received: int  # rows taken from the queue (each got a seq)
-    overflow: int  # notifications refused because the queue was full
-    gaps: int  # updates the server-side subscription reported as missed
-    queue_depth: int
-    queue_limit: int
-    pending_rows: int  # rows in the writer waiting for their segment
-    acked_seq: int
-    acked_rows: int
-    segments_written: int
-    bytes_written: int
-    write_errors: int
-    last_error: str | None
-    lag_seconds: float  # age of the oldest row not yet acknowledged
-    schema_changes: int
-    converted_segments: int
-    parquet_files: int
-    conversion_errors: int
-    subscriptions: int
-    # Value rows the server sent without an acquisition stamp (acq_stamp 0): stored at their
-    # receive time (acq_stamp == recv_stamp, docs/history.md), logged once per signal.
-    missing_acq_stamps: int = 0
-
-
-class _Subscription(Protocol):
-    def close(self) -> None: ...
-
-
-def parse_pattern(pattern: str) -> tuple[str, str, str | None]:
-    """Split ``"DEV/Prop"`` or ``"DEV/Prop@SELECTOR"`` into (device glob, property, selector)."""
-    target, _, selector = pattern.partition("@")
-    device, sep, prop = target.partition("/")
-    if not sep or not device or not prop:
-        raise ValueError(f"pattern {pattern!r} is not DEVICE/PROPERTY[@SELECTOR]")
-    if _GLOB.search(prop):
-        raise ValueError(f"pattern {pattern!r}: only the device part may be a glob")
-    return device, prop, selector or None
-
-
-def _default_id() -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "recorder"
 
 
 class Recorder:
@@ -122,10 +72,11 @@ class Recorder:
         journal: Path | str | None = None,
         on_ack: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        serve: bool | ServerBuilder = False,
     ) -> None:
         self.store = Store.open(root)
         self.root = self.store.uri
-        self.recorder_id = recorder_id or _default_id()
+        self.recorder_id = recorder_id or default_id()
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.recorder_id):
             raise ValueError(f"recorder id {self.recorder_id!r} must match [A-Za-z0-9_.-]+")
         self.patterns = [parse_pattern(p) for p in patterns]
@@ -168,11 +119,20 @@ class Recorder:
         self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
         self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
         self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
-        self._subscriptions: list[_Subscription] = []
+        self._subscriptions: list[Closable] = []
         self._writer: threading.Thread | None = None
         self._converter_thread: threading.Thread | None = None
         self._stop_event = threading.Event()
         self._lock_file: BinaryIO | None = None
+        # The history server (serve.py): True, or a ServerBuilder to configure it.
+        self._serve = serve
+        self.history_server: Server | None = None
+        self.history: HistoryHandler | None = None
+        # Per (device, property): the newest stamp written but not yet durable, and durable.
+        self._pending_stamps: dict[tuple[str, str], int] = {}
+        self._acked_stamps: dict[tuple[str, str], int] = {}
+        self._ack_cond = threading.Condition()
+        self._ack_closed = False
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -210,12 +170,18 @@ class Recorder:
                 target=self._convert_loop, name=f"rda-converter-{self.recorder_id}"
             )
             self._converter_thread.start()
-        if self.patterns:
-            try:
+        try:
+            if self.patterns:
                 self._subscribe()
-            except BaseException:
-                self.stop()
-                raise
+            if self._serve is not False:
+                reader = HistoryReader(
+                    self.store, self.journal, lambda: self.converter.max_seq, self.recorder_id
+                )
+                builder = None if self._serve is True else self._serve
+                self.history_server, self.history = start_history_server(self, reader, builder)
+        except BaseException:
+            self.stop()
+            raise
 
     def _take_lock(self) -> None:
         # Two live recorders with one id would reuse seqs and overwrite each other's files.
@@ -258,12 +224,40 @@ class Recorder:
                 self._cond.wait(min(0.05, left))
         return True
 
+    def records(self, device: str, prop: str) -> bool:
+        """Whether this recorder records ``device/prop`` (a pattern names it, or rows came)."""
+        if any(p == prop and fnmatch.fnmatchcase(device, g) for g, p, _ in self.patterns):
+            return True
+        with self._ack_cond:
+            return (device, prop) in self._acked_stamps
+
+    def wait_acked(self, device: str, prop: str, stamp: int, timeout: float) -> bool:
+        """Wait until a row of ``device/prop`` stamped at or after ``stamp`` (ns) is durable;
+        False when ``timeout`` ran out first (or the recorder stopped). The history server's
+        seam: rows of a signal arrive in stamp order, so every earlier one is durable too."""
+        key = (device, prop)
+        deadline = time.monotonic() + timeout
+        with self._ack_cond:
+            while self._acked_stamps.get(key, -1) < stamp:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ack_closed:
+                    return False
+                self._ack_cond.wait(left)
+        return True
+
     def convert_now(self) -> int:
         """Convert every closed segment to Parquet now (also done periodically); segments done."""
         return self.converter.convert_pending()
 
     def stop(self, timeout: float = 30.0, convert: bool | None = None) -> None:
-        """Unsubscribe, write and acknowledge what is queued, convert it (by default), join."""
+        """Stop serving history, unsubscribe, write and acknowledge what is queued, convert it
+        (by default), join."""
+        with self._ack_cond:
+            self._ack_closed = True
+            self._ack_cond.notify_all()  # seam waits end now, not at their timeout
+        if self.history_server is not None:
+            self.history_server.stop()
+            self.history_server = None
         for sub in self._subscriptions:
             try:
                 sub.close()
@@ -488,6 +482,7 @@ class Recorder:
         self._received += 1
         if not context.acq_stamp and error_text is None:
             self._missing_stamp(device, prop)
+        self._pending_stamps[(device, prop)] = context.acq_stamp or recv_stamp
         builder.add(
             route,
             value,
@@ -560,6 +555,10 @@ class Recorder:
         self._bytes += segment.path.stat().st_size
         self._acked_rows += len(builder)
         self._acked_seq = segment.last_seq
+        with self._ack_cond:
+            self._acked_stamps.update(self._pending_stamps)
+            self._ack_cond.notify_all()
+        self._pending_stamps.clear()
         if self._on_ack is not None:
             self._on_ack(segment.first_seq, segment.last_seq)
         return True

@@ -5,6 +5,7 @@
   protocol, with fault hooks (partition, kill/restart, stalled client), and :func:`memory_pair`;
 * :class:`OneServerDirectory`: every device at one endpoint (a memory network's ``mem://``);
 * :func:`check_transport`: the conformance suite every transport passes (in-memory and ZeroMQ);
+* :class:`LocalEtcd`: a real, throwaway etcd on free ports (for ``rda.EtcdDirectory`` tests);
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
   and let a test wait for a condition with a bound.
 """
@@ -17,6 +18,7 @@ from rda.testing._conformance import (
     check_transport,
     transport_pair,
 )
+from rda.testing._etcd import LocalEtcd
 from rda.testing._memory import (
     MemoryNetwork,
     MemoryPair,
@@ -31,6 +33,7 @@ from rda.testing._recorders import RecordingClientHandler, RecordingServerHandle
 __all__ = [
     "CONFORMANCE_CHECKS",
     "FakeClock",
+    "LocalEtcd",
     "MakePair",
     "MemoryClientTransport",
     "MemoryNetwork",

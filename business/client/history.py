@@ -1,0 +1,389 @@
+"""History over rda: ``client.history(...)`` and the fetch behind ``subscribe(backfill=...)``.
+
+The client never reads a store: it asks the **history server** that runs beside a recorder
+(``rda record ... --serve``). That server registers the device ``history:<DEVICE>`` (globs
+allowed) in the directory, so the recorder covering ``PS1/Acquisition`` is found by resolving
+``history:PS1`` like any device (docs/history.md, "History as a service"; a
+``StaticDirectory({"history:*": "tcp://host:port"})`` names one explicitly).
+
+A query is a sequence of gets on ``history:DEVICE/PROPERTY``: each returns one chunk (at most
+``chunk_rows`` rows, columns plus a Data array of values) and the next is asked with the last
+row as cursor only once the caller has consumed the previous one. That is the flow control: a
+slow consumer slows the reads; nothing piles up on either side.
+
+Errors: no recorder covers the signal (the directory has no ``history:`` entry, or the server
+does not record it) or its server cannot be reached: :class:`HistoryUnavailableError` (with the
+cause chained); a policy refusal stays ``NotAuthorizedError``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rda.business.client.subscriptions import Entry, Notification, Subscription
+from rda.serialization._data import Data, DataType
+from rda.serialization._header import DataContext, RequestType, UpdateType
+from rda.serialization._message import Message
+from rda.serialization.errors import (
+    DisconnectedError,
+    HistoryUnavailableError,
+    NoSuchDeviceError,
+    NotAuthorizedError,
+    RdaError,
+    TimeoutError,
+    TransportError,
+    error_from_remote,
+)
+
+__all__ = ["HISTORY_PREFIX", "Backfill", "HistoryCalls", "to_ns"]
+
+log = logging.getLogger(__name__)
+
+HISTORY_PREFIX = "history:"
+CHUNK_ROWS = 5000
+SEAM_WAIT_MS = 2000  # how long the server may wait for the recorder to reach the seam
+
+TimeLike = int | datetime.datetime | datetime.timedelta | None
+
+
+def to_ns(value: TimeLike, now: int, what: str) -> int:
+    """A time as ns since the epoch: an int (ns), an aware datetime (naive: UTC), a timedelta
+    (relative to now, e.g. ``-timedelta(minutes=5)``), or None (now)."""
+    if value is None:
+        return now
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: expected ns, a datetime or a timedelta, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, datetime.timedelta):
+        return now + value // datetime.timedelta(microseconds=1) * 1000
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+        return (value - epoch) // datetime.timedelta(microseconds=1) * 1000
+    raise TypeError(f"{what}: expected ns, a datetime or a timedelta, got {value!r}")
+
+
+def _row_error(text: str) -> RdaError:
+    kind, sep, message = text.partition(": ")
+    return error_from_remote(kind, message) if sep else error_from_remote("RemoteError", text)
+
+
+def chunk_notifications(chunk: Data) -> list[Notification]:
+    """The HISTORY notifications of one chunk, in the order the server sent them."""
+    stamps = chunk.get_array("acq_stamp")
+    cycles = chunk.get_array("cycle_stamp")
+    names = chunk.get_str_list("cycle_name")
+    selectors = chunk.get_str_list("selector")
+    errors = chunk.get_str_list("error")
+    values = chunk.get_data_array("values")
+    out = []
+    for i, value in enumerate(values):
+        context = DataContext(names[i], int(cycles[i]), int(stamps[i]), selectors[i])
+        if errors[i]:
+            error = _row_error(errors[i])
+            out.append(Notification(None, context, UpdateType.HISTORY, error))
+        else:
+            out.append(Notification(value, context, UpdateType.HISTORY))
+    return out
+
+
+class HistoryCalls:
+    """The history half of ``ClientService`` (a mixin: needs ``access_point``)."""
+
+    def access_point(self, device: str, prop: str) -> Any:  # pragma: no cover - ClientService
+        raise NotImplementedError
+
+    def history(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Notification]:
+        """The recorded updates of ``device/prop`` with ``start <= acq_stamp < end``, as
+        ``rda.Notification`` s (``update_type`` HISTORY) in acquisition-stamp order, at most
+        ``limit``. ``start``/``end``: ns, datetimes, or timedeltas relative to now (``end``
+        None: now). For large windows iterate :meth:`history_iter` instead of holding a list."""
+        return list(self.history_iter(device, prop, start, end, selector, limit, timeout))
+
+    def history_iter(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> Iterator[Notification]:
+        """:meth:`history`, lazily: the next chunk is asked for when this one is consumed."""
+        now = time.time_ns()
+        first = to_ns(start, now, "start")
+        last = to_ns(end, now, "end")
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        return self._history_rows(
+            device, prop, selector, first, last, limit, timeout, None, chunk_rows
+        )
+
+    def _history_rows(
+        self,
+        device: str,
+        prop: str,
+        selector: str | None,
+        start: int,
+        end: int,
+        limit: int | None,
+        timeout: float | None,
+        until: int | None,
+        chunk_rows: int,
+    ) -> Iterator[Notification]:
+        point = self.access_point(HISTORY_PREFIX + device, prop)
+        sent = 0
+        cursor: tuple[int, str, int] | None = None
+        while True:
+            filters = Data()
+            filters.append("start", start, DataType.INT64)
+            filters.append("end", end, DataType.INT64)
+            want = chunk_rows if limit is None else min(chunk_rows, limit - sent)
+            filters.append("limit", want, DataType.INT64)
+            if until is not None:
+                filters.append("until", until, DataType.INT64)
+                filters.append("wait_ms", SEAM_WAIT_MS, DataType.INT64)
+            if cursor is not None:
+                filters.append("after_stamp", cursor[0], DataType.INT64)
+                filters.append("after_recorder", cursor[1], DataType.STRING)
+                filters.append("after_seq", cursor[2], DataType.INT64)
+            chunk = self._history_get(point, device, prop, selector, filters, timeout)
+            rows = chunk_notifications(chunk)
+            yield from rows
+            sent += len(rows)
+            if not rows or not chunk["more"] or (limit is not None and sent >= limit):
+                return
+            recorders = chunk.get_str_list("recorder")
+            cursor = (
+                int(chunk.get_array("acq_stamp")[-1]),
+                recorders[-1],
+                int(chunk.get_array("seq")[-1]),
+            )
+
+    @staticmethod
+    def _history_get(
+        point: Any,
+        device: str,
+        prop: str,
+        selector: str | None,
+        filters: Data,
+        timeout: float | None,
+    ) -> Data:
+        signal = f"{device}/{prop}"
+        try:
+            reply = point.get(selector, filters=filters, timeout=timeout)
+        except NotAuthorizedError:
+            raise
+        except NoSuchDeviceError as exc:
+            raise HistoryUnavailableError(
+                f"{signal}: no recorder serves its history ({exc})"
+            ) from exc
+        except (DisconnectedError, TimeoutError, TransportError) as exc:
+            raise HistoryUnavailableError(
+                f"{signal}: the history server is unreachable ({exc})"
+            ) from exc
+        data: Data = reply.data
+        return data
+
+    def backfill_rows(
+        self, device: str, prop: str, selector: str | None, start: int, until: int
+    ) -> Iterator[Notification]:
+        """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
+        (``Backfill`` turns a failure into one error notification)."""
+        return self._history_rows(
+            device, prop, selector, start, until, None, None, until, CHUNK_ROWS
+        )
+
+
+# Backfill phases (see Backfill).
+_WAITING, _FETCHING, _BRIDGE, _DONE = range(4)
+HOLD_LIMIT = 10_000  # live updates held while the past is fetched, at least (queue_size if more)
+
+
+def _stamp(entry: Entry) -> int:
+    payload = entry[0]
+    if isinstance(payload, Message) and payload.header.request_type is not (
+        RequestType.SUBSCRIBE_EXCEPTION
+    ):
+        stamp = payload.context.acq_stamp
+        if stamp:
+            return stamp
+    return time.time_ns()
+
+
+def _live_data(entry: Entry) -> bool:
+    payload = entry[0]
+    return (
+        isinstance(payload, Message)
+        and payload.header.request_type is RequestType.NOTIFICATION_DATA
+        and payload.header.update_type in (UpdateType.NORMAL, UpdateType.IMMEDIATE)
+    )
+
+
+class Backfill:
+    """The seam between a subscription's past and its live updates (docs/client.md).
+
+    1. The live subscription starts at once; its updates are **held** (dispatcher thread: one
+       list append each) from the ``FIRST`` update on.
+    2. A task in the subscription's scheduler group fetches the recorded rows with
+       ``start <= acq_stamp < a_first`` (``a_first``: the FIRST update's stamp) and delivers
+       them as HISTORY, then the FIRST update.
+    3. **Bridge.** The server computes FIRST with a get and activates the subscriber after it:
+       an update published in between reaches the recorder but not this subscription (its
+       sequence numbers do not show it). So at the first live NORMAL/IMMEDIATE update (stamp
+       ``s1``, held in its turn if it comes later) the recorded rows with
+       ``a_first < acq_stamp < s1`` are delivered as HISTORY first. Then the held updates, then
+       everything live as usual, the server's per-subscription sequence numbers counting gaps.
+
+    The history server waits (bounded) until its recorder has acknowledged the signal up to
+    the seam's stamp before it answers, so rows still on their way to the recorder are not
+    missed. A failed fetch delivers one notification whose ``.error`` says why, and the
+    subscription carries on live. Only the first FIRST is backfilled: after an outage the
+    subscription re-subscribes without fetching the outage from history.
+    """
+
+    def __init__(self, fetch: Callable[[int, int], Iterator[Notification]], start: int) -> None:
+        self._fetch = fetch
+        self._start = start
+        self._lock = threading.Lock()
+        self._hold: list[Entry] | None = None
+        self._phase = _WAITING
+        self._seam = 0
+        self._sub: Subscription | None = None
+        self._limit = HOLD_LIMIT
+        self._failed = False
+
+    def attach(self, sub: Subscription, queue_size: int) -> None:
+        self._sub = sub
+        self._limit = max(HOLD_LIMIT, queue_size)
+
+    def take(self, entry: Entry) -> bool:
+        """Dispatcher thread: True when ``entry`` is held (delivered later, in order)."""
+        phase = self._phase
+        if phase == _DONE:
+            return False
+        with self._lock:
+            hold = self._hold
+            if hold is not None:
+                self._append(hold, entry)
+                return True
+            if self._phase == _WAITING:
+                payload = entry[0]
+                if not isinstance(payload, Message) or (
+                    payload.header.request_type is RequestType.SUBSCRIBE_EXCEPTION
+                ):
+                    self._phase = _DONE  # rejected or lost before FIRST: nothing to join
+                    return False
+                self._hold = [entry]
+                self._phase = _FETCHING
+                return self._start_task(self._initial)
+            if self._phase == _BRIDGE:
+                if not _live_data(entry):
+                    self._phase = _DONE
+                    return False
+                self._hold = [entry]
+                return self._start_task(self._bridge)
+        return False
+
+    def _append(self, hold: list[Entry], entry: Entry) -> None:
+        hold.append(entry)
+        if len(hold) > self._limit and len(hold) > 2:
+            # Drop the oldest after the first (the seam's own update), carried as a gap.
+            _, gap, _ = hold.pop(1)
+            payload, next_gap, seq = hold[1]
+            hold[1] = (payload, next_gap + gap + 1, seq)
+            if self._sub is not None:
+                self._sub.count_dropped()
+
+    def _start_task(self, task: Callable[[], None]) -> bool:
+        sub = self._sub
+        assert sub is not None
+        if sub.run_in_group(task):
+            return True
+        self._hold = None  # no scheduler (closing): deliver normally
+        self._phase = _DONE
+        return False
+
+    def _emit_rows(self, start: int, until: int) -> bool:
+        """Deliver the rows of ``[start, until)``; False when the subscription was closed. A
+        failure is delivered as one error notification and ends the backfill (no bridge)."""
+        sub = self._sub
+        assert sub is not None
+        failure: RdaError | None = None
+        try:
+            for notification in self._fetch(start, until):
+                if sub.closed:
+                    return False
+                sub.emit((notification, 0, 0))
+        except RdaError as exc:
+            failure = exc
+        except Exception as exc:  # a bug, not an rda error: say so, and still go live
+            log.exception("backfill of %s/%s failed", sub.device, sub.property)
+            failure = HistoryUnavailableError(f"{sub.device}/{sub.property}: backfill: {exc}")
+        if failure is not None:
+            self._failed = True
+            sub.emit((Notification(error=failure, update_type=UpdateType.HISTORY), 0, 0))
+        return not sub.closed
+
+    def _initial(self) -> None:
+        with self._lock:
+            assert self._hold is not None
+            first = self._hold[0]
+        seam = _stamp(first)
+        self._seam = seam
+        if not self._emit_rows(self._start, seam):
+            return
+        self._drain(bridge=not self._failed)
+
+    def _bridge(self) -> None:
+        with self._lock:
+            assert self._hold is not None
+            first = self._hold[0]
+        if not self._emit_rows(self._seam + 1, _stamp(first)):
+            return
+        self._drain(bridge=False)
+
+    def _drain(self, bridge: bool) -> None:
+        """Deliver what is held, in order, then let the dispatcher deliver directly again.
+
+        ``bridge``: the first held live update after FIRST (``hold[0]``, emitted as is) is
+        preceded by the bridge rows."""
+        sub = self._sub
+        assert sub is not None
+        after_first = False
+        while True:
+            with self._lock:
+                hold = self._hold
+                assert hold is not None
+                if not hold:
+                    self._hold = None
+                    self._phase = _BRIDGE if bridge else _DONE
+                    return
+                entry = hold[0]
+                if bridge and after_first:
+                    if _live_data(entry):
+                        break  # bridge before it; it stays held until then
+                    bridge = False  # an error or a new FIRST came first: nothing to bridge
+                hold.pop(0)
+            sub.emit(entry)
+            after_first = True
+        if self._emit_rows(self._seam + 1, _stamp(entry)):
+            self._drain(bridge=False)

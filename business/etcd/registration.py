@@ -1,0 +1,306 @@
+"""A server's claim on its name and devices in etcd, held by a lease a named thread keeps alive.
+
+Keys (under the directory's prefix):
+
+- ``servers/<name>``: the :class:`~rda.business.entries.ServerEntry` as JSON (endpoint,
+  devices, host, pid, registered_at, server_key);
+- ``devices/<device or pattern>``: ``{"server", "endpoint", "server_key"}``, what a client
+  needs to reach the device (one key per device, so a client watches exactly the changes).
+
+Every key is attached to one lease of ``ttl`` seconds. The keeper thread refreshes it every
+``ttl / 3``; ``kill -9`` stops the refreshes and etcd deletes the keys within ``ttl``; a clean
+stop revokes the lease, which deletes them at once.
+
+One live server per name: each key is created by a transaction that succeeds only if the key is
+absent, so of two servers starting together exactly one wins; the loser learns the owner from
+the failure branch and gets :class:`NameTakenError`. A name held by a dead process of this same
+host (a ``kill -9`` seconds ago) is taken over at once rather than waiting for the lease.
+Transactions are cut in batches (etcd refuses more than 128 operations per transaction by
+default). If a device batch fails, the lease is revoked: nothing half-registered remains.
+
+When etcd is unreachable the keeper keeps trying; if the lease expired meanwhile, it claims
+everything again with a new lease when etcd is back (and logs it when someone else has taken
+the name in between). If the server's entry is taken over on purpose (``replace``), the keeper
+notices within ``ttl / 3``, logs who took it, revokes its lease and stops.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rda.business.directory import DirectoryUnavailableError
+from rda.business.entries import NameTakenError, ServerEntry
+from rda.business.etcd.gateway import (
+    EtcdGateway,
+    KeyValue,
+    compare_absent,
+    put_op,
+    range_op,
+)
+from rda.serialization.errors import RdaError
+
+__all__ = ["Registration", "decode_server", "device_value"]
+
+log = logging.getLogger("rda.directory.etcd")
+
+# etcd's default --max-txn-ops is 128; stay under it.
+_BATCH = 100
+
+
+def device_value(entry: ServerEntry) -> bytes:
+    return json.dumps(
+        {"server": entry.name, "endpoint": entry.endpoint, "server_key": entry.server_key}
+    ).encode()
+
+
+def decode_server(kv: KeyValue, name: str) -> ServerEntry | None:
+    """The entry stored at ``servers/<name>``, or None if it is malformed."""
+    try:
+        raw = json.loads(kv.value)
+        return ServerEntry(
+            name=name,
+            endpoint=str(raw["endpoint"]),
+            devices=tuple(str(d) for d in raw["devices"]),
+            pid=int(raw["pid"]),
+            host=str(raw["host"]),
+            registered_at=float(raw["registered_at"]),
+            server_key=None if raw.get("server_key") is None else str(raw["server_key"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _batches(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
+def _dead_here(entry: ServerEntry) -> bool:
+    """True when ``entry``'s process ran on this host and is gone (a stale entry)."""
+    if entry.host != socket.gethostname() or entry.pid == os.getpid():
+        return False
+    try:
+        os.kill(entry.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    # A killed process its parent has not reaped yet (a zombie) serves nobody either.
+    try:
+        stat = Path(f"/proc/{entry.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationState:
+    state: str  # "registered", "unreachable", "re-registering", "replaced", "stopped"
+    lease: int
+    since: float
+    last_error: str
+
+
+class Registration:
+    """One server's entries in etcd and the thread that keeps their lease alive."""
+
+    def __init__(
+        self,
+        gateway: EtcdGateway,
+        prefix: str,
+        ttl: float,
+        entry: ServerEntry,
+        replace: bool,
+    ) -> None:
+        self._gateway = gateway
+        self._prefix = prefix
+        self._ttl = ttl
+        self.entry = entry
+        self._replace = replace
+        self._lease = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state = RegistrationState("unregistered", 0, time.time(), "")
+
+    @property
+    def server_key(self) -> str:
+        return f"{self._prefix}servers/{self.entry.name}"
+
+    def device_key(self, device: str) -> str:
+        return f"{self._prefix}devices/{device}"
+
+    def state(self) -> RegistrationState:
+        return self._state
+
+    def _set_state(self, state: str, error: str = "") -> None:
+        if state != self._state.state or error != self._state.last_error:
+            self._state = RegistrationState(state, self._lease, time.time(), error)
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Grant a lease and create every key under it; ``NameTakenError`` when a live server
+        of another process holds one (nothing of ours is left behind then)."""
+        lease = self._gateway.grant(self._ttl)
+        self._lease = lease
+        try:
+            self._claim_server(lease)
+            self._claim_devices(lease)
+        except BaseException:
+            self._revoke_quietly(lease)
+            self._lease = 0
+            raise
+        self._set_state("registered")
+
+    def _claim_server(self, lease: int) -> None:
+        value = json.dumps(asdict(self.entry)).encode()
+        key = self.server_key
+        ok, responses = self._gateway.txn(
+            [compare_absent(key)], [put_op(key, value, lease)], [range_op(key)]
+        )
+        if ok:
+            return
+        owner = self._owner_from(responses, self.entry.name)
+        self._take_over_or_refuse(f"server name {self.entry.name!r}", owner)
+        self._gateway.put(key, value, lease)
+
+    def _claim_devices(self, lease: int) -> None:
+        value = device_value(self.entry)
+        for batch in _batches(list(self.entry.devices)):
+            keys = [self.device_key(d) for d in batch]
+            ok, responses = self._gateway.txn(
+                [compare_absent(k) for k in keys],
+                [put_op(k, value, lease) for k in keys],
+                [range_op(k) for k in keys],
+            )
+            if ok:
+                continue
+            for device, response in zip(batch, responses, strict=True):
+                kvs = response.get("response_range", {}).get("kvs", [])
+                if not kvs:
+                    continue
+                holder = json.loads(_decode(kvs[0]["value"])).get("server", "?")
+                if holder == self.entry.name:
+                    continue  # the server name was ours to take over: so are its devices
+                owner = self._server_entry(str(holder))
+                self._take_over_or_refuse(
+                    f"device {device!r} (of server {self.entry.name!r})", owner
+                )
+            # Every clash was taken over (or was ours): write the batch unconditionally.
+            self._gateway.txn([], [put_op(k, value, lease) for k in keys], [])
+
+    def _owner_from(self, responses: list[dict[str, Any]], name: str) -> ServerEntry | None:
+        for response in responses:
+            for raw in response.get("response_range", {}).get("kvs", []):
+                kv = KeyValue(self.server_key, _decode(raw.get("value", "")), 0, 0, 0)
+                return decode_server(kv, name)
+        return None
+
+    def _server_entry(self, name: str) -> ServerEntry | None:
+        _, kvs = self._gateway.range(f"{self._prefix}servers/{name}")
+        return decode_server(kvs[0], name) if kvs else None
+
+    def _take_over_or_refuse(self, what: str, owner: ServerEntry | None) -> None:
+        if owner is None:
+            owner = ServerEntry("(unknown)", "?", (), 0, "?", 0.0)
+        if _dead_here(owner):
+            log.info("%s: the entry of dead %s is stale; taking it over", what, owner.describe())
+            return
+        if not self._replace:
+            # A server killed on another host keeps its entry until its lease runs out.
+            hint = f"a killed server's entry expires within {self._ttl:g} s"
+            raise NameTakenError(what, owner, f"etcd directory {self._where()}", hint)
+        log.warning("%s: taken over from %s (replace)", what, owner.describe())
+
+    def _where(self) -> str:
+        return f"{','.join(self._gateway.endpoints)} (prefix {self._prefix})"
+
+    # -- keeping alive -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._keep, name=f"rda-etcd-lease-{self.entry.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _keep(self) -> None:
+        period = self._ttl / 3
+        while not self._stop.wait(
+            period if self._state.state == "registered" else min(period, 0.5)
+        ):
+            try:
+                self._refresh()
+            except NameTakenError as exc:
+                self._set_state("conflict", str(exc))
+                log.error("server %r: cannot register again: %s", self.entry.name, exc)
+            except DirectoryUnavailableError as exc:
+                if self._state.state != "unreachable":
+                    log.warning(
+                        "server %r: etcd unreachable; still serving: %s", self.entry.name, exc
+                    )
+                self._set_state("unreachable", str(exc))
+            except RdaError as exc:
+                self._set_state("error", str(exc))
+                log.warning("server %r: etcd: %s", self.entry.name, exc)
+            if self._state.state == "replaced":
+                return
+
+    def _refresh(self) -> None:
+        if self._lease and self._gateway.keepalive(self._lease) > 0:
+            if self._taken_over():
+                return
+            if self._state.state != "registered":
+                log.info("server %r: etcd reachable again; entry kept", self.entry.name)
+            self._set_state("registered")
+            return
+        # The lease expired (an outage longer than ttl) or was never granted: claim again.
+        self._set_state("re-registering", self._state.last_error)
+        self.claim()
+        log.info("server %r: registered again in etcd (lease %d)", self.entry.name, self._lease)
+
+    def _taken_over(self) -> bool:
+        """True (and the lease revoked) when another process has replaced our entry."""
+        _, kvs = self._gateway.range(self.server_key)
+        current = decode_server(kvs[0], self.entry.name) if kvs else None
+        if current is None or current == self.entry:
+            return False
+        log.warning(
+            "server %r: its directory entry was taken over by %s; no longer registered",
+            self.entry.name,
+            current.describe(),
+        )
+        self._revoke_quietly(self._lease)
+        self._set_state("replaced", f"taken over by {current.describe()}")
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the keeper and revoke the lease (which deletes every key at once)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if self._lease and self._state.state != "replaced":
+            self._revoke_quietly(self._lease)
+        self._lease = 0
+        self._set_state("stopped")
+
+    def _revoke_quietly(self, lease: int) -> None:
+        try:
+            self._gateway.revoke(lease)
+        except RdaError as exc:
+            # etcd down: the lease expires by itself within ttl.
+            log.warning("server %r: could not revoke lease %d: %s", self.entry.name, lease, exc)
+
+
+def _decode(b64: object) -> bytes:
+    return base64.b64decode(str(b64))

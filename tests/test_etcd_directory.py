@@ -1,0 +1,250 @@
+"""rda.EtcdDirectory against a real etcd (the ``etcd`` fixture: 127.0.0.1, free ports, tmp dir).
+
+In one process: registration and resolution, patterns, CURVE keys beside endpoints, the lease
+(clean stop removes at once), one live server per name and ``replace``, the watch reporting
+moves, the etcd outage (typed error, stale cache, re-registration), configuration and the
+default chain. Several processes and ``kill -9``: tests/test_etcd_processes.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import rda
+from rda.business.config import Config, ConfigError, etcd_endpoints
+from rda.business.directory import ChainDirectory, default_directory, default_registry
+from rda.business.etcd.gateway import EtcdGateway
+from rda.testing import LocalEtcd
+
+TTL = 3.0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def directory(etcd: LocalEtcd) -> Iterator[rda.EtcdDirectory]:
+    with rda.EtcdDirectory(etcd.url, prefix="/test/", ttl=TTL) as d:
+        yield d
+
+
+def other(etcd: LocalEtcd) -> rda.EtcdDirectory:
+    return rda.EtcdDirectory(etcd.url, prefix="/test/", ttl=TTL)
+
+
+def test_register_resolve_patterns_keys_and_clean_unregister(
+    etcd: LocalEtcd, directory: rda.EtcdDirectory, no_thread_leak: None
+) -> None:
+    directory.register("S1", "tcp://10.0.0.1:5000", ["PS1", "BPM*"], server_key="K" * 40)
+    with other(etcd) as client:
+        assert client.resolve("PS1") == "tcp://10.0.0.1:5000"
+        assert client.resolve("BPM7") == "tcp://10.0.0.1:5000"
+        assert client.server_key("tcp://10.0.0.1:5000") == "K" * 40
+        assert client.devices() == {"PS1": "tcp://10.0.0.1:5000", "BPM*": "tcp://10.0.0.1:5000"}
+        [entry] = client.servers()
+        assert (entry.name, entry.devices, entry.server_key) == ("S1", ("PS1", "BPM*"), "K" * 40)
+        with pytest.raises(rda.NoSuchDeviceError, match="NOPE"):
+            client.resolve("NOPE")
+        assert client.state().watching == "synced"
+        # A clean stop revokes the lease: the watch sees the keys go at once.
+        directory.unregister("S1")
+        wait_for(lambda: not client.devices(), 5.0, "entries removed by unregister")
+        with pytest.raises(rda.NoSuchDeviceError):
+            client.resolve("PS1")
+        assert client.servers() == []
+
+
+def test_exact_name_wins_over_a_pattern(etcd: LocalEtcd, directory: rda.EtcdDirectory) -> None:
+    directory.register("WIDE", "tcp://10.0.0.1:1", ["PS*"])
+    directory.register("ONE", "tcp://10.0.0.2:2", ["PS7"])
+    with other(etcd) as client:
+        assert client.resolve("PS7") == "tcp://10.0.0.2:2"
+        assert client.resolve("PS8") == "tcp://10.0.0.1:1"
+
+
+def test_a_second_server_with_a_taken_name_or_device_is_refused_naming_the_owner(
+    etcd: LocalEtcd, directory: rda.EtcdDirectory
+) -> None:
+    directory.register("PSServer", "tcp://10.0.0.1:5000", ["PS1", "PS2"])
+    with other(etcd) as second:
+        with pytest.raises(rda.NameTakenError) as name_taken:
+            second.register("PSServer", "tcp://10.0.0.9:9", ["PS9"])
+        message = str(name_taken.value)
+        assert "'PSServer'" in message and "tcp://10.0.0.1:5000" in message
+        assert "pid" in message and "since" in message and "--replace" in message
+        assert name_taken.value.owner.endpoint == "tcp://10.0.0.1:5000"
+        with pytest.raises(rda.NameTakenError, match="device 'PS2'"):
+            second.register("Other", "tcp://10.0.0.9:9", ["PS3", "PS2"])
+        # Nothing of the refused registrations is left behind.
+        assert directory.devices() == {
+            "PS1": "tcp://10.0.0.1:5000",
+            "PS2": "tcp://10.0.0.1:5000",
+        }
+        assert [e.name for e in directory.servers()] == ["PSServer"]
+
+
+def test_replace_takes_over_and_tells_the_old_owner(
+    etcd: LocalEtcd, directory: rda.EtcdDirectory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rda.directory.etcd")
+    directory.register("PSServer", "tcp://10.0.0.1:5000", ["PS1"])
+    with other(etcd) as newcomer:
+        newcomer.register("PSServer", "tcp://10.0.0.2:6000", ["PS1"], replace=True)
+        assert newcomer.resolve("PS1") == "tcp://10.0.0.2:6000"
+        # The old owner's lease keeper notices within ttl/3 and says so in its log.
+        wait_for(
+            lambda: directory.state().registrations["PSServer"].state == "replaced",
+            3 * TTL,
+            "old owner told",
+        )
+        assert any("taken over by" in r.getMessage() for r in caplog.records)
+        # ... and its lease is revoked, but the newcomer's entries stay.
+        assert newcomer.resolve("PS1") == "tcp://10.0.0.2:6000"
+        assert [e.endpoint for e in newcomer.servers()] == ["tcp://10.0.0.2:6000"]
+
+
+def test_registration_of_10k_devices_is_batched_under_etcds_txn_limit(
+    etcd: LocalEtcd, directory: rda.EtcdDirectory
+) -> None:
+    names = [f"DEV{i:05d}" for i in range(1000)]
+    directory.register("BIG", "tcp://10.0.0.1:1", names)
+    with other(etcd) as client:
+        assert len(client.devices()) == 1000
+        assert client.resolve("DEV00999") == "tcp://10.0.0.1:1"
+        # A clash in the last batch leaves nothing of the refused server behind.
+        with pytest.raises(rda.NameTakenError, match="DEV00999"):
+            client.register(
+                "BIG2", "tcp://10.0.0.2:2", [f"NEW{i}" for i in range(250)] + ["DEV00999"]
+            )
+        # (The revocation reaches this client's cache through its watch.)
+        wait_for(
+            lambda: not any(name.startswith("NEW") for name in client.devices()),
+            5.0,
+            "refused devices gone",
+        )
+        assert [e.name for e in client.servers()] == ["BIG"]
+
+
+def test_watch_reports_a_moved_device(etcd: LocalEtcd, directory: rda.EtcdDirectory) -> None:
+    seen: list[tuple[str, str | None]] = []
+    with other(etcd) as client:
+        stop = client.watch(lambda name, endpoint: seen.append((name, endpoint)))
+        directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
+        wait_for(lambda: ("PS1", "tcp://10.0.0.1:1") in seen, 5.0, "registration seen")
+        directory.unregister("S")
+        wait_for(lambda: ("PS1", None) in seen, 5.0, "removal seen")
+        directory.register("S", "tcp://10.0.0.1:2", ["PS1"])
+        wait_for(lambda: ("PS1", "tcp://10.0.0.1:2") in seen, 5.0, "move seen")
+        stop()
+        count = len(seen)
+        directory.unregister("S")
+        wait_for(lambda: not client.devices(), 5.0, "removed")
+        assert len(seen) == count
+
+
+def test_outage_keeps_resolved_devices_fails_new_ones_typed_and_re_registers(
+    etcd: LocalEtcd, directory: rda.EtcdDirectory
+) -> None:
+    directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
+    client = rda.EtcdDirectory(etcd.url, prefix="/test/", ttl=TTL, timeout=1.0)
+    try:
+        assert client.resolve("PS1") == "tcp://10.0.0.1:1"
+        etcd.stop()
+        wait_for(lambda: client.state().watching == "stale", 10.0, "watch marked stale")
+        # Known devices keep resolving; an unknown one fails fast, typed, naming the cause.
+        assert client.resolve("PS1") == "tcp://10.0.0.1:1"
+        started = time.monotonic()
+        with pytest.raises(rda.DirectoryUnavailableError) as unavailable:
+            client.resolve("PS2")
+        assert not isinstance(unavailable.value, rda.NoSuchDeviceError)
+        assert etcd.url in str(unavailable.value) and "PS2" in str(unavailable.value)
+        assert time.monotonic() - started < 10.0  # bounded by the timeout, not hung
+        # The server's keeper notices (and keeps serving: nothing here stops it).
+        wait_for(
+            lambda: directory.state().registrations["S"].state == "unreachable",
+            3 * TTL,
+            "registration unreachable",
+        )
+        assert "unreachable" in directory.state().summary()
+        # Down longer than the ttl: the lease is gone when etcd is back; the keeper
+        # registers again and the client's watch resynchronises.
+        time.sleep(TTL + 1.0)  # the outage itself, not a timing assertion
+        etcd.start()
+        wait_for(
+            lambda: directory.state().registrations["S"].state == "registered",
+            5 * TTL,
+            "re-registered",
+        )
+        wait_for(lambda: client.state().watching == "synced", 10.0, "watch synced again")
+        with other(etcd) as fresh:
+            assert fresh.resolve("PS1") == "tcp://10.0.0.1:1"
+    finally:
+        client.close()
+
+
+def test_chain_reports_an_outage_rather_than_no_such_device(tmp_path: object) -> None:
+    dead = rda.EtcdDirectory("http://127.0.0.1:9", timeout=0.5)  # nothing listens on port 9
+    chain = ChainDirectory(rda.StaticDirectory({"S1": "tcp://127.0.0.1:1"}), dead)
+    try:
+        assert chain.resolve("S1") == "tcp://127.0.0.1:1"
+        with pytest.raises(rda.DirectoryUnavailableError, match=r"127\.0\.0\.1:9"):
+            chain.resolve("PS1")
+    finally:
+        chain.close()
+
+
+def test_url_forms_and_config(monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd) -> None:
+    assert etcd_endpoints("etcd://h1:2379,h2:2379") == ["http://h1:2379", "http://h2:2379"]
+    assert etcd_endpoints("etcds://h1:2379") == ["https://h1:2379"]
+    assert etcd_endpoints("http://127.0.0.1:2379") == ["http://127.0.0.1:2379"]
+    for bad in ("h1:2379", "etcd://h1", "redis://h1:1", "etcd://h1:2379,"):
+        with pytest.raises(ConfigError, match="directory_url"):
+            Config(directory_url=bad)
+    port = etcd.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("RDA_DIRECTORY_URL", f"etcd://127.0.0.1:{port}")
+    monkeypatch.setenv("RDA_DIRECTORY_PREFIX", "/cfg/")
+    config = Config()
+    registry = default_registry(config)
+    assert isinstance(registry, rda.EtcdDirectory)
+    chain = default_directory(config)
+    try:
+        assert isinstance(chain, ChainDirectory)
+        kinds = [type(d).__name__ for d in chain.directories]
+        assert kinds == ["StaticDirectory", "EtcdDirectory", "FileDirectory"]
+        registry.register("CFG", "tcp://10.0.0.3:3", ["CFG1"])
+        assert chain.resolve("CFG1") == "tcp://10.0.0.3:3"
+        registry.unregister("CFG")
+    finally:
+        assert isinstance(chain, ChainDirectory) and isinstance(registry, rda.EtcdDirectory)
+        chain.close()
+        registry.close()
+
+
+def test_gateway_fails_over_to_the_next_endpoint(etcd: LocalEtcd) -> None:
+    gateway = EtcdGateway(["http://127.0.0.1:9", etcd.url], timeout=1.0)
+    try:
+        gateway.put("/x/k", b"v")
+        _, [kv] = gateway.range("/x/k")
+        assert kv.value == b"v"
+    finally:
+        gateway.close()
+
+
+def test_a_server_does_not_start_unregistered_when_etcd_is_unreachable(
+    no_thread_leak: None,
+) -> None:
+    dead = rda.EtcdDirectory("http://127.0.0.1:9", timeout=0.5)  # nothing listens on port 9
+    server = rda.ServerBuilder("Lonely").devices("L1").directory(dead).build()
+    with pytest.raises(rda.DirectoryUnavailableError, match=r"127\.0\.0\.1:9"):
+        server.start()
+    assert not server.running
+    assert "Lonely" not in server.directory_state()
+    dead.close()

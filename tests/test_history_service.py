@@ -1,0 +1,508 @@
+"""History as a service: the recorder answers history queries over rda, and a subscription can
+start with its past (docs/history.md "History as a service", docs/client.md "Backfill").
+
+Real ZeroMQ sockets on 127.0.0.1: a counter server publishing at 100 Hz, a recorder recording
+it and serving its history, clients asking for history and for backfilled subscriptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rda.aio
+from rda.business.client.service import ClientService
+from rda.business.client.subscriptions import Notification
+from rda.business.common import AcquiredData
+from rda.business.config import Config
+from rda.business.directory import ChainDirectory, FileDirectory, StaticDirectory
+from rda.business.policy import Policy
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device
+from rda.business.server.requests import GetRequest
+from rda.pipeline.recorder.query import Cursor, HistoryReader
+from rda.pipeline.recorder.service import Recorder, Sample
+from rda.serialization._data import Data, DataType
+from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.errors import HistoryUnavailableError, NotAuthorizedError
+
+T0 = 1_790_000_000_000_000_000  # 2026-09-21, a fixed day for network-free stores
+
+
+class Counter(Device):
+    """``CNT/Count``: ``n`` counts up at each tick; a get returns the last value published,
+    with its own acquisition stamp (as a device with a hardware buffer does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.n = 0
+        self.last = AcquiredData(Data(n=0), DataContext(acq_stamp=time.time_ns()))
+
+    @Device.property("Count")
+    def count(self, request: GetRequest) -> AcquiredData:
+        with self.lock:
+            return self.last
+
+    def tick(self) -> None:
+        with self.lock:
+            self.n += 1
+            self.last = AcquiredData(Data(n=self.n), DataContext(acq_stamp=time.time_ns()))
+            self.publish("Count", self.last)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _zmq_garbage_collector() -> None:
+    """Chunks above 64 KiB are sent zero-copy, which starts pyzmq's process-wide garbage
+    collector thread (a daemon that lives as long as the process): start it before the
+    thread-leak checks take their snapshot."""
+    from zmq.utils.garbage import gc
+
+    if not gc.is_alive():  # started by an earlier test already: a second one could not bind
+        gc.start()
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+@dataclass
+class Stand:
+    device: Counter
+    server: Server
+    recorder: Recorder
+    client: ClientService
+    directory: FileDirectory
+
+
+@pytest.fixture
+def stand(no_thread_leak: None, tmp_path: Path) -> Iterator[Stand]:
+    device = Counter()
+    directory = FileDirectory(tmp_path / "directory.json")
+    server = ServerBuilder("CounterServer").device("CNT", device).directory(directory).build()
+    server.start()
+    static = StaticDirectory({"CNT": server.endpoint})
+    rec_client = ClientService(static, Config(request_timeout=5.0))
+    recorder = Recorder(
+        tmp_path / "store",
+        ["CNT/Count"],
+        rec_client,
+        recorder_id="rec1",
+        flush_interval=0.05,
+        convert_interval=0.3,
+        serve=ServerBuilder("HistoryServer").directory(directory),
+    )
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.wait(0.01):
+            device.tick()
+
+    ticker = threading.Thread(target=publish, name="counter-100Hz")
+    recorder.start()
+    ticker.start()
+    client = ClientService(ChainDirectory(static, directory), Config(request_timeout=10.0))
+    try:
+        yield Stand(device, server, recorder, client, directory)
+    finally:
+        client.close()
+        stop.set()
+        ticker.join(5)
+        recorder.stop()
+        rec_client.close()
+        server.stop()
+
+
+def _counts(notifications: list[Notification]) -> list[int]:
+    return [int(n.data["n"]) for n in notifications]
+
+
+def _collect_backfilled(stand: Stand, live_wanted: int, **kwargs: Any) -> list[Notification]:
+    sub = stand.client.access_point("CNT", "Count").subscribe(backfill=5, **kwargs)
+    got: list[Notification] = []
+    try:
+        live = 0
+        while live < live_wanted:
+            item = sub.poll(20)
+            assert item is not None, f"no notification after {len(got)}"
+            assert item.error is None, item.error
+            got.append(item)
+            live += item.update_type is not UpdateType.HISTORY
+    finally:
+        sub.close()
+    return got
+
+
+def _check_one_run(got: list[Notification]) -> None:
+    counts = _counts(got)
+    assert counts == list(range(counts[0], counts[0] + len(counts))), (
+        "hole or repeat at the seam: "
+        + str([(a, b) for a, b in itertools.pairwise(counts) if b != a + 1][:5])
+    )
+    kinds = [n.update_type for n in got]
+    first = kinds.index(UpdateType.FIRST)
+    assert set(kinds[:first]) == {UpdateType.HISTORY}
+    stamps = [n.context.acq_stamp for n in got]
+    assert stamps == sorted(stamps)
+    assert all(n.gap == 0 for n in got)
+    # Only bridge rows (recorded while FIRST was being made) may be HISTORY after FIRST.
+    after = kinds[first + 1 :]
+    assert UpdateType.FIRST not in after
+
+
+def test_backfill_is_one_run_without_hole_or_repeat(stand: Stand) -> None:
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 350)  # > 3.5 s recorded
+    got = _collect_backfilled(stand, live_wanted=100)
+    history = [n for n in got if n.update_type is UpdateType.HISTORY]
+    assert len(history) >= 300  # ~5 s at 100 Hz, less what the start-up missed
+    _check_one_run(got)
+    # The directory names the recorder's history server under history:<device>.
+    assert stand.directory.resolve("history:CNT") == stand.recorder.history_server.endpoint  # type: ignore[union-attr]
+
+
+def test_backfill_while_the_recorder_converts_segments(stand: Stand) -> None:
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 200)
+    stop = threading.Event()
+
+    def convert() -> None:
+        while not stop.is_set():
+            stand.recorder.convert_now()
+
+    converter = threading.Thread(target=convert, name="convert-loop")
+    converter.start()
+    try:
+        for _ in range(3):
+            got = _collect_backfilled(stand, live_wanted=30)
+            _check_one_run(got)
+            assert sum(n.update_type is UpdateType.HISTORY for n in got) >= 150
+    finally:
+        stop.set()
+        converter.join(10)
+    assert stand.recorder.statistics().parquet_files > 0
+
+
+def test_backfill_with_a_listener(stand: Stand) -> None:
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    got: list[Notification] = []
+    enough = threading.Event()
+
+    def listener(notification: Notification) -> None:
+        got.append(notification)
+        if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 50:
+            enough.set()
+
+    sub = stand.client.access_point("CNT", "Count").subscribe(backfill=3, listener=listener)
+    try:
+        assert enough.wait(20)
+    finally:
+        sub.close()
+    _check_one_run(list(got))
+    assert sum(n.update_type is UpdateType.HISTORY for n in got) >= 100
+
+
+def test_history_of_a_live_recorder_over_the_network(stand: Stand) -> None:
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 200)
+    stand.recorder.convert_now()
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 300)
+    end = time.time_ns()
+    rows = stand.client.history("CNT", "Count", end - 10 * 10**9, end)
+    counts = _counts(rows)
+    assert len(counts) >= 250
+    assert counts == list(range(counts[0], counts[0] + len(counts)))
+    assert {n.update_type for n in rows} == {UpdateType.HISTORY}
+    limited = stand.client.history("CNT", "Count", end - 10 * 10**9, end, limit=7)
+    assert _counts(limited) == counts[:7]
+
+
+# --- network-free stores: exact contents ---------------------------------------------------
+
+
+def _value(i: int) -> Data:
+    data = Data()
+    data.append("i", i, DataType.INT32)
+    data.append("x", i * 0.5, DataType.FLOAT64)
+    data.append("wave", np.arange(4, dtype=np.float32) + i, DataType.FLOAT32_ARRAY)
+    data.append("image", np.arange(6, dtype=np.int16).reshape(2, 3) + i, DataType.INT16_ARRAY)
+    data.append("names", ["a", f"n{i}"], DataType.STRING_ARRAY)
+    data.append("sub", Data(flag=i % 2 == 0, label=f"s{i}"), DataType.DATA)
+    data.append("items", [Data(k=i), Data(k=i + 1)], DataType.DATA_ARRAY)
+    return data
+
+
+@pytest.fixture
+def offline(no_thread_leak: None, tmp_path: Path) -> Iterator[tuple[Recorder, ClientService]]:
+    policy = Policy.from_dict(
+        {
+            "roles": ["reader"],
+            "principals": {"alice": ["reader"]},
+            "rules": [
+                {"role": "reader", "device": "history:*", "operation": "get", "effect": "allow"}
+            ],
+        }
+    )
+    recorder = Recorder(
+        tmp_path,
+        recorder_id="off",
+        flush_interval=0.02,
+        convert=False,
+        serve=ServerBuilder("Offline").directory(None).policy(policy).trust_declared_principals(),
+    )
+    recorder.start()  # no patterns: rows are offered by the tests
+    assert recorder.history_server is not None
+    client = ClientService(
+        StaticDirectory({"history:*": recorder.history_server.endpoint}),
+        Config(request_timeout=10.0),
+        principal="alice",
+    )
+    try:
+        yield recorder, client
+    finally:
+        client.close()
+        recorder.stop()
+
+
+def _offer(recorder: Recorder, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        context = DataContext("CYCLE", T0 + i * 10, T0 + i * 1000, "")
+        assert recorder.offer("DEV", "Prop", None, Sample(_value(i), context))
+    assert recorder.flush()
+
+
+def test_history_spanning_store_and_journal_returns_each_row_once(
+    offline: tuple[Recorder, ClientService],
+) -> None:
+    recorder, client = offline
+    _offer(recorder, 0, 1200)
+    assert recorder.convert_now() > 0  # rows 0..1199 now in Parquet
+    _offer(recorder, 1200, 800)  # only in the journal
+    rows = list(client.history_iter("DEV", "Prop", T0, T0 + 2000 * 1000, chunk_rows=333))
+    assert [int(n.data["i"]) for n in rows] == list(range(2000))
+    assert rows[5].data == _value(5)
+    assert rows[1500].data == _value(1500)
+    assert rows[7].context == DataContext("CYCLE", T0 + 70, T0 + 7000, "")
+    assert rows[1500].data.type_of("image") is DataType.INT16_ARRAY
+    assert rows[1500].data["image"].shape == (2, 3)
+    window = client.history("DEV", "Prop", T0 + 1100 * 1000, T0 + 1300 * 1000)
+    assert [int(n.data["i"]) for n in window] == list(range(1100, 1300))
+
+
+def test_a_segment_read_from_both_places_is_deduplicated(
+    offline: tuple[Recorder, ClientService],
+) -> None:
+    recorder, _ = offline
+    _offer(recorder, 0, 300)
+    recorder.convert_now()
+    # As if the listing had happened just before the conversion: every segment is read from
+    # the journal too.
+    reader = HistoryReader(recorder.store, recorder.journal, lambda: 0, recorder.recorder_id)
+    seen: list[int] = []
+    after: Cursor | None = None
+    while True:
+        chunk = reader.chunk("DEV", "Prop", T0, T0 + 10**9, after=after, max_rows=64)
+        seen.extend(int(r.data["i"]) for r in chunk.rows if r.data is not None)
+        if not chunk.more:
+            break
+        last = chunk.rows[-1]
+        after = Cursor(last.acq_stamp, last.recorder_id, last.seq)
+    assert seen == list(range(300))
+
+
+def test_history_is_paced_by_the_consumer(offline: tuple[Recorder, ClientService]) -> None:
+    recorder, client = offline
+    _offer(recorder, 0, 1000)
+    assert recorder.history is not None
+    before = recorder.history.statistics().queries
+    rows = client.history_iter("DEV", "Prop", T0, T0 + 10**9, chunk_rows=100)
+    first = next(rows)
+    assert int(first.data["i"]) == 0
+    assert recorder.history.statistics().queries == before + 1  # one chunk, not ten
+    assert len(list(rows)) == 999
+    assert recorder.history.statistics().queries == before + 10
+
+
+def test_error_rows_come_back_as_errors(offline: tuple[Recorder, ClientService]) -> None:
+    recorder, client = offline
+    context = DataContext("", 0, T0 + 5, "")
+    recorder.offer("DEV", "Prop", None, Sample(None, context, TimeoutError("late")))
+    recorder.offer("DEV", "Prop", None, Sample(_value(1), DataContext(acq_stamp=T0 + 6)))
+    assert recorder.flush()
+    rows = client.history("DEV", "Prop", T0, T0 + 10)
+    assert rows[0].error is not None and "late" in str(rows[0].error)
+    assert rows[1].error is None and rows[1].data == _value(1)
+
+
+def test_history_denied_by_the_policy(offline: tuple[Recorder, ClientService]) -> None:
+    recorder, _ = offline
+    assert recorder.history_server is not None
+    stranger = ClientService(
+        StaticDirectory({"history:*": recorder.history_server.endpoint}),
+        Config(request_timeout=10.0),
+        principal="mallory",
+    )
+    try:
+        with pytest.raises(NotAuthorizedError):
+            stranger.history("DEV", "Prop", T0, T0 + 10)
+    finally:
+        stranger.close()
+
+
+def test_history_errors_are_typed(offline: tuple[Recorder, ClientService]) -> None:
+    _recorder, client = offline
+    with pytest.raises(HistoryUnavailableError, match="not recorded"):
+        client.history("OTHER", "Prop", T0, T0 + 10)
+    nowhere = ClientService(StaticDirectory({"X": "tcp://127.0.0.1:1"}), Config())
+    try:
+        with pytest.raises(HistoryUnavailableError, match="no recorder"):
+            nowhere.history("DEV", "Prop", T0, T0 + 10)
+    finally:
+        nowhere.close()
+    with pytest.raises(ValueError, match="limit"):
+        client.history("DEV", "Prop", T0, T0 + 10, limit=0)
+
+
+# --- errors of a backfilled subscription: one error notification, then live -----------------
+
+
+def _first_two(sub: Any) -> tuple[Notification, Notification]:
+    try:
+        first = sub.poll(20)
+        second = sub.poll(20)
+    finally:
+        sub.close()
+    assert first is not None and second is not None
+    return first, second
+
+
+def test_backfill_without_a_recorder_says_so_then_goes_live(stand: Stand) -> None:
+    alone = ClientService(
+        StaticDirectory({"CNT": stand.server.endpoint}), Config(request_timeout=5.0)
+    )
+    try:
+        error, live = _first_two(alone.access_point("CNT", "Count").subscribe(backfill=5))
+    finally:
+        alone.close()
+    assert isinstance(error.error, HistoryUnavailableError)
+    assert "no recorder" in str(error.error)
+    assert live.update_type is UpdateType.FIRST and live.error is None
+
+
+def test_backfill_with_an_unreachable_history_server(stand: Stand) -> None:
+    dead = ClientService(
+        StaticDirectory({"CNT": stand.server.endpoint, "history:*": "tcp://127.0.0.1:9"}),
+        Config(request_timeout=1.0),
+    )
+    try:
+        error, live = _first_two(dead.access_point("CNT", "Count").subscribe(backfill=5))
+    finally:
+        dead.close()
+    assert isinstance(error.error, HistoryUnavailableError)
+    assert "unreachable" in str(error.error)
+    assert live.update_type is UpdateType.FIRST and live.error is None
+
+
+def test_backfill_argument_is_checked(stand: Stand) -> None:
+    with pytest.raises(ValueError, match="backfill"):
+        stand.client.access_point("CNT", "Count").subscribe(backfill=0)
+
+
+def test_aio_history_and_backfill(stand: Stand) -> None:
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+
+    async def main() -> tuple[list[Notification], list[Notification]]:
+        client = rda.aio.ClientService(stand.client.directory, Config(request_timeout=10.0))
+        try:
+            end = time.time_ns()
+            rows = await client.history("CNT", "Count", end - 2 * 10**9, end)
+            got = []
+            sub = client.access_point("CNT", "Count").subscribe(backfill=2)
+            try:
+                async for item in sub:
+                    got.append(item)
+                    if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 20:
+                        break
+            finally:
+                sub.close()
+            return rows, got
+        finally:
+            client.close()
+
+    rows, got = asyncio.run(main())
+    assert len(rows) >= 100
+    _check_one_run(got)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_cli_subscribe_with_backfill(stand: Stand) -> None:
+    from click.testing import CliRunner
+
+    from rda.admin.cli.main import cli
+
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
+    result = CliRunner().invoke(
+        cli, ["subscribe", "CNT/Count", "--backfill", "1s", "-n", "150", "--json"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    updates = [line for line in lines if "data" in line]
+    kinds = [line["update"] for line in updates]
+    assert kinds[0] == "HISTORY" and "FIRST" in kinds and kinds.count("HISTORY") >= 50
+    counts = [line["data"]["n"] for line in updates]
+    assert counts == list(range(counts[0], counts[0] + len(counts)))
+    bad = CliRunner().invoke(cli, ["subscribe", "CNT/Count", "--backfill", "soon"], env=env)
+    assert bad.exit_code != 0 and "not a duration" in bad.output
+
+
+def test_cli_history_get_from_recorder(stand: Stand) -> None:
+    from click.testing import CliRunner
+
+    from rda.pipeline.history.cli import history
+
+    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
+    args = ["get", "--from-recorder", "CNT/Count#n", "-s", "-30s", "--json"]
+    result = CliRunner().invoke(history, args, env=env)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    counts = [row["n"] for row in rows]
+    assert len(counts) >= 100
+    assert counts == list(range(counts[0], counts[0] + len(counts)))
+    assert {"device", "property", "acq_stamp", "ts", "selector"} <= set(rows[0])
+    missing = CliRunner().invoke(history, ["get", "--from-recorder", "NOPE/X"], env=env)
+    assert missing.exit_code == 4 and "HistoryUnavailableError" in missing.output
+
+
+def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rda.admin.cli.common import Options
+    from rda.pipeline.recorder.cli import record
+
+    args = [str(tmp_path / "other"), "CNT/Count", "--id", "cli", "--duration", "1s"]
+    args += ["--serve", "tcp://127.0.0.1:0", "--json"]
+    directory = tmp_path / "cli-directory.json"  # where the history server registers
+    result = CliRunner().invoke(
+        record,
+        args,
+        obj=Options(endpoint=stand.server.endpoint),
+        env={"RDA_DIRECTORY_FILE": str(directory)},
+    )
+    assert result.exit_code == 0, result.output
+    assert "serving history at tcp://127.0.0.1:" in result.stderr
+    # It registered there (and unregistered on the way out).
+    assert directory.exists() and "recorder-cli" not in directory.read_text()
