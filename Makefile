@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java etcd bench clean demo cluster-check
+.PHONY: test lint typecheck unit install java etcd prometheus bench clean demo cluster-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ java:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			openjdk-17-jre-headless >/dev/null; }
 
+# The metrics tests check the exposition, the alert rules and a real scrape with Prometheus'
+# own tools (Debian's prometheus package: prometheus and promtool), installed when missing.
+prometheus:
+	@{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || { \
+		echo "promtool/prometheus not found: installing prometheus"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			prometheus >/dev/null; }
+
 # The etcd directory's tests start a real etcd (tests/etcd_fixture.py): install Debian's
 # etcd-server only when `etcd` is missing, as for Java.
 etcd:
@@ -46,7 +55,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy --strict
 
-unit: install
+unit: install prometheus
 	$(BIN)/pytest
 
 test: lint typecheck unit

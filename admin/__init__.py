@@ -47,7 +47,9 @@ class _Builder(Protocol):
 
     metrics_port_value: int | None
 
-    def admin_handler(self, fn: Callable[[Any, str, Any, Any], Any]) -> Any: ...
+    def admin_handler(
+        self, fn: Callable[[Any, str, Any, Any], Any], commands: Callable[[str], bool]
+    ) -> Any: ...
 
     def on_start(self, fn: Callable[[Any], None]) -> Any: ...
 
@@ -67,7 +69,8 @@ def install(builder: B, registry: CommandRegistry | None = None) -> B:
     # and a second set of hooks would start a second metrics endpoint.
     if getattr(builder, "_rda_admin_installed", False):
         return builder
-    builder.admin_handler(dispatch if registry is None else registry.dispatch)
+    commands = REGISTRY if registry is None else registry
+    builder.admin_handler(commands.dispatch, commands.knows)
     setattr(builder, "_rda_admin_installed", True)  # noqa: B010 - not declared on the Protocol
 
     def start(server: Any) -> None:

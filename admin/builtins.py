@@ -17,7 +17,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import pydantic
 
 from rda.admin.metrics import metrics_endpoint
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
-from rda.business.server.statistics import HistogramSnapshot
+from rda.business.server.statistics import DeviceSnapshot, HistogramSnapshot
 from rda.serialization._data import Data, DataType
 
 __all__ = ["histogram_quantile", "plain"]
@@ -121,6 +121,14 @@ def stats(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
             result["denied"] = denied
         elif field.name == "durations":
             result["durations"] = {t: _histogram(h) for t, h in sorted(value.items())}
+        elif field.name == "devices":
+            result["devices"] = _device_rows(value)
+        elif field.name == "scheduler":
+            scheduler = plain(dataclasses.replace(value, busiest=()))
+            busiest = [{"group": group, "waiting": int(n)} for group, n in value.busiest]
+            scheduler["busiest"] = Data(count=len(busiest))
+            scheduler["busiest"].append("rows", busiest, type=DataType.DATA_ARRAY)
+            result["scheduler"] = scheduler
         else:
             result[field.name] = plain(value)
     return result
@@ -267,9 +275,34 @@ def _records(name: str, rows: list[dict[str, Any]]) -> Data:
 
 
 def _requests_table(requests: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    # Every (type, outcome) exists from the start for the metrics; a person reads what moved.
     table: dict[str, dict[str, int]] = {}
     for (kind, outcome), count in sorted(requests.items()):
-        table.setdefault(kind, {})[outcome] = int(count)
+        if count:
+            table.setdefault(kind, {})[outcome] = int(count)
+    return table
+
+
+def _device_rows(pairs: Sequence[DeviceSnapshot]) -> Data:
+    """Per (device, property): requests, errors and latency quantiles, as rows (names are free
+    text, so not keys); pairs without a request left out."""
+    rows = []
+    for pair in pairs:
+        if not pair.requests:
+            continue
+        hist = _histogram(pair.durations)
+        rows.append(
+            {
+                "device": pair.device,
+                "property": pair.property,
+                "requests": int(pair.requests),
+                "errors": int(pair.errors),
+                "p50": float(hist.get("p50", 0.0)),
+                "p99": float(hist.get("p99", 0.0)),
+            }
+        )
+    table = Data(count=len(rows))
+    table.append("rows", rows, type=DataType.DATA_ARRAY)
     return table
 
 

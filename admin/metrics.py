@@ -11,15 +11,16 @@ several servers in one process can share one registry.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
@@ -27,9 +28,11 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from rda.admin.client_metrics import ClientCollector, HasClientStatistics
+from rda.admin.device_metrics import device_families, group_families
+from rda.admin.metric_families import add_histogram, counter, gauge, transport_families
 from rda.admin.registry import AdminServer
-from rda.business.client.statistics import ClientStatistics
-from rda.business.server.statistics import HistogramSnapshot, ServerStatistics
+from rda.business.server.statistics import ServerStatistics
 
 __all__ = [
     "ClientCollector",
@@ -55,16 +58,16 @@ class ServerCollector(Collector):
         name = server.name
         lbl = ["server"]
 
-        info = InfoMetricFamily("rda_server", "Server identity.", labels=lbl)
-        info.add_metric([name], {"endpoint": server.endpoint})
+        info = InfoMetricFamily("rda_server", "Server identity and rda version.", labels=lbl)
+        info.add_metric([name], {"endpoint": server.endpoint, "version": _version()})
         yield info
-        yield _gauge(
+        yield gauge(
             "rda_server_start_time_seconds", "Server start, UNIX time.", name, server.started_at
         )
 
         requests = CounterMetricFamily(
             "rda_requests",
-            "Requests handled, by type and outcome.",
+            "Requests answered, by type and outcome (a closed set: docs/metrics.md).",
             labels=["server", "type", "outcome"],
         )
         for (kind, outcome), count in sorted(stats.requests.items()):
@@ -73,7 +76,9 @@ class ServerCollector(Collector):
 
         denied = CounterMetricFamily(
             "rda_requests_denied",
-            "Requests refused by the authorization policy, by principal and operation.",
+            "Requests refused by the authorization policy, by principal (listed in the policy, "
+            "anonymous or other) and operation (get, set, subscribe, admin:<known command> or "
+            "admin:unknown).",
             labels=["server", "principal", "operation"],
         )
         for (principal, operation), count in sorted(stats.denied.items()):
@@ -86,61 +91,74 @@ class ServerCollector(Collector):
             labels=["server", "type"],
         )
         for kind, hist in sorted(stats.durations.items()):
-            durations.add_metric([name, kind], _cumulative(hist), sum_value=float(hist.sum))
+            add_histogram(durations, [name, kind], hist)
         yield durations
+        yield from device_families(server, stats, name)
 
         transport = stats.transport
         scheduler = stats.scheduler
-        yield _gauge("rda_connected_clients", "Clients connected now.", name, stats.clients)
-        yield _gauge("rda_subscriptions", "Active subscriptions.", name, stats.subscriptions)
-        yield _gauge(
+        yield gauge("rda_connected_clients", "Clients connected now.", name, stats.clients)
+        yield counter(
+            "rda_connections_accepted",
+            "Client connections accepted (direct lanes not counted).",
+            name,
+            stats.connections_accepted,
+        )
+        yield counter(
+            "rda_connections_closed",
+            "Client connections ended: disconnect, heartbeat timeout, server stop.",
+            name,
+            stats.connections_closed,
+        )
+        yield gauge("rda_subscriptions", "Active subscriptions.", name, stats.subscriptions)
+        yield gauge(
             "rda_subscription_sources",
             "Distinct (device, property, selector, filters) being published.",
             name,
             stats.sources,
         )
-        yield _counter(
+        yield counter(
             "rda_notifications_sent",
             "Notifications sent to subscribers.",
             name,
             stats.notifications_sent,
         )
-        yield _counter(
+        yield counter(
             "rda_notifications_conflated",
             "Notifications replaced by a newer one for a slow client.",
             name,
             transport.notifications_conflated,
         )
-        yield _counter(
+        yield counter(
             "rda_messages_dropped",
             "Messages dropped because a peer's queue was full.",
             name,
             transport.messages_dropped,
         )
-        yield _gauge(
+        yield gauge(
             "rda_peer_queue_depth",
             "Messages waiting for slow clients.",
             name,
             transport.peer_queue_depth,
         )
-        yield _counter(
+        yield counter(
             "rda_auth_failures",
             "Connections refused in the CURVE/ZAP handshake (no or unknown key, garbage).",
             name,
             transport.auth_failures,
         )
-        yield _gauge(
+        yield gauge(
             "rda_scheduler_queued_tasks", "Tasks waiting in the scheduler.", name, scheduler.queued
         )
-        yield _gauge("rda_scheduler_running_tasks", "Tasks running now.", name, scheduler.running)
-        yield _gauge(
+        yield gauge("rda_scheduler_running_tasks", "Tasks running now.", name, scheduler.running)
+        yield gauge(
             "rda_scheduler_max_group_queue_depth",
             "Highest number of tasks any one group ever held waiting.",
             name,
             scheduler.max_queue_depth,
         )
-        yield _counter("rda_scheduler_tasks_executed", "Tasks run.", name, scheduler.executed)
-        yield _counter("rda_scheduler_tasks_failed", "Tasks that raised.", name, scheduler.failed)
+        yield counter("rda_scheduler_tasks_executed", "Tasks run.", name, scheduler.executed)
+        yield counter("rda_scheduler_tasks_failed", "Tasks that raised.", name, scheduler.failed)
         dropped = CounterMetricFamily(
             "rda_scheduler_tasks_dropped",
             "Tasks not run because a group queue was full, by reason.",
@@ -150,104 +168,19 @@ class ServerCollector(Collector):
         dropped.add_metric([name, "dropped_oldest"], scheduler.dropped_oldest)
         dropped.add_metric([name, "dropped_newest"], scheduler.dropped_newest)
         yield dropped
-        yield from _transport_families(transport, name, lbl)
+        yield from group_families(server, stats, name)
+        yield from transport_families(transport, name, lbl)
         yield from _error_families(stats, name)
 
 
-class ClientCollector(Collector):
-    """Metric families for a ``ClientService``, from ``client.statistics()`` on each scrape."""
-
-    def __init__(self, client: _HasClientStatistics, name: str = "client") -> None:
-        self._client = client
-        self._name = name
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._client.statistics()
-        name = self._name
-        lbl = ["client"]
-        for field, help_text in _CLIENT_GAUGES:
-            gauge = GaugeMetricFamily(f"rda_client_{field}", help_text, labels=lbl)
-            gauge.add_metric([name], getattr(stats, field))
-            yield gauge
-        for field, help_text in _CLIENT_COUNTERS:
-            counter = CounterMetricFamily(f"rda_client_{field}", help_text, labels=lbl)
-            counter.add_metric([name], getattr(stats, field))
-            yield counter
-        yield from _transport_families(stats.transport, name, lbl, prefix="rda_client_")
-        # Per server endpoint: is it up, and how often it came back (issue 12).
-        connected = GaugeMetricFamily(
-            "rda_client_server_connected",
-            "1 if the connection to this server is up (handshake done), else 0.",
-            labels=["client", "endpoint"],
-        )
-        reconnects = CounterMetricFamily(
-            "rda_client_server_reconnects",
-            "Connections to this server re-established after a loss.",
-            labels=["client", "endpoint"],
-        )
-        for server in stats.servers:
-            connected.add_metric([name, server.endpoint], 1 if server.state == "connected" else 0)
-            reconnects.add_metric([name, server.endpoint], server.reconnects)
-        yield connected
-        yield reconnects
-
-
-class _HasClientStatistics(Protocol):
-    def statistics(self) -> ClientStatistics: ...
-
-
-_CLIENT_GAUGES = (
-    ("pending", "Requests waiting for a reply."),
-    ("subscriptions", "Open subscriptions."),
-    ("connections", "Server connections open."),
-)
-_CLIENT_COUNTERS = (
-    ("requests", "Requests sent."),
-    ("replies", "Replies received."),
-    ("errors", "Requests answered with an error."),
-    ("timeouts", "Requests that timed out."),
-    ("late_replies", "Replies that arrived after their request timed out (dropped)."),
-    ("disconnected_requests", "Requests failed by a lost connection."),
-    ("notifications", "Notifications received."),
-    ("gaps", "Notifications missed according to sequence numbers."),
-    ("dropped", "Notifications dropped because a subscription queue was full."),
-    ("listener_errors", "Subscription listeners that raised."),
-    ("reconnects", "Reconnections after a lost connection."),
-)
-
-
-def _transport_families(
-    transport: Any, name: str, labels: list[str], prefix: str = "rda_"
-) -> Iterator[Metric]:
-    pairs = (
-        ("bytes_in", "received_bytes", "Bytes received."),
-        ("bytes_out", "sent_bytes", "Bytes sent."),
-        ("messages_in", "received_messages", "Messages received."),
-        ("messages_out", "sent_messages", "Messages sent."),
-        ("heartbeat_timeouts", "heartbeat_timeouts", "Peers dropped after a heartbeat timeout."),
-        ("decode_errors", "decode_errors", "Messages that could not be decoded."),
-        ("protocol_errors", "protocol_errors", "Messages that broke the protocol."),
-    )
-    for field, metric, help_text in pairs:
-        value = getattr(transport, field, None)
-        if isinstance(value, int):
-            fam = CounterMetricFamily(f"{prefix}{metric}", help_text, labels=labels)
-            fam.add_metric([name], value)
-            yield fam
-    lanes = GaugeMetricFamily(
-        f"{prefix}lanes",
-        "Direct lanes open: blocking callers' own connections (docs/client.md).",
-        labels=labels,
-    )
-    lanes.add_metric([name], transport.lanes)
-    yield lanes
-
-
 def _error_families(stats: ServerStatistics, name: str) -> Iterator[Metric]:
-    yield _counter(
-        "rda_handler_errors", "Exceptions raised by request handlers.", name, stats.handler_errors
+    yield counter(
+        "rda_handler_errors",
+        "Exceptions raised by handlers that are not a typed client error (server faults).",
+        name,
+        stats.handler_errors,
     )
-    yield _counter(
+    yield counter(
         "rda_late_completions",
         "Requests completed after they were already answered (e.g. past their deadline).",
         name,
@@ -255,32 +188,12 @@ def _error_families(stats: ServerStatistics, name: str) -> Iterator[Metric]:
     )
 
 
-def _gauge(metric: str, help_text: str, server: str, value: float) -> GaugeMetricFamily:
-    fam = GaugeMetricFamily(metric, help_text, labels=["server"])
-    fam.add_metric([server], value)
-    return fam
-
-
-def _counter(metric: str, help_text: str, server: str, value: float) -> CounterMetricFamily:
-    fam = CounterMetricFamily(metric, help_text, labels=["server"])
-    fam.add_metric([server], value)
-    return fam
-
-
-def _cumulative(hist: HistogramSnapshot) -> list[tuple[str, float]]:
-    """Per-bucket counts (last one +Inf) -> Prometheus' cumulative ``le`` buckets."""
-    running = 0
-    out: list[tuple[str, float]] = []
-    for bound, count in zip(hist.buckets, hist.counts, strict=False):
-        running += count
-        out.append((_bound(bound), running))
-    running += sum(hist.counts[len(hist.buckets) :])
-    out.append(("+Inf", running))
-    return out
-
-
-def _bound(value: float) -> str:
-    return repr(float(value))
+@functools.cache
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rda")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class MetricsEndpoint:
@@ -362,7 +275,7 @@ def stop_metrics(server: AdminServer) -> None:
 
 
 def start_client_metrics(
-    client: _HasClientStatistics, port: int = 0, host: str = "127.0.0.1", name: str = "client"
+    client: HasClientStatistics, port: int = 0, host: str = "127.0.0.1", name: str = "client"
 ) -> MetricsEndpoint:
     """Serve a ``ClientService``'s metrics (label ``client=name``); close the endpoint when
     done (``with start_client_metrics(client) as endpoint: ...``)."""

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import pydantic
 
+from rda.business.server.outcomes import register_client_error
 from rda.business.server.statistics import ClientSnapshot, ServerStatistics, SourceSnapshot
 from rda.serialization._data import Data
 from rda.serialization.errors import NoSuchDeviceError, RdaError
@@ -53,6 +54,10 @@ _SPEC_ATTRIBUTE = "rda_admin_command"
 
 class AdminArgumentsError(RdaError):
     """An admin command's arguments were invalid (reaches the client as ``RemoteError``)."""
+
+
+# Invalid arguments are the caller's mistake: counted as bad_request, not a server fault.
+register_client_error(AdminArgumentsError, "bad_request")
 
 
 class AdminServer(Protocol):
@@ -178,6 +183,12 @@ class CommandRegistry:
                 f"unknown admin command {name!r}; available: {', '.join(known) or 'none'}"
             )
         return spec
+
+    def knows(self, name: str) -> bool:
+        """Whether command ``name`` exists (the server's bound on admin metric labels)."""
+        self.load_entry_points()
+        with self._lock:
+            return name in self._commands
 
     def commands(self) -> list[Command]:
         self.load_entry_points()

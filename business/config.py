@@ -110,6 +110,13 @@ class Config(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; None: off."
     )
+    metrics_devices: int = Field(
+        200,
+        ge=0,
+        le=100_000,
+        description="Server: (device, property) pairs with metrics of their own; past it "
+        "requests count in the pair (other, other) (docs/metrics.md, cardinality).",
+    )
     direct_calls: bool = Field(
         True,
         description="Blocking get/set go out on the calling thread's own connection (a "

@@ -35,6 +35,7 @@ from rda.serialization.errors import NotAuthorizedError, RdaError
 __all__ = [
     "ANONYMOUS",
     "DENIAL_LOG_INTERVAL",
+    "OTHER_PRINCIPAL",
     "Authorizer",
     "DenialLog",
     "Policy",
@@ -49,6 +50,8 @@ _denial_log = logging.getLogger("rda.server")
 
 #: How the anonymous principal ("") is shown in messages, statistics and metrics.
 ANONYMOUS = "anonymous"
+#: The metric label of every principal the policy does not list (Authorizer.labels).
+OTHER_PRINCIPAL = "other"
 
 # Decisions kept per Authorizer. Cleared wholesale when full: a client cycling through endless
 # device names cannot grow the server's memory, and the common case (a few access points
@@ -320,6 +323,26 @@ class Authorizer:
 
     def roles_of(self, principal: str) -> tuple[str, ...]:
         return self.policy.roles_of(principal)
+
+    # Metric labels bounded by this policy and the server's admin commands: a client cannot
+    # mint new series by declaring names or sending made-up commands (docs/metrics.md).
+
+    def principal_label(self, principal: str) -> str:
+        """A declared or anonymous principal as a label: listed in the policy, ``anonymous``,
+        or ``other`` (an authenticated one is bounded by the clients directory: Dispatch keeps
+        it)."""
+        if not principal:
+            return ANONYMOUS
+        return principal if principal in self.policy.principals else OTHER_PRINCIPAL
+
+    @staticmethod
+    def operation_label(operation: str, commands: Callable[[str], bool] | None = None) -> str:
+        """``admin:<command>`` for a command ``commands(name)`` says exists, else
+        ``admin:unknown``; request operations as they are."""
+        if operation.startswith("admin:"):
+            known = commands is not None and commands(operation[6:])
+            return operation if known else "admin:unknown"
+        return operation if operation in _REQUEST_OPERATIONS else "unknown"
 
     def allowed(self, principal: str, device: str, prop: str, operation: str) -> bool:
         """The decision for one request: a cache hit is one dict lookup."""

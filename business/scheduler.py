@@ -29,6 +29,7 @@ dropped never run, so a request's body is never decoded (``Message.data`` is laz
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -39,7 +40,13 @@ from fnmatch import fnmatchcase
 from types import TracebackType
 from typing import Literal, get_args
 
-__all__ = ["GroupTaskScheduler", "InlineRule", "OverflowPolicy", "SchedulerStatistics"]
+__all__ = [
+    "BUSIEST_GROUPS",
+    "GroupTaskScheduler",
+    "InlineRule",
+    "OverflowPolicy",
+    "SchedulerStatistics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +63,9 @@ class SchedulerStatistics:
 
     ``queued`` and ``running`` are current values, ``groups`` the number of groups with work;
     the rest count since creation. ``rejected`` also counts submissions after ``close``.
-    ``max_queue_depth`` is the highest number of waiting tasks any single group ever held.
+    ``max_queue_depth`` is the highest number of waiting tasks any single group ever held;
+    ``busiest`` the (group, waiting tasks) of the :data:`BUSIEST_GROUPS` groups with the most
+    waiting now, busiest first (groups with nothing waiting left out).
     """
 
     queued: int
@@ -68,6 +77,11 @@ class SchedulerStatistics:
     dropped_newest: int
     groups: int
     max_queue_depth: int
+    busiest: tuple[tuple[str, int], ...] = ()
+
+
+#: How many groups ``SchedulerStatistics.busiest`` lists (a bound for the metrics' labels).
+BUSIEST_GROUPS = 10
 
 
 class _Group:
@@ -288,6 +302,13 @@ class GroupTaskScheduler:
                 dropped_newest=self._dropped_newest,
                 groups=len(self._groups),
                 max_queue_depth=self._max_depth,
+                busiest=tuple(
+                    heapq.nlargest(
+                        BUSIEST_GROUPS,
+                        ((g.key, len(g.tasks)) for g in self._groups.values() if g.tasks),
+                        key=lambda item: item[1],
+                    )
+                ),
             )
 
     def queue_depth(self, group: str) -> int:

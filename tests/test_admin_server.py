@@ -169,6 +169,13 @@ def test_stats_count_requests(rig: Rig) -> None:
     assert stats["requests"]["get"]["ok"] == 3
     assert stats["durations"]["get"]["count"] == 3
     assert stats["transport"]["bytes_in"] > 0
+    # Per (device, property) rows; outcomes that never happened are left out of the table.
+    rows = [dict(r.items()) for r in stats["devices"]["rows"]]
+    assert [(r["device"], r["property"], r["requests"], r["errors"]) for r in rows] == [
+        ("MAG1", "Setting", 3, 0)
+    ]
+    assert rows[0]["p50"] > 0
+    assert set(stats["requests"]) == {"get"} and set(stats["requests"]["get"]) == {"ok"}
 
 
 def test_log_level_over_the_wire(rig: Rig) -> None:
@@ -204,6 +211,8 @@ def test_admin_answers_while_device_group_is_saturated(rig: Rig) -> None:
     assert time.monotonic() - started < 5.0
     stats = rig.admin("stats")
     assert stats["scheduler"]["queued"] == 3
+    busiest = [dict(r.items()) for r in stats["scheduler"]["busiest"]["rows"]]
+    assert busiest == [{"group": "MAG1", "waiting": 3}]
     assert stats["requests"]["get"]["overload"] == 4
     rig.magnet.release.set()
     for f in pending:

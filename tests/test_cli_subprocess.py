@@ -157,8 +157,9 @@ def test_serve_demo_get_subscribe(tmp_path: Path) -> None:
         stats = run("admin", "RdaDemoServer", "stats", "--json", cwd=tmp_path)
         assert stats.returncode == 0, stats.stderr
         requests = json.loads(stats.stdout)["requests"]
-        assert requests["get"]["ok"] >= 1 and requests["get"]["error"] >= 1
-        assert requests["set"]["error"] >= 1
+        # FAULTY's handler raised (a server fault); the schema refused 1000 A (the client's).
+        assert requests["get"]["ok"] >= 1 and requests["get"]["handler_error"] >= 1
+        assert requests["set"]["bad_request"] >= 1
         clients = run("admin", "PS1", "clients", cwd=tmp_path)  # by device name
         assert clients.returncode == 0, clients.stderr
         assert "PEER" in clients.stdout and " ago)" in clients.stdout

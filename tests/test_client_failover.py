@@ -171,6 +171,19 @@ def test_idle_connection_reconnects_in_the_background(no_thread_leak: None) -> N
         labels = (("client", "c"), ("endpoint", endpoint))
         assert metrics[("rda_client_server_connected", labels)] == 1.0
         assert metrics[("rda_client_server_reconnects_total", labels)] == 1.0
+        # The outage is over: its length is fixed, and the metric says the same.
+        outage = server_state(client, endpoint)
+        assert outage is not None and outage.disconnected_seconds > 0
+        assert metrics[("rda_client_server_disconnected_seconds_total", labels)] == (
+            outage.disconnected_seconds
+        )
+        # Round trips of the gets, one histogram per type and per device (capped).
+        get_count = metrics[
+            ("rda_client_round_trip_seconds_count", (("client", "c"), ("type", "get")))
+        ]
+        assert get_count == client.statistics().replies == 2
+        device = (("client", "c"), ("device", "PS1"))
+        assert metrics[("rda_client_device_round_trip_seconds_count", device)] == 2
     finally:
         client.close()
         server.stop()

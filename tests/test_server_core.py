@@ -127,6 +127,11 @@ class RecordingTransport:
             return list(self.sent)
 
 
+def counted(requests: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """The (type, outcome) pairs that moved: every pair exists from the start at zero."""
+    return {key: n for key, n in requests.items() if n}
+
+
 def request(
     rtype: RequestType,
     rid: int,
@@ -239,7 +244,7 @@ def test_get_reply_carries_data_context_and_is_counted(make: Factory) -> None:
     assert reply.context == DataContext("CPS.USER.MD1", 11, 22, "CPS.USER.ALL")
     assert reply.seq == 0
     stats = h.server.statistics()
-    assert stats.requests == {("get", "ok"): 1}
+    assert counted(stats.requests) == {("get", "ok"): 1}
     assert stats.durations["get"].count == 1
 
 
@@ -255,21 +260,22 @@ def test_set_decodes_data_and_replies_without_body(make: Factory) -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "prop", "type_name", "text"),
+    ("device", "prop", "type_name", "text", "outcome", "faults"),
     [
-        ("DEV", "Boom", "ValueError", "boom in the handler"),
-        ("MISSING", "Prop", "NoSuchDeviceError", "MISSING: no such device"),
+        ("DEV", "Boom", "ValueError", "boom in the handler", "handler_error", 1),
+        # A client's typo is its outcome, not a server fault (issue 25).
+        ("MISSING", "Prop", "NoSuchDeviceError", "MISSING: no such device", "not_found", 0),
     ],
 )
 def test_handler_exception_becomes_exception_reply(
-    make: Factory, device: str, prop: str, type_name: str, text: str
+    make: Factory, device: str, prop: str, type_name: str, text: str, outcome: str, faults: int
 ) -> None:
     h = make(request_reply=Echo())
     reply = h.call(request(RequestType.GET, 1, device, prop))
     assert reply.header.request_type is RequestType.EXCEPTION
     assert reply.exception == (type_name, text)
-    assert h.server.statistics().handler_errors == 1
-    assert h.server.statistics().requests == {("get", "error"): 1}
+    assert h.server.statistics().handler_errors == faults
+    assert counted(h.server.statistics().requests) == {("get", outcome): 1}
 
 
 def test_default_callback_answers_no_such_device(make: Factory) -> None:
@@ -336,7 +342,7 @@ def test_never_completed_request_times_out_at_the_client_deadline(make: Factory)
     assert reply.exception is not None
     assert reply.exception[0] == "TimeoutError"
     assert "DEV/Prop" in reply.exception[1]
-    assert h.server.statistics().requests == {("get", "timeout"): 1}
+    assert counted(h.server.statistics().requests) == {("get", "timeout"): 1}
     later.pending[0].complete(Data(x=1))  # too late: ignored
     assert len(h.transport.sent) == 1
     assert h.server.statistics().late_completions == 1
@@ -604,7 +610,7 @@ def test_rejected_subscription_gets_subscribe_exception(make: Factory) -> None:
     assert reply.header.request_type is RequestType.SUBSCRIBE_EXCEPTION
     assert reply.exception == ("SubscriptionRejected", "not for you")
     assert h.server.subscriptions() == []
-    assert h.server.statistics().requests == {("subscribe", "rejected"): 1}
+    assert counted(h.server.statistics().requests) == {("subscribe", "bad_request"): 1}
 
 
 def test_failing_first_update_is_a_first_notification_exc(make: Factory) -> None:
@@ -786,7 +792,7 @@ def test_a_reply_that_cannot_be_encoded_is_an_error_reply(make: Factory) -> None
     assert reply.header.request_type is RequestType.EXCEPTION
     assert reply.exception is not None and reply.exception[0] == "ValueError"
     assert "cycle name" in reply.exception[1]
-    assert h.server.statistics().requests == {("get", "error"): 1}
+    assert counted(h.server.statistics().requests) == {("get", "handler_error"): 1}
 
 
 def test_a_first_update_that_cannot_be_encoded_arrives_as_an_error(make: Factory) -> None:

@@ -112,7 +112,7 @@ def test_get_set_and_errors_through_the_client(
     assert info.value.type == "RuntimeError" and "sensor offline" in info.value.message
     assert ap.get(timeout=5).data == Data(value=2.5)  # the server serves on
     stats = srv.statistics()
-    assert stats.requests[("get", "ok")] == 3 and stats.requests[("get", "error")] == 1
+    assert stats.requests[("get", "ok")] == 3 and stats.requests[("get", "handler_error")] == 1
 
 
 def test_unknown_device_reaches_the_client_as_no_such_device(client: ClientService) -> None:

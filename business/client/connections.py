@@ -53,6 +53,7 @@ class ClientConnections:
     _by_connection: dict[int, Endpoint]
     _early: dict[int, list[Callable[[], None]]]
     _discarded: set[int]
+    _clock: Callable[[], float]
     _unwatch: Callable[[], None] | None = None  # set by _watch_directory
     _owns_directory = False  # a directory the service made is closed by it (etcd: a thread)
 
@@ -254,6 +255,7 @@ class ClientConnections:
                 return
             ep.backoff.reset()
             ep.acked = True
+            ep.back(self._clock())
             ep.refused = False
             if ep.was_connected:
                 self._counters.reconnects += 1
@@ -282,6 +284,7 @@ class ClientConnections:
             ep.connection = None
             ep.acked = False
             ep.last_reason = reason
+            ep.lost(self._clock())
             lost = [
                 rid
                 for table in (self._pending, self._lane_pending)

@@ -43,7 +43,9 @@ class Endpoint:
         "connection",
         "connections",
         "devices",
+        "disconnected",
         "last_reason",
+        "lost_at",
         "reconnects",
         "refused",
         "retry",
@@ -60,6 +62,10 @@ class Endpoint:
         self.was_connected = False
         self.reconnects = 0
         self.last_reason = ""
+        # Time without the connection: summed over past outages, plus the current one from
+        # ``lost_at`` (the service's clock; None while connected or never connected).
+        self.disconnected = 0.0
+        self.lost_at: float | None = None
         # The server refused this client's handshake: no retry until a request dials again.
         self.refused = False
         self.retry: TimerHandle | None = None
@@ -73,7 +79,18 @@ class Endpoint:
         an access point uses it; an endpoint only admin requests used reconnects on demand."""
         return bool(self.subs or self.devices)
 
-    def snapshot(self) -> ServerConnectionStatistics:
+    def lost(self, now: float) -> None:
+        # Only an outage that matters: the connection was up, and something wants it back (an
+        # endpoint only admin requests used stays closed until the next one, on purpose).
+        if self.lost_at is None and self.was_connected and self.wanted():
+            self.lost_at = now
+
+    def back(self, now: float) -> None:
+        if self.lost_at is not None:
+            self.disconnected += max(0.0, now - self.lost_at)
+            self.lost_at = None
+
+    def snapshot(self, now: float) -> ServerConnectionStatistics:
         if self.connection is not None:
             if self.acked:
                 state = "connected"
@@ -91,6 +108,8 @@ class Endpoint:
             devices=tuple(sorted(self.devices)),
             subscriptions=len(self.subs),
             last_reason=self.last_reason,
+            disconnected_seconds=self.disconnected
+            + (max(0.0, now - self.lost_at) if self.lost_at is not None else 0.0),
         )
 
 

@@ -96,10 +96,11 @@ class LaneCalls:
         rid = next(self._ids)
         next(self._request_count)
         done = LaneCompletion()
-        self._lane_pending[rid] = Pending(done, conn, op_name(op), device, prop, timeout)
+        now = self._clock()
+        self._lane_pending[rid] = Pending(done, conn, op_name(op), device, prop, timeout, now)
         # No entry on the timer (two lock round trips per call): the caller, waking every
         # WAIT_SLICE while its reply is overdue, ends the request itself at its deadline.
-        deadline = self._clock() + timeout
+        deadline = now + timeout
 
         def ended() -> bool:
             if done.outcome is None and self._clock() >= deadline:
@@ -135,6 +136,7 @@ class LaneCalls:
             self._counters.errors += 1
         else:
             self._counters.replies += 1
+        self._counters.round_trips.observe(p.op, p.device, self._clock() - p.sent_at)
         return message
 
     @staticmethod

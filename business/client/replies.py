@@ -163,12 +163,20 @@ Completion = ReplyFuture | ReplyWaiter | LaneCompletion
 
 
 class Pending:
-    __slots__ = ("connection", "device", "future", "op", "property", "timeout")
+    __slots__ = ("connection", "device", "future", "op", "property", "sent_at", "timeout")
 
     def __init__(
-        self, future: Completion, connection: int, op: str, device: str, prop: str, timeout: float
+        self,
+        future: Completion,
+        connection: int,
+        op: str,
+        device: str,
+        prop: str,
+        timeout: float,
+        sent_at: float = 0.0,
     ) -> None:
         self.future = future
+        self.sent_at = sent_at  # the service's clock when sent: the round trip's start
         self.connection = connection
         self.op = op
         self.device = device

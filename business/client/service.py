@@ -153,7 +153,7 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         # events are ignored.
         self._discarded: set[int] = set()
         self._subs: dict[int, Subscription] = {}
-        self._counters = ClientCounters()
+        self._counters = ClientCounters(self.config.metrics_devices)
         self._closing = False
         self._scheduler: GroupTaskScheduler | None = None
         # A fake clock cannot be slept on: re-read it every 10 ms of real time.
@@ -246,9 +246,10 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         return address
 
     def statistics(self) -> ClientStatistics:
-        c = self._counters
+        c, now = self._counters, self._clock()
         with self._lock:
-            servers = tuple(ep.snapshot() for ep in self._endpoints.values())
+            endpoints = list(self._endpoints.values())
+            servers = tuple(ep.snapshot(now) for ep in endpoints)
         return ClientStatistics(
             transport=self._transport.statistics(),
             requests=self._requests_made(),
@@ -263,9 +264,10 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
             gaps=c.gaps,
             dropped=c.dropped,
             listener_errors=c.listener_errors,
-            connections=sum(ep.connection is not None for ep in list(self._endpoints.values())),
+            connections=sum(1 for ep in endpoints if ep.connection is not None),
             reconnects=c.reconnects,
             servers=servers,
+            round_trips=c.round_trips.snapshot(),
             directory=self._directory_state(),
         )
 
@@ -382,10 +384,9 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
-        pending = Pending(fut, conn, name, device, prop, timeout)
-        self._pending[rid] = pending
+        self._pending[rid] = Pending(fut, conn, name, device, prop, timeout, now := self._clock())
         # No handle to cancel: a reply takes the entry out of _pending, and the timer skips it.
-        self._timer.deadline(self._clock() + timeout, rid)
+        self._timer.deadline(now + timeout, rid)
         if isinstance(fut, ReplyFuture):
             fut.on_cancel = functools.partial(self._abandon, rid)
         if ep.connection != conn:
@@ -492,6 +493,7 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
             self._counters.errors += 1
         else:
             self._counters.replies += 1
+        self._counters.round_trips.observe(p.op, p.device, self._clock() - p.sent_at)
         complete(p.future, message)
 
     # -- subscriptions ----------------------------------------------------------------------

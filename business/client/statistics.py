@@ -11,9 +11,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from rda.business.histogram import CappedHistograms, HistogramSnapshot
 from rda.transport.api import ClientTransportStatistics
 
-__all__ = ["ClientCounters", "ClientStatistics", "ServerConnectionStatistics"]
+__all__ = [
+    "ROUND_TRIP_TYPES",
+    "ClientCounters",
+    "ClientStatistics",
+    "ServerConnectionStatistics",
+]
+
+#: Request types whose round trips are timed (a subscription's answer is its first update).
+ROUND_TRIP_TYPES: tuple[str, ...] = ("get", "set", "admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +43,9 @@ class ServerConnectionStatistics:
 
     ``reconnects`` counts connections re-established after a loss, ``connects`` every
     connection opened (attempts included); ``devices`` are the devices the client reaches
-    there; ``last_reason`` says why the last connection was lost ("" if never).
+    there; ``last_reason`` says why the last connection was lost ("" if never);
+    ``disconnected_seconds`` is the time spent reconnecting: without the connection after
+    losing it while something wanted it back (until it came back, or until now).
     """
 
     endpoint: str
@@ -44,6 +55,7 @@ class ServerConnectionStatistics:
     devices: tuple[str, ...] = ()
     subscriptions: int = 0
     last_reason: str = ""
+    disconnected_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,8 @@ class ClientStatistics:
     ``dropped``: notifications this client discarded because a subscription's queue was full.
     ``connections``: server endpoints with a connection open or being opened.
     ``servers``: the state of each server endpoint in use (see ``ServerConnectionStatistics``).
+    ``round_trips``: (per request type, per device up to ``Config.metrics_devices`` then
+    ``other``) histograms of the time from sending a request to its reply.
     """
 
     transport: ClientTransportStatistics = field(default_factory=ClientTransportStatistics)
@@ -74,14 +88,17 @@ class ClientStatistics:
     connections: int = 0
     reconnects: int = 0
     servers: tuple[ServerConnectionStatistics, ...] = ()
+    round_trips: tuple[dict[str, HistogramSnapshot], dict[str, HistogramSnapshot]] = ({}, {})
     directory: str = ""  # the state of a directory with one (etcd: watch synced or stale)
 
 
 class ClientCounters:
     """The mutable counters behind :class:`ClientStatistics`."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_limit: int = 200) -> None:
         self._lock = threading.Lock()
+        # Thread-safe on its own: replies complete on the dispatcher and on lane callers.
+        self.round_trips = CappedHistograms(ROUND_TRIP_TYPES, device_limit)
         # Dispatcher-only writers.
         self.replies = 0
         self.errors = 0

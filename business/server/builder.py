@@ -57,6 +57,7 @@ class ServerBuilder:
         self._transport: TransportFactory | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._admin: AdminHandler | None = None
+        self._admin_commands: Callable[[str], bool] | None = None
         self.metrics_port_value: int | None = None
         self._policy: Policy | None = None
         self._policy_file: Path | None = None
@@ -190,8 +191,13 @@ class ServerBuilder:
         self._clock = clock
         return self
 
-    def admin_handler(self, handler: AdminHandler) -> Self:
+    def admin_handler(
+        self, handler: AdminHandler, commands: Callable[[str], bool] | None = None
+    ) -> Self:
+        """The admin commands' handler; ``commands(name)`` says whether a command exists (only
+        those get an ``operation`` label of their own in the denial metrics)."""
         self._admin = handler
+        self._admin_commands = commands
         return self
 
     def metrics_port(self, port: int | None) -> Self:
@@ -273,6 +279,7 @@ class ServerBuilder:
             transport_factory=self._transport,
             clock=self._clock,
             admin_handler=self._admin,
+            admin_commands=self._admin_commands,
             metrics_port=self.metrics_port_value,
             policy=self._policy,
             policy_file=self._policy_file,

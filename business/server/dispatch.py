@@ -1,10 +1,9 @@
 """The server's request/reply plumbing: from the transport's callback to the encoded answer.
 
 :class:`Dispatch` is the transport's ``ServerHandler``. Its ``on_*`` methods run on the
-dispatcher thread: look the peer up, build a request object, then run a get or set at once
-when its device group is idle (``run_inline``; the transport hands the dispatching to a
-standby if it takes long) or ``scheduler.submit`` it to a worker (``_run``); the answer is
-encoded in whichever thread answers the request (``_respond``).
+dispatcher thread: look the peer up, build a request, run a get or set at once when its
+device is idle (``run_inline``; a long one is handed over) or submit it to a worker
+(``_run``); whichever thread answers the request encodes the answer (``_respond``).
 
 Outcomes and their replies (docs/protocol.md, "Application messages"):
 
@@ -12,13 +11,17 @@ Outcomes and their replies (docs/protocol.md, "Application messages"):
 what happened      reply                                   counted as
 =================  =====================================  =========================
 complete()         REPLY [DATA, DATA_CONTEXT] / REPLY      ok
-fail() / raise     EXCEPTION [EXCEPTION]                   error
+fail() / raise     EXCEPTION [EXCEPTION]                   by the error's class
 queue full         EXCEPTION OverloadError                 overload
 deadline passed    EXCEPTION TimeoutError                  timeout
-reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         rejected
+reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         by the error's class
 policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
                    NotAuthorizedError
 =================  =====================================  =========================
+
+"By the error's class" is :func:`~rda.business.server.outcomes.outcome_of`: ``not_found``,
+``bad_request``, ... and ``handler_error`` only for an exception nobody typed (the server's
+fault, also counted in ``handler_errors``).
 
 Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
 ``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
@@ -40,6 +43,7 @@ from rda.business.common import AcquiredData
 from rda.business.policy import Authorizer, DenialLog
 from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server.devices import PropertyValidationError
+from rda.business.server.outcomes import is_handler_fault, outcome_of
 from rda.business.server.requests import (
     SERVER_CLIENT,
     ClientInfo,
@@ -121,8 +125,11 @@ class Dispatch:
         policy: Authorizer | None = None,
         trust_declared: bool = False,
         inline_handlers: InlineRule | None = None,
+        admin_commands: Callable[[str], bool] | None = None,
     ) -> None:
         self._server_name = server_name
+        # Whether an admin command exists: only those get an ``operation`` label of their own.
+        self._admin_commands = admin_commands
         self._scheduler = scheduler
         self._deadlines = deadlines
         self._counters = counters
@@ -132,10 +139,9 @@ class Dispatch:
         self._clock = clock
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
-        # Gets and sets start on the transport's dispatcher when their device group is idle
-        # (InlineRule; by default all but the blocking ones): one that takes long is handed
-        # over, the transport's standby dispatching meanwhile (rda.transport._relay).
-        self._inline = inline_handlers if inline_handlers else None
+        # Gets and sets start on the dispatcher when their device is idle (InlineRule; a long
+        # one is handed over: rda.transport._relay); Server narrows it for other transports.
+        self.inline = inline_handlers if inline_handlers else None
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
         # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
@@ -151,15 +157,6 @@ class Dispatch:
     def attach(self, transport: ServerTransport, registry: SubscriptionRegistry) -> None:
         self._transport = transport
         self._registry = registry
-        inline = self._inline
-        if inline is not None and inline.everything and not getattr(transport, "hands_over", 0):
-            # Nobody would dispatch while a long handler runs: only the declared ones inline.
-            self._inline = inline.declared_only() or None
-
-    @property
-    def inline_rule(self) -> InlineRule:
-        """The rule in force (after ``attach``)."""
-        return self._inline if self._inline is not None else InlineRule(False)
 
     def peers(self) -> list[tuple[bytes, PeerState]]:
         """The connected clients (lanes left out)."""
@@ -184,12 +181,16 @@ class Dispatch:
         )
         with self._peers_lock:
             self._peers[peer] = state
+        if not state.lane:
+            self._counters.connection(opened=True)
         if self._registry is not None:
             self._registry.peer_connected(peer)
 
     def on_peer_disconnected(self, peer: bytes, reason: str) -> None:
         with self._peers_lock:
             state = self._peers.pop(peer, None)
+        if state is not None and not state.lane:
+            self._counters.connection(opened=False)
         if self._registry is None:
             return
         # A departed client (disconnect, heartbeat timeout, close) ends each of its
@@ -221,7 +222,7 @@ class Dispatch:
                 message, client, received_at, self._respond, self._counters.late_completion
             )
             run = partial(self._run, request)
-            inline = self._inline
+            inline = self.inline
             if (
                 inline is not None
                 and rtype is not RequestType.SUBSCRIBE
@@ -271,8 +272,14 @@ class Dispatch:
             if rtype is RequestType.SUBSCRIBE
             else RequestType.EXCEPTION
         )
-        self._counters.denied(who, operation)
-        self._counters.record(_TYPE_NAMES[rtype], "denied", self._clock() - received_at)
+        # Labels the server's configuration names, never strings from the request as such.
+        name = (
+            client.principal if client.authenticated else policy.principal_label(client.principal)
+        )
+        self._counters.denied(name, policy.operation_label(operation, self._admin_commands))
+        device_label = None if rtype is RequestType.ADMIN else device
+        took = self._clock() - received_at
+        self._counters.record(_TYPE_NAMES[rtype], "denied", took, device_label, prop)
         self._send_error(peer, header, reply_type, error)
         self._denials.denied(error, peer)
         return False
@@ -318,7 +325,10 @@ class Dispatch:
         request._answer(None, _timeout_error(request, timeout, queued=False))
 
     def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
-        self._counters.handler_error()
+        # A typed client error (unknown property, refused value) is the client's outcome, not
+        # a server fault: only the rest moves the handler-error counter.
+        if is_handler_fault(exc):
+            self._counters.handler_error()
         # The client gets the error and the counter moves; the log is for whoever debugs the
         # handler, so the traceback goes at INFO, and expected errors (rda's own, a value
         # refused by a schema) at DEBUG.
@@ -352,11 +362,11 @@ class Dispatch:
             )
             outcome = "ok"
         except Exception as exc:
-            if not isinstance(exc, RdaError):
+            outcome = outcome_of(exc)
+            if outcome == "handler_error":
                 log.warning("admin command %r raised", header.device, exc_info=True)
                 self._counters.handler_error()
             frames = _error_frames(header, RequestType.EXCEPTION, exc)
-            outcome = "error"
         # Counted before the answer leaves, as in _respond.
         self._counters.record("admin", outcome, self._clock() - at)
         self._send(peer, frames)
@@ -377,7 +387,7 @@ class Dispatch:
                 else RequestType.EXCEPTION
             )
             frames = _error_frames(header, reply_type, error)
-            outcome = _outcome(rtype, error)
+            outcome = outcome_of(error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
             try:
@@ -389,7 +399,7 @@ class Dispatch:
                 self._counters.handler_error()
                 log.warning("%r: reply could not be encoded", request, exc_info=True)
                 frames = _error_frames(header, RequestType.EXCEPTION, exc)
-                outcome = "error"
+                outcome = "handler_error"
             else:
                 frames = _reply_frames(header, RequestType.REPLY, body)
                 outcome = "ok"
@@ -400,7 +410,8 @@ class Dispatch:
             outcome = "ok"
         # Counted before the answer leaves: a client that has its reply finds it counted (the
         # worker would otherwise race the client's next look at the statistics).
-        self._counters.record(_TYPE_NAMES[rtype], outcome, self._clock() - request.received_at)
+        took = self._clock() - request.received_at
+        self._counters.record(_TYPE_NAMES[rtype], outcome, took, header.device, header.property)
         if frames is not None:
             self._send(peer, frames)
         if error is not None:
@@ -586,13 +597,3 @@ def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> Time
         f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
         f"the client's deadline of {timeout:.3g} s"
     )
-
-
-def _outcome(rtype: RequestType, error: BaseException) -> str:
-    if isinstance(error, OverloadError):
-        return "overload"
-    if isinstance(error, TimeoutError):
-        return "timeout"
-    if rtype is RequestType.SUBSCRIBE:
-        return "rejected"
-    return "error"

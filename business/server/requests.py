@@ -78,6 +78,12 @@ class ClientInfo:
         return self.peer.hex()
 
     @property
+    def authenticated(self) -> bool:
+        """Whether the principal is the transport's authenticated identity (a CURVE key the
+        server's clients directory lists), not a declared name."""
+        return bool(self.principal) and self.info.get(AUTHENTICATED_PRINCIPAL) == self.principal
+
+    @property
     def principal_name(self) -> str:
         """The principal for messages: ``anonymous`` for the empty one."""
         return self.principal or ANONYMOUS

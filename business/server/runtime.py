@@ -83,6 +83,7 @@ class Server:
         transport_factory: TransportFactory | None,
         clock: Callable[[], float],
         admin_handler: AdminHandler | None,
+        admin_commands: Callable[[str], bool] | None = None,
         metrics_port: int | None,
         on_start: list[Hook],
         on_stop: list[Hook],
@@ -108,12 +109,13 @@ class Server:
         self._factory = transport_factory
         self._clock = clock
         self._admin = admin_handler
+        self._admin_commands = admin_commands
         self._on_start = on_start
         self._on_stop = on_stop
         self._curve = curve
         self._rr = request_reply
         self._subs = subscription
-        self._counters = RequestCounters()
+        self._counters = RequestCounters(config.metrics_devices)
         self._authorizer = None if policy is None else Authorizer(policy)
         self._policy_file = policy_file
         self._trust_declared = trust_declared
@@ -175,6 +177,7 @@ class Server:
             policy=self._authorizer,
             trust_declared=self._trust_declared,
             inline_handlers=self._inline,
+            admin_commands=self._admin_commands,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -193,7 +196,10 @@ class Server:
         self._transport = transport
         self._registry = SubscriptionRegistry(transport)
         dispatch.attach(transport, self._registry)
-        self._inline = dispatch.inline_rule
+        if self._inline.everything and not getattr(transport, "hands_over", False):
+            # Nobody would dispatch while a long handler runs: only the declared ones inline.
+            self._inline = self._inline.declared_only()
+            dispatch.inline = self._inline or None
         for name, device in self._device_objects.items():
             device._attach(name, self._publisher(name))
         transport.start()
@@ -400,6 +406,7 @@ class Server:
             self._registry.counts() if self._registry is not None else (0, 0, 0)
         )
         clients = 0 if self._dispatch is None else len(self._dispatch.peers())
+        accepted, closed = self._counters.connections()
         return ServerStatistics(
             transport=transport,
             scheduler=scheduler,
@@ -412,8 +419,16 @@ class Server:
             late_completions=late,
             clients=clients,
             denied=self._counters.denials(),
+            devices=self._counters.devices(),
+            device_limit=self._counters.device_limit,
+            connections_accepted=accepted,
+            connections_closed=closed,
             directory=self.directory_state(),
         )
+
+    def metric_pairs(self) -> set[tuple[str, str]]:
+        """The (device, property) pairs with metrics of their own (``Config.metrics_devices``)."""
+        return self._counters.tracked()
 
     def disconnect_client(self, peer_hex: str) -> bool:
         """Drop one client connection; False when no such client is connected."""

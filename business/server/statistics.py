@@ -7,58 +7,60 @@ few integer increments per answered request (:class:`RequestCounters`).
 
 from __future__ import annotations
 
-import bisect
 import threading
 from dataclasses import dataclass, field
 
+from rda.business.histogram import DURATION_BUCKETS, OTHER, Histogram, HistogramSnapshot, bucket_of
 from rda.business.scheduler import SchedulerStatistics
 from rda.transport.api import ServerTransportStatistics
 
 __all__ = [
+    "DENIED_PRINCIPALS",
     "DURATION_BUCKETS",
+    "FAILURES",
+    "OTHER",
     "OUTCOMES",
+    "REQUEST_TYPES",
     "ClientSnapshot",
+    "DeviceSnapshot",
     "HistogramSnapshot",
     "RequestCounters",
     "ServerStatistics",
     "SourceSnapshot",
 ]
 
-# Upper bounds (seconds) of the request-duration histogram; Prometheus' usual latency ladder
-# stretched down to 100 µs because an in-memory get answers in well under a millisecond.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
+#: How a request can end (the ``outcome`` label): ``outcomes.outcome_of`` maps an exception to
+#: one of them; every (type, outcome) series exists from the start.
+OUTCOMES: tuple[str, ...] = (
+    "ok",
+    "not_found",
+    "bad_request",
+    "denied",
+    "overload",
+    "timeout",
+    "handler_error",
+    "disconnected",
 )
-
-# How a request can end; the second half of the ``ServerStatistics.requests`` keys.
-# "denied": refused by the authorization policy before any handler ran.
-OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "overload", "rejected", "denied")
+#: The outcomes that are not ``ok``.
+FAILURES: frozenset[str] = frozenset(OUTCOMES[1:])
+#: Most principals with denial series of their own (the overflow bucket is ``other``): a
+#: clients directory of thousands of keys must not become thousands of series.
+DENIED_PRINCIPALS = 100
+#: The request types the server counts (lower case ``RequestType`` names).
+REQUEST_TYPES: tuple[str, ...] = ("get", "set", "subscribe", "admin")
 
 
 @dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
-    """Durations of one request type. ``counts`` are per bucket, not cumulative; the last
-    entry counts durations above the largest bound (+Inf)."""
+class DeviceSnapshot:
+    """Requests to one (device, property) pair: answered, failed (any outcome but ``ok``), and
+    their durations. The pair (:data:`OTHER`, :data:`OTHER`) holds every request past the cap
+    (and those to pairs that never answered ``ok``: a client's typo never gets a series)."""
 
-    buckets: tuple[float, ...]
-    counts: tuple[int, ...]
-    sum: float
-    count: int
+    device: str
+    property: str
+    requests: int
+    errors: int
+    durations: HistogramSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +111,18 @@ class ServerStatistics:
     """Everything a server counts.
 
     ``requests`` is keyed by (request type in lower case: "get", "set", "subscribe", "admin";
-    outcome in :data:`OUTCOMES`). ``durations`` holds one histogram per request type, from
-    receipt by the dispatcher to the answer. ``handler_errors`` counts exceptions raised by
-    user callbacks (a handler that raised still got an EXCEPTION reply); ``late_completions``
+    outcome in :data:`OUTCOMES`), every pair present from the start. ``durations`` holds one
+    histogram per request type, from receipt by the dispatcher to the answer. ``devices`` holds
+    the same per (device, property) pair for the first ``device_limit`` pairs that answered
+    ``ok``, then the :data:`OTHER` bucket. ``handler_errors`` counts exceptions raised by user
+    callbacks that are not a typed client error (``outcomes.outcome_of`` says
+    ``handler_error``: a handler that raised still got an EXCEPTION reply); ``late_completions``
     counts ``complete``/``fail`` calls on a request that was already answered (for instance
     after its deadline). ``denied`` counts requests the authorization policy refused, keyed by
-    (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect").
+    (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect"), with
+    both values bounded by the server's own configuration (``Dispatch`` labels a declared
+    principal the policy does not list ``other``, an unknown admin command ``admin:unknown``).
+    ``connections_accepted``/``connections_closed`` count client connections (lanes apart).
     ``directory``: where the server registered and the state of that (etcd: registered,
     unreachable, replaced...).
     """
@@ -131,53 +139,126 @@ class ServerStatistics:
     clients: int = 0
     extra: dict[str, int] = field(default_factory=dict)
     denied: dict[tuple[str, str], int] = field(default_factory=dict)
+    devices: tuple[DeviceSnapshot, ...] = ()
+    device_limit: int = 0
+    connections_accepted: int = 0
+    connections_closed: int = 0
     directory: str = ""  # where the server is registered, and how that stands
 
 
-class _Histogram:
-    __slots__ = ("count", "counts", "sum")
+class _Pair:
+    __slots__ = ("durations", "errors", "requests")
 
     def __init__(self) -> None:
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float) -> None:
-        # bisect_left: a duration equal to a bound belongs to that bound's bucket (le=bound).
-        self.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
-
-    def snapshot(self) -> HistogramSnapshot:
-        return HistogramSnapshot(DURATION_BUCKETS, tuple(self.counts), self.sum, self.count)
+        self.requests = 0
+        self.errors = 0
+        self.durations = Histogram()
 
 
 class RequestCounters:
-    """Outcome counts and duration histograms per request type, under one lock."""
+    """Outcome counts and duration histograms per request type and per (device, property)
+    pair, under one lock.
 
-    def __init__(self) -> None:
+    Every (type, outcome) pair and every type's histogram exist from the start, so a series
+    never appears late (Prometheus' ``increase`` would miss its first increments). A
+    (device, property) pair gets its own figures once it answered ``ok`` and while fewer than
+    ``device_limit`` pairs have them; the rest is counted in the :data:`OTHER` pair.
+    """
+
+    def __init__(self, device_limit: int = 200) -> None:
         self._lock = threading.Lock()
-        self._requests: dict[tuple[str, str], int] = {}
-        self._durations: dict[str, _Histogram] = {}
+        self._requests = {(t, o): 0 for t in REQUEST_TYPES for o in OUTCOMES}
+        self._durations = {t: Histogram() for t in REQUEST_TYPES}
         self._handler_errors = 0
         self._late = 0
         self._denied: dict[tuple[str, str], int] = {}
+        self._principals: set[str] = {OTHER}
+        self._device_limit = device_limit
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._other = _Pair()
+        self._accepted = 0
+        self._closed = 0
 
-    def record(self, request_type: str, outcome: str, duration: float | None) -> None:
-        """Count one answered request; ``duration`` None means "not timed" (no histogram)."""
+    @property
+    def device_limit(self) -> int:
+        return self._device_limit
+
+    def record(
+        self,
+        request_type: str,
+        outcome: str,
+        duration: float | None,
+        device: str | None = None,
+        prop: str = "",
+    ) -> None:
+        """Count one answered request; ``duration`` None means "not timed" (no histogram);
+        ``device`` None means "no device" (admin requests)."""
         key = (request_type, outcome)
         with self._lock:
             self._requests[key] = self._requests.get(key, 0) + 1
+            index = 0
             if duration is not None:
+                if duration < 0.0:
+                    duration = 0.0
+                index = bucket_of(duration)
                 histogram = self._durations.get(request_type)
                 if histogram is None:
-                    histogram = self._durations[request_type] = _Histogram()
-                histogram.observe(max(0.0, duration))
+                    histogram = self._durations[request_type] = Histogram()
+                histogram.add(index, duration)
+            if device is None:
+                return
+            pair = self._pairs.get((device, prop))
+            if pair is None:
+                # Only a pair the server answered ok for earns a series (a name a client made
+                # up never does), and only up to the cap.
+                if outcome == "ok" and len(self._pairs) < self._device_limit:
+                    pair = self._pairs[(device, prop)] = _Pair()
+                else:
+                    pair = self._other
+            pair.requests += 1
+            if outcome != "ok":
+                pair.errors += 1
+            if duration is not None:
+                pair.durations.add(index, duration)
+
+    def tracked(self) -> set[tuple[str, str]]:
+        """The (device, property) pairs that have figures of their own."""
+        with self._lock:
+            return set(self._pairs)
+
+    def devices(self) -> tuple[DeviceSnapshot, ...]:
+        """Per-pair figures, sorted, the :data:`OTHER` pair last."""
+        with self._lock:
+            pairs = sorted(self._pairs.items())
+            pairs.append(((OTHER, OTHER), self._other))
+            return tuple(
+                DeviceSnapshot(d, p, c.requests, c.errors, c.durations.snapshot())
+                for (d, p), c in pairs
+            )
+
+    def connection(self, opened: bool) -> None:
+        with self._lock:
+            if opened:
+                self._accepted += 1
+            else:
+                self._closed += 1
+
+    def connections(self) -> tuple[int, int]:
+        """(accepted, closed) client connections."""
+        with self._lock:
+            return self._accepted, self._closed
 
     def denied(self, principal: str, operation: str) -> None:
-        """Count one request refused by the policy (its outcome is counted by ``record``)."""
-        key = (principal, operation)
+        """Count one request refused by the policy (its outcome is counted by ``record``).
+        The caller bounds both values by the server's configuration (policy, clients
+        directory, admin commands); past :data:`DENIED_PRINCIPALS` principals, ``other``."""
         with self._lock:
+            if principal not in self._principals:
+                if len(self._principals) < DENIED_PRINCIPALS:
+                    self._principals.add(principal)
+                else:
+                    principal = OTHER
+            key = (principal, operation)
             self._denied[key] = self._denied.get(key, 0) + 1
 
     def denials(self) -> dict[tuple[str, str], int]:
