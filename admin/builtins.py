@@ -185,14 +185,22 @@ def disconnect(ctx: AdminContext, args: DisconnectArgs) -> dict[str, Any]:
     return {"disconnected": args.peer}
 
 
-@command("reload-policy")
-def reload_policy(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
-    """Re-read the server's policy file; a broken file is refused and the old policy stays."""
+class ReloadPolicyArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    allow_empty: bool = pydantic.Field(
+        False, description="put in force a policy that would lock everyone out (docs/security.md)"
+    )
+
+
+@command("reload-policy", ReloadPolicyArgs)
+def reload_policy(ctx: AdminContext, args: ReloadPolicyArgs) -> dict[str, Any]:
+    """Re-read the server's policy file; a broken file, or one that would lock everyone out
+    (no rules, nobody left who may reload), is refused and the old policy stays."""
     # No path argument on purpose: a remote caller must not make the server read any file.
     reload = getattr(ctx.server, "reload_policy", None)
     if reload is None:
         raise AdminArgumentsError("reload-policy: this server has no authorization policy")
-    policy = reload()
+    policy = reload(allow_empty=args.allow_empty)
     return {
         "source": policy.source,
         "roles": len(policy.roles),

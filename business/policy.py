@@ -31,6 +31,7 @@ from typing import Any, Literal
 import pydantic
 
 from rda.serialization.errors import NotAuthorizedError, RdaError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "ANONYMOUS",
@@ -41,7 +42,9 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Rule",
+    "check_lockout",
     "display_principal",
+    "lockout_reason",
     "reload_file",
 ]
 
@@ -386,32 +389,94 @@ class DenialLog:
 
     A misconfigured client retrying a forbidden set in a loop must not flood the log (nor
     slow the dispatcher thread with I/O): the first denial is logged at once, later ones within
-    the interval only counted, and the next logged line says how many were suppressed. The
-    exact figures per (principal, operation) are in the statistics. Dispatcher thread only.
+    the interval only counted, and the next logged line says how many were suppressed
+    (``rda.transport._ratelog``, shared by every line a remote peer can cause). The exact
+    figures per (principal, operation) are in the statistics.
     """
 
     def __init__(self, clock: Callable[[], float], interval: float = DENIAL_LOG_INTERVAL) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next = float("-inf")
-        self.suppressed = 0
+        self.log = RateLimitedLog(_denial_log, interval, clock)
 
     def denied(self, error: NotAuthorizedError, peer: bytes) -> None:
-        now = self._clock()
-        if now < self._next:
-            self.suppressed += 1
-            return
-        self._next = now + self._interval
-        suppressed, self.suppressed = self.suppressed, 0
-        more = f" ({suppressed} more denials not logged)" if suppressed else ""
-        _denial_log.warning("denied: %s (peer %s)%s", error, peer.hex(), more)
+        self.log.log("denials", "denied: %s (peer %s)", error, peer.hex())
 
 
-def reload_file(path: Path | None, server: str) -> Policy:
-    """``Policy.from_toml(path)`` for a server's reload; PolicyError if it was given no file."""
+# The admin operation whose loss leaves a server that can no longer be repaired remotely.
+_RELOAD_COMMAND = "reload-policy"
+_RELOAD_OPERATION = "admin:" + _RELOAD_COMMAND
+
+
+def _reload_grantees(policy: Policy, server: str) -> list[str]:
+    """Who may ``admin:reload-policy`` on ``server`` under ``policy``: listed principals,
+    ``anonymous``, and ``unlisted principals`` (those with ``default_roles``)."""
+    groups: dict[str, list[str]] = {
+        ANONYMOUS: policy.anonymous_roles,
+        "unlisted principals": policy.default_roles,
+        **policy.principals,
+    }
+    grantees = []
+    for who, roles in groups.items():
+        for rule in policy.rules:
+            if (
+                (rule.role == "*" or rule.role in roles)
+                and fnmatch.fnmatchcase(_RELOAD_OPERATION, rule.operation)
+                and fnmatch.fnmatchcase(server, rule.device)
+                and fnmatch.fnmatchcase(_RELOAD_COMMAND, rule.property)
+            ):
+                if rule.effect == "allow":
+                    grantees.append(who)
+                break  # the first matching rule decides
+    return grantees
+
+
+def lockout_reason(policy: Policy, server: str, previous: Policy | None = None) -> str | None:
+    """Why putting ``policy`` in force on ``server`` would lock everyone out, or None.
+
+    A policy without rules denies every request, ``admin:reload-policy`` included: what an
+    empty or truncated file (a non-atomic write read half-way) loads as. And a policy that
+    grants ``admin:reload-policy`` to nobody while ``previous`` granted it to someone leaves a
+    server that can no longer be repaired remotely. Both are refused like a syntax error
+    unless forced (``allow_empty``); a first policy without any admin grant is a choice, not
+    an accident, and is accepted.
+    """
+    if not policy.rules:
+        return (
+            "it has no rules, so it would deny every request, admin:reload-policy included "
+            "(an empty or truncated file?)"
+        )
+    if previous is None or not (before := _reload_grantees(previous, server)):
+        return None
+    if _reload_grantees(policy, server):
+        return None
+    return (
+        f"no principal could {_RELOAD_OPERATION} any more (the policy in force grants it to "
+        f"{', '.join(before[:3])}{' ...' if len(before) > 3 else ''}), so the server could no "
+        "longer be repaired remotely"
+    )
+
+
+def check_lockout(
+    policy: Policy, server: str, previous: Policy | None = None, allow_empty: bool = False
+) -> Policy:
+    """``policy`` if :func:`lockout_reason` finds nothing (or ``allow_empty``), else
+    PolicyError naming the file, the reason and how to force it."""
+    reason = None if allow_empty else lockout_reason(policy, server, previous)
+    if reason is not None:
+        raise PolicyError(
+            f"{policy.source or '<policy>'}: refused: {reason}; put it in force anyway with "
+            "allow_empty (rda serve --allow-empty, rda admin SERVER reload-policy allow_empty=true)"
+        )
+    return policy
+
+
+def reload_file(
+    path: Path | None, server: str, previous: Policy | None = None, allow_empty: bool = False
+) -> Policy:
+    """``Policy.from_toml(path)`` for a server's reload, refused (PolicyError) when it was given
+    no file or when the new policy would lock everyone out (:func:`lockout_reason`)."""
     if path is None:
         raise PolicyError(
             f"server {server!r} has no policy file to reload "
             "(ServerBuilder.policy(path) / rda serve --policy FILE)"
         )
-    return Policy.from_toml(path)
+    return check_lockout(Policy.from_toml(path), server, previous, allow_empty)

@@ -325,6 +325,54 @@ def test_reload_good_and_broken(stand: Stand) -> None:
     assert stand.server.policy is before
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",  # a zero-byte file
+        POLICY_TOML[: POLICY_TOML.index("[[rules]]")],  # a write cut before its rules
+    ],
+    ids=["empty", "truncated"],
+)
+def test_reload_refuses_a_policy_that_locks_everyone_out(stand: Stand, text: str) -> None:
+    """Issue 27 (1): an empty or truncated file loaded as a valid 0-rule policy and then denied
+    even admin:reload-policy, so the server could no longer be fixed remotely."""
+    ada = stand.client("ada")
+    before = stand.server.policy
+    stand.policy_file.write_text(text)
+    with pytest.raises(PolicyError, match=r"policy\.toml: refused: it has no rules.*allow_empty"):
+        stand.server.reload_policy()
+    with pytest.raises(RemoteError, match="refused: it has no rules"):
+        stand.admin(ada, "reload-policy")
+    assert stand.server.policy is before  # still in force: ada can repair the file remotely
+    stand.policy_file.write_text(POLICY_TOML.replace('device = "PS*"', 'device = "*"'))
+    assert stand.admin(ada, "reload-policy")["rules"] == 4
+
+
+def test_reload_refuses_losing_every_grant_of_reload_policy(stand: Stand) -> None:
+    ada = stand.client("ada")
+    # The operator rules survive, the two admin rules are gone.
+    stand.policy_file.write_text(POLICY_TOML[: POLICY_TOML.index('[[rules]]\nrole = "admin"')])
+    with pytest.raises(RemoteError, match=r"no principal could admin:reload-policy any more"):
+        stand.admin(ada, "reload-policy")
+    assert len(stand.server.policy.rules) == 4  # type: ignore[union-attr]
+    # Forced: in force, and from then on nobody may reload remotely (as asked).
+    assert stand.admin(ada, "reload-policy", allow_empty=True)["rules"] == 2
+    with pytest.raises(NotAuthorizedError, match="may not admin:reload-policy"):
+        stand.admin(ada, "reload-policy")
+    # The server's own call still works, and a policy granting nothing to anyone is no loss.
+    stand.policy_file.write_text("")
+    assert stand.server.reload_policy(allow_empty=True).rules == []
+
+
+def test_start_refuses_an_empty_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text("roles = []\n")
+    with pytest.raises(PolicyError, match="refused: it has no rules"):
+        rda.ServerBuilder("Srv").policy(path)
+    builder = rda.ServerBuilder("Srv").policy(path, allow_empty=True)
+    assert builder.build().policy == Policy.from_toml(path)
+
+
 def test_reload_policy_is_admin_only(stand: Stand) -> None:
     with pytest.raises(NotAuthorizedError, match=r"olga .* may not admin:reload-policy"):
         stand.admin(stand.client("olga"), "reload-policy")

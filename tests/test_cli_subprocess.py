@@ -215,6 +215,18 @@ def read_err_until(proc: subprocess.Popen[str], seen: list[str], text: str, time
     raise AssertionError(f"no stderr line with {text!r} within {timeout} s: {seen[start:]}")
 
 
+def test_serve_refuses_an_empty_policy_unless_allowed(tmp_path: Path) -> None:
+    """Issue 27 (1): a zero-byte policy locked everyone out, admin included."""
+    empty = tmp_path / "policy.toml"
+    empty.write_text("")
+    refused = run("serve", "demo", "--policy", str(empty), "--duration", "5", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "refused: it has no rules" in refused.stderr and "--allow-empty" in refused.stderr
+    allowed = run("serve", "demo", "--policy", str(empty), "--allow-empty", "--duration", "0.1",
+                  cwd=tmp_path)  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_serve_policy_sighup_reload(tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.format(anonymous="[]"))

@@ -26,6 +26,7 @@ from rda.testing import (
     memory_pair,
     transport_pair,
 )
+from rda.transport._peers import FORGOTTEN
 from rda.transport.api import (
     Buffer,
     ClientTransport,
@@ -35,6 +36,7 @@ from rda.transport.api import (
 from rda.transport.protocol import (
     Incoming,
     Kind,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -235,16 +237,20 @@ def test_client_close_is_noticed_by_the_server_at_once(world: World) -> None:
     assert world.srec.disconnected == [(peer, "peer gone")]
 
 
-def test_a_peer_the_server_forgot_times_out_on_the_client(world: World) -> None:
+def test_a_peer_the_server_forgot_is_told_to_reconnect_at_its_next_heartbeat(
+    world: World,
+) -> None:
+    """Issue 27 (3): before, the server answered a forgotten peer's HEARTBEATs with nothing (a
+    log line), and the client stayed blind for its own heartbeat timeout (10 s). Now the
+    server answers RECONNECT and the client reports the connection lost at once."""
     conn, peer = world.connect()
-    world.server.disconnect(peer)
+    world.server.disconnect(peer)  # as a heartbeat timeout does while the client is paused
     world.net.settle()
-    for _ in range(19):
-        world.advance(0.5)
     assert world.crec.disconnected == []
-    assert world.server.statistics().protocol_errors >= 9  # its heartbeats, from a stranger
-    world.advance(0.5)
-    assert world.crec.disconnected == [(conn, "heartbeat timeout")]
+    world.advance(SETTINGS.heartbeat_interval)  # the client's next heartbeat
+    assert world.crec.disconnected == [(conn, FORGOTTEN)]
+    assert world.server.statistics().protocol_errors == 1  # its heartbeat, from a stranger
+    assert world.client.statistics().heartbeat_timeouts == 0
 
 
 def test_stalled_client_gets_conflated_notifications_in_order(world: World) -> None:
@@ -317,7 +323,8 @@ def test_bad_input_is_counted_and_answered_and_others_are_unaffected(world: Worl
     raw.send([b"\x99", b"garbage"])  # unknown kind
     raw.send([])  # 0 frames
     raw.send([bytes([Kind.REPLY, PROTOCOL_VERSION])])  # a server kind from a client
-    raw.send(request(4))  # REQUEST before CONNECT: answered
+    raw.send(request(4))  # REQUEST before CONNECT: told to connect, and answered
+    assert isinstance(decode_frames(raw.recv(), from_server=True), Reconnect)
     reply = raw.recv()
     event = decode_frames(reply, from_server=True)
     assert isinstance(event, Incoming)

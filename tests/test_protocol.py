@@ -46,12 +46,14 @@ from rda.transport.protocol import (
     Incoming,
     Kind,
     ProtocolEvent,
+    Reconnect,
     UnsupportedVersion,
     decode_frames,
     encode_connect,
     encode_connect_ack,
     encode_heartbeat,
     encode_message,
+    encode_reconnect,
     encode_refusal,
     encode_routed,
     encode_tail,
@@ -98,6 +100,7 @@ def _cases() -> dict[str, Case]:
         ),
         "heartbeat_client": Case("HEARTBEAT (client)", False, encode_heartbeat(False), Heartbeat()),
         "heartbeat_server": Case("HEARTBEAT (server)", True, encode_heartbeat(True), Heartbeat()),
+        "reconnect": Case("RECONNECT", True, encode_reconnect(), Reconnect()),
         "get_request": _message(
             Kind.REQUEST, get, [(BodyKind.REQUEST_CONTEXT, OPAQUE_REQUEST_CONTEXT)]
         ),
@@ -491,3 +494,12 @@ def _write_corpus() -> None:
 
 if __name__ == "__main__":
     _write_corpus()
+
+
+def test_reconnect_is_two_bytes_from_a_server_only() -> None:
+    """Issue 27 (3): RECONNECT is a bare server kind, like the heartbeats."""
+    assert isinstance(decode_frames([b"\x04\x03"], from_server=True), Reconnect)
+    with pytest.raises(DecodeError, match="RECONNECT is 1 frame"):
+        decode_frames([b"\x04\x03\x00"], from_server=True)
+    with pytest.raises(ProtocolError, match="RECONNECT may not be sent by a client"):
+        decode_frames([b"\x04\x03"], from_server=False)

@@ -81,6 +81,8 @@ def test_nominal_survives_very_long_outages() -> None:
         {"factor": 0.5},
         {"jitter": 1.0},
         {"jitter": -0.1},
+        {"restart_cap": 0.0},
+        {"restart_window": -1.0},
     ],
 )
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
@@ -189,3 +191,21 @@ def test_timer_compacts_cancelled_entries_and_survives_a_raising_callback(
         assert fired == [1]
     finally:
         timer.close()
+
+
+def test_a_restarting_server_is_retried_at_least_every_quarter_second_for_ten_seconds() -> None:
+    """Issue 27 (6): the step in progress bounds the resume after a restart; with steps grown
+    to 1.3-2 s, subscriptions resumed up to 1.9 s after the restarted server listened."""
+    policy = BackoffPolicy(initial=0.02, maximum=2.0, jitter=0.0)
+    backoff = Backoff(policy)
+    waited, steps = 0.0, []
+    while waited < policy.restart_window:
+        steps.append(backoff.next_delay())
+        waited += steps[-1]
+    assert steps[:5] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.25])
+    assert max(steps) == pytest.approx(0.25)
+    # A longer outage gets the slow schedule (and its retry traffic) back.
+    assert backoff.next_delay() == pytest.approx(2.0)
+    assert BackoffPolicy(maximum=0.1).nominal(20) == pytest.approx(0.1)  # the smaller cap wins
+    backoff.reset()
+    assert backoff.next_delay() == pytest.approx(0.02)

@@ -348,6 +348,66 @@ def test_never_completed_request_times_out_at_the_client_deadline(make: Factory)
     assert h.server.statistics().late_completions == 1
 
 
+class Overrun(RequestReplyCallback):
+    """A synchronous handler that runs past the deadline (the fake clock moves while it runs)
+    and then answers: completes a get, raises on a set."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.clock: Clock | None = None  # the server's, once built
+        self.done = threading.Semaphore(0)
+
+    def get(self, request: GetRequest) -> None:
+        assert self.clock is not None
+        self.clock.advance(self.seconds)
+        request.complete(Data(x=1))
+        self.done.release()
+
+    def set(self, request: SetRequest) -> None:
+        assert self.clock is not None
+        self.clock.advance(self.seconds)
+        self.done.release()
+        raise RuntimeError("the supply answered too late")
+
+
+def test_handler_past_the_client_deadline_counts_timeout_and_sends_nothing(
+    make: Factory,
+) -> None:
+    """Issue 27 (4): the watcher was armed only after a synchronous handler returned, so a get
+    whose handler ran past the client's timeout was sent late and counted ``get:ok``."""
+    overrun = Overrun(2.5)
+    h = make(request_reply=overrun)
+    overrun.clock = h.clock
+    h.send(request(RequestType.GET, 7, timeout_ms=2000))
+    assert overrun.done.acquire(timeout=10)
+    h.send(request(RequestType.SET, 8, data=Data(v=1), timeout_ms=2000))
+    assert overrun.done.acquire(timeout=10)
+    stats = h.server.statistics()
+    deadline = time.monotonic() + 10
+    while sum(stats.requests.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = h.server.statistics()
+    assert counted(stats.requests) == {("get", "timeout"): 1, ("set", "timeout"): 1}
+    assert stats.late_completions == 2
+    assert h.transport.sent == []  # the client gave up at its deadline: no reply after it
+    # On time, the same handler is answered and counted ok.
+    overrun.seconds = 0.5
+    assert h.call(request(RequestType.GET, 9, timeout_ms=2000)).data == Data(x=1)
+    assert h.server.statistics().requests[("get", "ok")] == 1
+
+
+def test_handler_past_the_default_deadline_tells_a_client_without_one(make: Factory) -> None:
+    """A request without a deadline of its own (the server's default applies) is still
+    waiting: it gets the TimeoutError the watcher would have sent, not the late value."""
+    overrun = Overrun(60.0)
+    h = make(request_reply=overrun)
+    overrun.clock = h.clock
+    reply = h.call(request(RequestType.GET, 3, timeout_ms=None))
+    assert reply.exception is not None and reply.exception[0] == "TimeoutError"
+    assert counted(h.server.statistics().requests) == {("get", "timeout"): 1}
+    assert h.server.statistics().late_completions == 1
+
+
 def test_completed_request_leaves_no_deadline_behind(make: Factory) -> None:
     later = Later()
     h = make(request_reply=later)

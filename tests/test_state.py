@@ -28,7 +28,7 @@ def test_closed_is_final() -> None:
 
 def test_diagram_lists_every_transition() -> None:
     diagram = state_diagram()
-    assert diagram.count("-->") == 13
+    assert diagram.count("-->") == 14
     assert "connecting --> connected: connect_ack received" in diagram
 
 

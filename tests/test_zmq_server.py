@@ -27,6 +27,7 @@ from rda.transport.protocol import (
     LARGE_BODY,
     Incoming,
     Kind,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -209,11 +210,15 @@ def test_closed_peer_connection_is_dropped_at_once(ctx: Ctx) -> None:
         srv.close()
 
 
-def test_request_before_connect_gets_a_protocol_error_reply(ctx: Ctx) -> None:
+def test_request_before_connect_gets_reconnect_and_a_protocol_error_reply(ctx: Ctx) -> None:
     srv, rec = start_server()
     d = raw_dealer(ctx, srv.endpoint, b"rude", handshake=False)
     try:
         d.send_multipart(request(77))
+        assert d.poll(WAIT_MS)
+        # First "connect again" (a client the server forgot acts on it at once), then the
+        # answer to the request itself, so that a caller that does not know RECONNECT fails fast.
+        assert isinstance(decode_frames(d.recv_multipart(), from_server=True), Reconnect)
         assert d.poll(WAIT_MS)
         event = decode_frames(d.recv_multipart(), from_server=True)
         msg = event.message  # type: ignore[union-attr]

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.utils.z85
 
 from rda.serialization.errors import TransportError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "ZAP_ENDPOINT",
@@ -27,6 +29,7 @@ __all__ = [
     "ZapHandler",
     "apply_client",
     "apply_server",
+    "authenticated_info",
 ]
 
 log = logging.getLogger("rda.transport.security")
@@ -94,6 +97,17 @@ class ClientCurve:
         return key
 
 
+def authenticated_info(info: dict[str, Any], user_id: str | None, curve: bool) -> dict[str, Any]:
+    """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client sent
+    under that name is never believed. No ZAP verdict on a connection cannot happen with
+    ZAP_DOMAIN set (``curve``): then absent."""
+    info = dict(info)
+    info.pop("authenticated_principal", None)
+    if curve and user_id is not None:
+        info["authenticated_principal"] = user_id
+    return info
+
+
 def apply_server(sock: zmq.Socket[bytes], curve: ServerCurve) -> None:
     """Make ``sock`` a CURVE server; call before ``bind``."""
     sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -125,6 +139,8 @@ class ZapHandler:
         self._principals = {zmq.utils.z85.decode(k): name for name, k in curve.clients.items()}
         self.denied = 0
         self.accepted = 0
+        # Anyone can attempt a handshake: its lines are rate-limited (``_ratelog``).
+        self._log = RateLimitedLog(log)
         sock = context.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -149,7 +165,7 @@ class ZapHandler:
             try:
                 self.socket.send_multipart(reply, zmq.NOBLOCK)
             except zmq.ZMQError as exc:
-                log.warning("could not answer a ZAP request: %s", exc)
+                self._log.log("ZAP errors", "could not answer a ZAP request: %s", exc)
 
     def _decide(self, request: list[bytes]) -> list[bytes]:
         # version, request id, domain, address, identity, mechanism, credentials...
@@ -167,9 +183,12 @@ class ZapHandler:
 
     def _deny(self, request_id: bytes, why: bytes, address: str) -> list[bytes]:
         self.denied += 1
-        log.warning("refused a connection from %s: %s", address, why.decode())
+        self._log.log(
+            "refused connections", "refused a connection from %s: %s", address, why.decode()
+        )
         return [_ZAP_VERSION, request_id, b"400", why, b"", b""]
 
     def close(self) -> None:
+        self._log.flush()
         if not self.socket.closed:
             self.socket.close(linger=0)

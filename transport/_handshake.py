@@ -23,7 +23,7 @@ import zmq
 
 from rda.transport._peers import HANDSHAKE_REFUSED, NOT_RDA
 
-__all__ = ["PROBE_TIMEOUT", "handshake_failure", "speaks_zmtp"]
+__all__ = ["HANDSHAKE_CUT", "PROBE_TIMEOUT", "handshake_failure", "speaks_zmtp"]
 
 # Long enough for a loaded machine to accept and greet; short because the dispatcher waits.
 PROBE_TIMEOUT = 0.5
@@ -36,11 +36,19 @@ NO_KEY = (
 KEY_REFUSED = "the server does not accept this client's key"
 NOT_CURVE = "the server does not use CURVE security: connect without a key"
 CURVE_FAILED = "the CURVE handshake failed: is the server key the right one?"
+HANDSHAKE_CUT = "the ZeroMQ handshake was cut short (the server restarting?)"
 
 
-def speaks_zmtp(endpoint: str, timeout: float = PROBE_TIMEOUT) -> bool | None:
-    """True if the peer at a ``tcp://`` endpoint greets as ZeroMQ does, False if it sends
-    something else or closes first, None when it cannot be told (not tcp, unreachable, silent)."""
+# Of a ZMTP 3 greeting: the mechanism, 20 bytes of NUL-padded ASCII. A ZeroMQ peer sends the
+# rest of its greeting, this included, once it has read our signature and major version
+# (never our mechanism: a mismatch would make it close before it says its own).
+_MECHANISM = slice(12, 32)
+_MAJOR = b"\x03"
+
+
+def _greeting(endpoint: str, timeout: float) -> tuple[bytes, bool] | None:
+    """(what the peer sent, within ``timeout``, up to the end of its mechanism; whether it
+    closed or reset before its signature was complete), or None when it cannot be asked."""
     if not endpoint.startswith("tcp://"):
         return None
     host, _, port = endpoint[len("tcp://") :].rpartition(":")
@@ -56,30 +64,54 @@ def speaks_zmtp(endpoint: str, timeout: float = PROBE_TIMEOUT) -> bool | None:
             # Speak first, as a ZeroMQ client does: a server of another protocol that waits
             # for its client (HTTP) then answers with an error of its own, or closes.
             sock.sendall(_GREETING)
-            while len(received) < _SIGNATURE:
+            major_sent = False
+            while len(received) < _MECHANISM.stop:
+                if len(received) >= _SIGNATURE and not major_sent:
+                    sock.sendall(_MAJOR)
+                    major_sent = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 sock.settimeout(remaining)
-                chunk = sock.recv(_SIGNATURE - len(received))
-                if not chunk:  # closed without (all of) a greeting
-                    return None if received[:1] == b"\xff" else False
+                chunk = sock.recv(_MECHANISM.stop - len(received))
+                if not chunk:  # closed
+                    return received, len(received) < _SIGNATURE
                 received += chunk
     except TimeoutError:
         pass  # judged on what arrived in time
     except ConnectionResetError:
-        # A ZeroMQ peer greets before anything else: a reset before a greeting began is no
-        # ZeroMQ peer; one cut short in the middle of it cannot be told.
-        return None if received[:1] == b"\xff" else False
+        return received, len(received) < _SIGNATURE
     except OSError:
         return None  # refused or unreachable now: nothing to tell
+    return received, False
+
+
+def speaks_zmtp(endpoint: str, timeout: float = PROBE_TIMEOUT) -> bool | None:
+    """True if the peer at a ``tcp://`` endpoint greets as ZeroMQ does, False if it sends
+    something else or closes first, None when it cannot be told (not tcp, unreachable, silent)."""
+    return _judge(_greeting(endpoint, timeout))[0]
+
+
+def _judge(got: tuple[bytes, bool] | None) -> tuple[bool | None, str | None]:
+    """(speaks ZMTP, its mechanism) from what :func:`_greeting` got."""
+    if got is None:
+        return None, None
+    received, cut = got
+    if cut:
+        # A ZeroMQ peer greets before anything else: a close or reset before a greeting began
+        # is no ZeroMQ peer; one cut short in the middle of it cannot be told.
+        return (None if received[:1] == b"\xff" else False), None
     if not received:
-        return None  # silent: cannot tell
+        return None, None  # silent: cannot tell
     if received[0] != 0xFF:
-        return False
+        return False, None
     if len(received) < _SIGNATURE:
-        return None
-    return received[_SIGNATURE - 1] == 0x7F
+        return None, None
+    if received[_SIGNATURE - 1] != 0x7F:
+        return False, None
+    if len(received) < _MECHANISM.stop:
+        return True, None
+    return True, received[_MECHANISM].rstrip(b"\x00").decode("ascii", "replace")
 
 
 def handshake_failure(event: int, value: int, endpoint: str, curve: bool) -> str | None:
@@ -93,9 +125,18 @@ def handshake_failure(event: int, value: int, endpoint: str, curve: bool) -> str
             return f"{HANDSHAKE_REFUSED}: {NOT_CURVE if curve else NO_KEY}"
     elif event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         return None
-    if speaks_zmtp(endpoint) is False:
+    zmtp, mechanism = _judge(_greeting(endpoint, PROBE_TIMEOUT))
+    if zmtp is False:
         return (
             f"{NOT_RDA}: {endpoint} answered, but not with a ZeroMQ greeting "
             "(is it the endpoint of an rda server?)"
         )
-    return f"{HANDSHAKE_REFUSED}: {CURVE_FAILED if curve else NO_KEY}"
+    if mechanism == "CURVE":
+        return f"{HANDSHAKE_REFUSED}: {CURVE_FAILED if curve else NO_KEY}"
+    if mechanism == "NULL" and curve:
+        return f"{HANDSHAKE_REFUSED}: {NOT_CURVE}"
+    # Issue 27: NO_DETAIL is also what a handshake cut short says (a server killed, restarting
+    # or swamped in a restart storm); taken for a refusal, it ended subscriptions for good. A
+    # NULL server never refuses a NULL client, and a server that could not be asked refused
+    # nothing: an ordinary loss, retried on the back-off (a CURVE server is named next time).
+    return HANDSHAKE_CUT

@@ -23,7 +23,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+
+import pydantic
 
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, encode_exception
@@ -36,11 +38,19 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import Kind, UnsupportedVersion, encode_message, encode_refusal
+from rda.transport.protocol import (
+    Kind,
+    UnsupportedVersion,
+    encode_connect_ack,
+    encode_message,
+    encode_reconnect,
+    encode_refusal,
+)
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker
 
 __all__ = [
     "CLOSED_LOCALLY",
+    "FORGOTTEN",
     "HANDSHAKE_REFUSED",
     "HEARTBEAT_BEFORE_CONNECT",
     "HEARTBEAT_TIMEOUT",
@@ -49,8 +59,10 @@ __all__ = [
     "NO_CONNECT_ACK",
     "PEER_GONE",
     "RECONNECTED",
+    "RECONNECT_FRAMES",
     "BadInput",
     "ClientCounters",
+    "ClientInfoModel",
     "Counters",
     "Peer",
     "ServerCounters",
@@ -61,6 +73,7 @@ __all__ = [
     "peer_statistics",
     "rda_version",
     "refused_reason",
+    "reject_connect_info",
     "reject_request_before_connect",
     "reject_undecodable",
 ]
@@ -170,6 +183,9 @@ RECONNECTED = "reconnected"  # server: the same routing id sent CONNECT again
 NO_CONNECT_ACK = "no CONNECT_ACK within connect_timeout"
 # Client: the ZeroMQ security handshake failed (the business layer raises NotAuthorizedError).
 HANDSHAKE_REFUSED = "security handshake refused"
+# Client: the server answered RECONNECT (it dropped this connection, e.g. after a heartbeat
+# timeout while this process was paused).
+FORGOTTEN = "the server no longer knew this connection"
 # Client: the peer at the endpoint is no ZeroMQ socket (rda.transport._handshake); the business
 # layer raises DisconnectedError, not NotAuthorizedError: no key would help.
 NOT_RDA = "the peer does not speak the rda protocol"
@@ -201,6 +217,11 @@ class BadInput:
     error: DecodeError | ProtocolError
     protocol: bool
     answer: list[Buffer] | None = None
+    # What the rate-limited log calls these (``_ratelog``: one line per kind per second).
+    kind: str = "bad messages"
+    # The sender is no peer (never connected, or dropped after a heartbeat timeout while it was
+    # paused): a RECONNECT goes first, so that a client resumes at once (docs/protocol.md).
+    reconnect: bool = False
 
 
 def _exception_reply(request_id: int, exc: ProtocolError) -> list[Buffer]:
@@ -217,22 +238,89 @@ def reject_undecodable(exc: DecodeError | ProtocolError, frames: Sequence[Buffer
     dropped without an answer.
     """
     if isinstance(exc, UnsupportedVersion):
+        other = "messages of another protocol version"
         if exc.request_id is not None:
-            return BadInput(exc, True, _exception_reply(exc.request_id, exc))
+            return BadInput(exc, True, _exception_reply(exc.request_id, exc), other)
         first = frames[0]
         if len(first) and first[0] == Kind.CONNECT:
-            return BadInput(exc, True, list(encode_refusal(exc)))
-        return BadInput(exc, True)
-    return BadInput(exc, isinstance(exc, ProtocolError))
+            return BadInput(exc, True, list(encode_refusal(exc)), other)
+        return BadInput(exc, True, None, other)
+    if isinstance(exc, ProtocolError):
+        return BadInput(exc, True, None, "protocol errors")
+    return BadInput(exc, False)
 
 
 def reject_request_before_connect(request_id: int) -> BadInput:
     """A REQUEST from a peer that never sent CONNECT: answered, so its caller fails fast."""
     err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
-    return BadInput(err, True, _exception_reply(request_id, err))
+    return BadInput(err, True, _exception_reply(request_id, err), _BEFORE_CONNECT, True)
 
 
-HEARTBEAT_BEFORE_CONNECT = BadInput(ProtocolError("HEARTBEAT before CONNECT"), True)
+_BEFORE_CONNECT = "messages before CONNECT"
+HEARTBEAT_BEFORE_CONNECT = BadInput(
+    ProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT, True
+)
+#: What a transport sends with a BadInput whose ``reconnect`` is set.
+RECONNECT_FRAMES = encode_reconnect()
+
+
+# What a client may say about itself in CONNECT (docs/protocol.md, "CONNECT"). The server keeps
+# it for the peer's lifetime and shows it (``rda admin SERVER clients``): wrong types are
+# refused, and every string and the number of extra keys are bounded, so that a client cannot
+# make the server hold (and print) 60 kB per connection.
+_NAME_MAX = 256
+_EXTRA_KEYS_MAX = 16
+_Text = Annotated[str, pydantic.StringConstraints(max_length=_NAME_MAX)]
+_Key = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
+_Extra = _Text | int | float | bool | None
+_EXTRA_VALUE = f"must be a string of at most {_NAME_MAX} characters, a number, a boolean or null"
+
+
+class ClientInfoModel(pydantic.BaseModel):
+    """The CONNECT info object: the standard fields (``connect_info``), the flags the business
+    layer and the lanes set, and up to 16 further scalar keys of the application's own."""
+
+    model_config = pydantic.ConfigDict(strict=True, frozen=True, extra="forbid")
+
+    application: _Text = ""
+    user: _Text = ""
+    host: _Text = ""
+    pid: int = pydantic.Field(0, ge=0, le=2**63 - 1)
+    version: _Text = ""
+    lane: bool = False
+    principal: _Text | None = None
+    # Never believed (the transport sets it from ZAP); accepted here so that the server can
+    # discard it as documented rather than refuse the client.
+    authenticated_principal: _Text | None = None
+    extra: dict[_Key, _Extra] = pydantic.Field(default_factory=dict, max_length=_EXTRA_KEYS_MAX)
+
+    @classmethod
+    def check(cls, info: dict[str, Any]) -> None:
+        """Raise ``pydantic.ValidationError`` when ``info`` is not a valid client info."""
+        fields = cls.model_fields
+        known = {k: v for k, v in info.items() if k in fields and k != "extra"}
+        extra = {k: v for k, v in info.items() if k not in known}
+        cls.model_validate({**known, "extra": extra})
+
+
+def reject_connect_info(info: dict[str, Any]) -> BadInput | None:
+    """None when ``info`` is a valid CONNECT info; else the refusal: a CONNECT_ACK whose
+    ``error`` names each field at fault (the client reports its connection refused)."""
+    try:
+        ClientInfoModel.check(info)
+    except pydantic.ValidationError as exc:
+        problems: dict[str, str] = {}
+        for e in exc.errors():
+            loc = e["loc"]
+            if loc[0] == "extra" and len(loc) > 2:  # an application key: one line, not four
+                problems.setdefault(str(loc[1]), _EXTRA_VALUE)
+            else:
+                problems.setdefault(".".join(map(str, loc)), e["msg"])
+        listed = "; ".join(f"{k}: {m}" for k, m in list(problems.items())[:5])
+        err = ProtocolError(f"CONNECT refused: invalid client info: {listed}")
+        refusal: list[Buffer] = list(encode_connect_ack({"error": str(err)}))
+        return BadInput(err, True, refusal, "invalid CONNECTs")
+    return None
 
 
 # ------------------------------------------------------------------------- peers
@@ -350,3 +438,24 @@ def connect_ack_info(
     }
     info.update(extra or {})
     return info
+
+
+def probe_round(
+    suspects: dict[bytes, int],
+    peers: Mapping[bytes, Peer],
+    probe: Callable[[Peer, float], bool],
+    first: float,
+    probes: int,
+    now: float,
+) -> float | None:
+    """One round of probes of the peers whose connection the monitor reported closed (the
+    server's ``_probe_suspects``); ``probe`` is False when the peer turned out forgotten (and
+    was dropped). A probe that still succeeds is repeated after ``first``, 2 x ``first`` ...
+    up to ``probes`` times; then the heartbeat decides. The next round's time, or None."""
+    for rid, attempt in list(suspects.items()):
+        p = peers.get(rid)
+        if p is None or not probe(p, now) or attempt >= probes:
+            del suspects[rid]
+        else:
+            suspects[rid] = attempt + 1
+    return now + first * 2 ** min(suspects.values()) if suspects else None

@@ -44,7 +44,7 @@ __all__ = [
     "open_monitor",
     "recv_copied",
     "recv_frames",
-    "recv_routed_pyzmq",
+    "recv_routed",
     "send_frames",
     "send_routed",
 ]
@@ -172,10 +172,10 @@ def recv_frames(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[zmq.Fram
     return frames
 
 
-def recv_routed_pyzmq(router: zmq.Socket[bytes], connect_kind: int) -> Any:
-    """``_direct_zmq.recv_routed`` through pyzmq: the frames, and for a message whose first
-    frame starts with ``connect_kind`` (a CONNECT) ``(frames, srcfd, user_id)``; None when
-    nothing is waiting."""
+def recv_routed(router: zmq.Socket[bytes], connect_kind: int) -> Any:
+    """``_czmq.recv_routed`` through pyzmq, for the server's ROUTER: the frames, and for a
+    message of ``connect_kind`` (CONNECT) ``(frames, srcfd, user_id)``; None when nothing is
+    waiting."""
     raw = recv_frames(router)
     if raw is None:
         return None

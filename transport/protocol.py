@@ -7,6 +7,8 @@ the protocol version (u8, 3):
 * ``CONNECT`` / ``CONNECT_ACK``: kind, version, then a UTF-8 JSON object (client info /
   server info);
 * ``HEARTBEAT``: kind and version only;
+* ``RECONNECT``: kind and version only; the server's answer to a HEARTBEAT or REQUEST from a
+  peer it does not know (dropped after a heartbeat timeout): "connect again, now";
 * ``REQUEST`` / ``REPLY``: kind, the header (``rda.serialization`` ``encode_header``, whose
   first byte is the version), the body table (u8 count, one kind byte per body, one u32 length
   per body), then the small bodies back to back; each body of ``LARGE_BODY`` bytes or more is
@@ -51,12 +53,14 @@ __all__ = [
     "Incoming",
     "Kind",
     "ProtocolEvent",
+    "Reconnect",
     "UnsupportedVersion",
     "decode_frames",
     "encode_connect",
     "encode_connect_ack",
     "encode_heartbeat",
     "encode_message",
+    "encode_reconnect",
     "encode_refusal",
     "encode_routed",
     "encode_tail",
@@ -79,10 +83,13 @@ class Kind(enum.IntEnum):
     CONNECT_ACK = 0x01
     REPLY = 0x02
     SERVER_HEARTBEAT = 0x03
+    # Not RDA3's: "I do not know this connection (any more): send CONNECT again". A client of
+    # version 3 from before it drops an unknown kind, so the version did not change for it.
+    RECONNECT = 0x04
 
 
 CLIENT_KINDS = frozenset({Kind.CONNECT, Kind.REQUEST, Kind.HEARTBEAT})
-SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT})
+SERVER_KINDS = frozenset({Kind.CONNECT_ACK, Kind.REPLY, Kind.SERVER_HEARTBEAT, Kind.RECONNECT})
 _KINDS = {int(k): k for k in Kind}
 _KIND_FRAMES = {k: bytes([k]) for k in Kind}
 _REPLY_FRAME = bytes([Kind.REPLY])
@@ -90,8 +97,11 @@ _HEARTBEATS = {
     True: bytes([Kind.SERVER_HEARTBEAT, PROTOCOL_VERSION]),
     False: bytes([Kind.HEARTBEAT, PROTOCOL_VERSION]),
 }
+_RECONNECT = bytes([Kind.RECONNECT, PROTOCOL_VERSION])
+# Two bytes, kind and version: the messages that carry nothing else.
+_BARE = frozenset({Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT, Kind.RECONNECT})
 # Version 1 put a version byte first in frame 1 of every kind but the heartbeats.
-_VERSIONED_V1 = frozenset(Kind) - {Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT}
+_VERSIONED_V1 = frozenset(Kind) - _BARE
 _BODY_KINDS = {int(k): k for k in BodyKind}
 
 # A body of this many bytes or more travels as its own frame after the packed one: copying it
@@ -144,17 +154,27 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class Reconnect:
+    """The server does not know this connection (it dropped it, e.g. after a heartbeat timeout
+    while this process was paused): the client must connect again at once."""
+
+
+@dataclass(frozen=True, slots=True)
 class Incoming:
     """A REQUEST (at the server) or a REPLY (at the client): header parsed, body lazy."""
 
     message: Message
 
 
-ProtocolEvent = Connect | ConnectAck | Heartbeat | Incoming
+ProtocolEvent = Connect | ConnectAck | Heartbeat | Reconnect | Incoming
 
 
 def encode_heartbeat(from_server: bool) -> list[bytes]:
     return [_HEARTBEATS[from_server]]
+
+
+def encode_reconnect() -> list[bytes]:
+    return [_RECONNECT]
 
 
 def _encode_handshake(kind: Kind, info: dict[str, Any]) -> list[bytes]:
@@ -411,12 +431,11 @@ def decode_frames(
     if kind not in allowed:
         side = "a server" if from_server else "a client"
         raise ProtocolError(f"{kind.name} may not be sent by {side}")
-    if kind in (Kind.HEARTBEAT, Kind.SERVER_HEARTBEAT):
+    if kind in _BARE:
         if len(frames) != 1 or len(first) != 2:
-            raise DecodeError(
-                f"HEARTBEAT is {len(frames)} frame(s) of {size} bytes, expected 1 of 2"
-            )
-        return Heartbeat()
+            name = "RECONNECT" if kind is Kind.RECONNECT else "HEARTBEAT"
+            raise DecodeError(f"{name} is {len(frames)} frame(s) of {size} bytes, expected 1 of 2")
+        return Reconnect() if kind is Kind.RECONNECT else Heartbeat()
     if kind is Kind.CONNECT:
         return Connect(_decode_handshake(frames, kind))
     return ConnectAck(_decode_handshake(frames, kind))

@@ -34,6 +34,8 @@ class ConnEvent(enum.Enum):
     CONNECT_RECEIVED = "connect received"  # server: a new peer introduced itself
     ACK_RECEIVED = "connect_ack received"  # client: the server accepted
     ACK_REFUSED = "connect_ack refused"  # client: the server refused (e.g. version)
+    # client: the server does not know this connection any more (RECONNECT): connect again
+    RECONNECT_RECEIVED = "reconnect received"
     HEARTBEAT_TIMEOUT = "heartbeat timeout"  # nothing heard for heartbeat_timeout
     PEER_GONE = "peer gone"  # TCP connection closed (socket monitor)
     LOCAL_CLOSE = "local close"  # this side closed or dropped the peer
@@ -49,6 +51,7 @@ TRANSITIONS: dict[tuple[ConnState, ConnEvent], ConnState] = {
     # A client that reconnects under the same routing id re-introduces itself.
     (ConnState.CONNECTED, ConnEvent.CONNECT_RECEIVED): ConnState.CONNECTED,
     (ConnState.CONNECTED, ConnEvent.HEARTBEAT_TIMEOUT): ConnState.CLOSED,
+    (ConnState.CONNECTED, ConnEvent.RECONNECT_RECEIVED): ConnState.CLOSED,
     (ConnState.CONNECTED, ConnEvent.PEER_GONE): ConnState.CLOSED,
     (ConnState.CONNECTED, ConnEvent.LOCAL_CLOSE): ConnState.CLOSED,
     (ConnState.CLOSED, ConnEvent.LOCAL_CLOSE): ConnState.CLOSED,

@@ -36,6 +36,7 @@ from rda.transport._handshake import handshake_failure
 from rda.transport._mailbox import Mailbox, Wakeup
 from rda.transport._peers import (
     CLOSED_LOCALLY,
+    FORGOTTEN,
     HANDSHAKE_REFUSED,
     HEARTBEAT_TIMEOUT,
     NO_CONNECT_ACK,
@@ -45,6 +46,7 @@ from rda.transport._peers import (
     rda_version,
     refused_reason,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -56,6 +58,7 @@ from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
     Incoming,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -131,6 +134,8 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
         # Wake-ups handed to ``wake_later`` on the dispatcher, set before it polls again.
         self._wakes: list[Wakeup] = []
         self._lanes: Lanes | None = None
+        # What a server sends can make us log: one line per kind per second (``_ratelog``).
+        self._peer_log = RateLimitedLog(log, clock=clock)
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -433,7 +438,9 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                 event = decode_frames(frames, from_server=True, max_size=max_size)
             except (DecodeError, ProtocolError) as exc:
                 self._decode_errors += 1
-                log.warning("dropped a bad message from %s: %s", c.endpoint, exc)
+                self._peer_log.log(
+                    "bad messages", "dropped a bad message from %s: %s", c.endpoint, exc
+                )
                 continue
             if type(event) is Incoming:
                 if c.state is ConnState.CONNECTED:
@@ -452,9 +459,15 @@ class ZmqClientTransport(common.DispatcherShell, ClientCounters):
                             self._handler_failed("on_message")
                 else:
                     self._decode_errors += 1
-                    log.warning("%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint)
+                    self._peer_log.log(
+                        "early replies", "%s sent a REPLY before CONNECT_ACK; dropped", c.endpoint
+                    )
             elif type(event) is ConnectAck:
                 self._on_ack(c, event.info)
+            elif type(event) is Reconnect and c.state is ConnState.CONNECTED:
+                # The server dropped us (we were paused past its heartbeat timeout): report
+                # the connection lost now, so the business layer connects and subscribes again.
+                self._drop(c, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)
             elif type(event) is not Heartbeat:
                 self._decode_errors += 1
             if self._closing or c.id not in self._conns:

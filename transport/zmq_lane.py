@@ -37,12 +37,15 @@ from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
 from rda.transport._curve import ClientCurve, apply_client
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, TransportSettings
-from rda.transport.protocol import ConnectAck, Incoming, decode_frames, encode_connect
+from rda.transport.protocol import ConnectAck, Incoming, Reconnect, decode_frames, encode_connect
 
 __all__ = ["WAIT_SLICE", "Lane", "Lanes"]
 
 log = logging.getLogger("rda.transport.lane")
+# Shared by every lane of the process: what a server sends is logged once per kind per second.
+_peer_log = RateLimitedLog(log)
 
 # How often a waiting caller checks whether its request was ended by someone else. A reply
 # that comes in time never waits for it; a deadline or a disconnection is noticed this late.
@@ -161,7 +164,9 @@ class Lane:
                 event = decode_frames(frames, from_server=True, max_size=max_size)
             except (DecodeError, ProtocolError) as exc:
                 self.decode_errors += 1
-                log.warning("dropped a bad message from %s: %s", self.address, exc)
+                _peer_log.log(
+                    "bad messages", "dropped a bad message from %s: %s", self.address, exc
+                )
                 continue
             if type(event) is Incoming:
                 message = event.message
@@ -170,6 +175,8 @@ class Lane:
                 self.stale += 1
             elif type(event) is ConnectAck and "error" in event.info:
                 raise TransportError(f"{self.address} refused the lane: {event.info['error']}")
+            elif type(event) is Reconnect:
+                self.last_used = -float("inf")  # forgotten: the next call introduces itself
             # A CONNECT_ACK or a heartbeat: nothing to do.
 
     def close(self, timeout: float) -> bool:

@@ -26,13 +26,14 @@ import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ServerCurve, ZapHandler, apply_server
+from rda.transport._curve import ServerCurve, ZapHandler, apply_server, authenticated_info
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
 from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
     PEER_GONE,
+    RECONNECT_FRAMES,
     RECONNECTED,
     BadInput,
     Peer,
@@ -40,10 +41,13 @@ from rda.transport._peers import (
     connect_ack_info,
     heartbeat_round,
     peer_statistics,
+    probe_round,
     rda_version,
+    reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport._relay import Relay
 from rda.transport.api import (
     Buffer,
@@ -133,6 +137,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._curve = curve
         self._zap: ZapHandler | None = None
         self._relay = Relay(self._lead, "rda-server-dispatcher", settings.handover_after)
+        # Every line a remote peer can cause goes through it: one per kind per second.
+        self._peer_log = RateLimitedLog(log, clock=clock)
         ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
@@ -349,7 +355,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             if exc.errno == zmq.EHOSTUNREACH:
                 self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
             else:
-                log.warning("send to a peer failed: %s", exc)
+                self._peer_log.log("failed sends", "send to a peer failed: %s", exc)
                 self._dropped += 1
             return True
         self._messages_out += 1
@@ -404,7 +410,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for _ in range(common.BATCH):
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
             if direct is None or type(got) is int:
-                got = common.recv_routed_pyzmq(router, _CONNECT)
+                got = common.recv_routed(router, _CONNECT)
             if got is None:
                 self._poller.settle(router)
                 return
@@ -441,10 +447,14 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 if not self._relay.end():
                     return
             elif type(event) is Connect:
+                refused = reject_connect_info(event.info)
+                if refused is not None:
+                    self._reject(rid, refused)
+                    continue
                 fd, user_id = handshake
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:
-                    info = self._authenticated(info, user_id)
+                    info = authenticated_info(info, user_id, self._curve is not None)
                 self._on_connect(rid, info, fd, now)
             elif type(event) is Heartbeat and p is None:
                 self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
@@ -454,25 +464,17 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     def _reject(self, rid: bytes, bad: BadInput) -> None:
         """Drop a bad message: count, log, answer (best effort, never queued) if due."""
         self._count_bad_input(bad)
-        log.warning("dropped a bad message from peer %s: %s", rid.hex(), bad.error)
-        if bad.answer is not None:
+        self._peer_log.log(bad.kind, "dropped a bad message from peer %s: %s", rid.hex(), bad.error)
+        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
+            if answer is None:
+                continue
             assert self._router is not None
             self._poller.touch(self._router)
             try:
-                common.send_routed(self._router, rid, bad.answer)
+                common.send_routed(self._router, rid, answer)
                 self._messages_out += 1
             except zmq.ZMQError:
                 self._dropped += 1
-
-    def _authenticated(self, info: dict[str, Any], user_id: str | None) -> dict[str, Any]:
-        """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client
-        sent under that name is never believed."""
-        info = dict(info)
-        info.pop("authenticated_principal", None)
-        # No ZAP verdict on this connection cannot happen with ZAP_DOMAIN set: then absent.
-        if self._curve is not None and user_id is not None:
-            info["authenticated_principal"] = user_id
-        return info
 
     def _on_connect(self, rid: bytes, info: dict[str, Any], fd: int, now: float) -> None:
         self._gone.pop(rid, None)  # a client with a fixed routing id, back on a new connection
@@ -527,31 +529,25 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         asynchronous), so a probe that still succeeds is repeated after 1, 2, 4 ... 128 ms;
         if the peer is still routable after that, the heartbeat decides.
         """
+        probe = self._probe
+        self._probe_at = probe_round(self._suspects, self._peers, probe, _PROBE_FIRST, _PROBES, now)
+
+    def _probe(self, p: Peer, now: float) -> bool:
+        """A heartbeat to a suspect; False when the ROUTER forgot it (then dropped)."""
         assert self._router is not None
-        for rid, attempt in list(self._suspects.items()):
-            p = self._peers.get(rid)
-            if p is None:
-                del self._suspects[rid]
-                continue
-            self._poller.touch(self._router)
-            try:
-                common.send_routed(self._router, rid, _HEARTBEAT_FRAMES)
-                p.heartbeat.last_sent = now
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    del self._suspects[rid]
-                    self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
-                    continue
-            if attempt >= _PROBES:
-                del self._suspects[rid]
-            else:
-                self._suspects[rid] = attempt + 1
-        self._probe_at = (
-            now + _PROBE_FIRST * 2 ** min(self._suspects.values()) if self._suspects else None
-        )
+        self._poller.touch(self._router)
+        try:
+            common.send_routed(self._router, p.rid, _HEARTBEAT_FRAMES)
+            p.heartbeat.last_sent = now
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
+                return False
+        return True
 
     def _check_heartbeats(self, now: float) -> None:
         self._next_check = heartbeat_round(self._peers, now, self, self._ping, self._drop)
+        self._peer_log.flush()
 
     def _ping(self, p: Peer) -> bool:
         return self._write(p, _HEARTBEAT_FRAMES)
@@ -592,6 +588,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         for p in list(self._peers.values()):
             self._drop(p, CLOSED_LOCALLY)
         self._close_mailbox()
+        self._peer_log.flush()
         if self._zap is not None:
             self._zap.close()
         if self._router is not None:

@@ -57,6 +57,12 @@ __all__ = ["bench", "load_server", "serve"]
     help="Authorization policy (TOML); re-read on SIGHUP and by `rda admin reload-policy`.",
 )
 @click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Accept a --policy (at start and on SIGHUP) that would lock everyone out: no rules, "
+    "or nobody left who may reload it (docs/security.md).",
+)
+@click.option(
     "--trust-declared-principals",
     is_flag=True,
     help="Believe the principal a client declares (RDA_PRINCIPAL). Test stands only.",
@@ -99,6 +105,7 @@ def serve(
     metrics_port: int | None,
     duration: float | None,
     policy_file: Path | None,
+    allow_empty: bool,
     trust_declared_principals: bool,
     as_json: bool,
     replace: bool,
@@ -123,20 +130,20 @@ def serve(
         server.replace(replace)
         if metrics_port is not None:
             server.metrics_port(metrics_port)
-        _authorization(server, policy_file, trust_declared_principals)
+        _authorization(server, policy_file, trust_declared_principals, allow_empty)
         server = server.build()
     elif replace:
         raise CliError(
             f"{target} is an already built Server: --replace needs a builder", ExitCode.USAGE
         )
-    elif policy_file is not None or trust_declared_principals:
+    elif policy_file is not None or trust_declared_principals or allow_empty:
         raise CliError(
-            "an already built Server decided its own authorization: --policy and "
-            "--trust-declared-principals need a ServerBuilder, a Device or demo",
+            "an already built Server decided its own authorization: --policy, --allow-empty "
+            "and --trust-declared-principals need a ServerBuilder, a Device or demo",
             ExitCode.USAGE,
         )
     stop = threading.Event()
-    previous = _install_signal_handlers(stop, server)
+    previous = _install_signal_handlers(stop, server, allow_empty)
     try:
         server.start()
         if metrics_port is not None:
@@ -279,19 +286,23 @@ def _announce(server: Server, as_json: bool) -> None:
 _Handler = Any
 
 
-def _authorization(builder: ServerBuilder, policy_file: Path | None, trust: bool) -> None:
+def _authorization(
+    builder: ServerBuilder, policy_file: Path | None, trust: bool, allow_empty: bool
+) -> None:
     if trust:
         builder.trust_declared_principals()
     if policy_file is None:
         return
     try:
-        builder.policy(policy_file)
+        builder.policy(policy_file, allow_empty=allow_empty)
     except PolicyError as exc:
         # The server does not start with a broken policy: one line naming file and fault.
         raise CliError(str(exc), ExitCode.USAGE) from None
 
 
-def _install_signal_handlers(stop: threading.Event, server: Server) -> dict[int, _Handler]:
+def _install_signal_handlers(
+    stop: threading.Event, server: Server, allow_empty: bool = False
+) -> dict[int, _Handler]:
     """SIGINT/SIGTERM set ``stop``; SIGHUP re-reads the policy file of a server that has one
     (only possible from the main thread; else Ctrl-C only)."""
     if threading.current_thread() is not threading.main_thread():
@@ -305,15 +316,15 @@ def _install_signal_handlers(stop: threading.Event, server: Server) -> dict[int,
         previous[sig] = signal.signal(sig, handler)
     if server.policy_file is not None:
         previous[signal.SIGHUP] = signal.signal(
-            signal.SIGHUP, lambda signum, frame: _reload(server)
+            signal.SIGHUP, lambda signum, frame: _reload(server, allow_empty)
         )
     return previous
 
 
-def _reload(server: Server) -> None:
+def _reload(server: Server, allow_empty: bool) -> None:
     """SIGHUP: reload atomically; a broken file is reported and the old policy stays."""
     try:
-        policy = server.reload_policy()
+        policy = server.reload_policy(allow_empty=allow_empty)
     except PolicyError as exc:
         click.echo(f"{server.name}: policy NOT reloaded, the old one stays: {exc}", err=True)
         return

@@ -22,13 +22,24 @@ __all__ = ["Backoff", "BackoffPolicy"]
 
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
-    """Delays in seconds: ``initial * factor**n``, capped at ``maximum``, minus up to
-    ``jitter`` of itself (0 <= jitter < 1)."""
+    """Delays in seconds: ``initial * factor**n``, capped, minus up to ``jitter`` of itself
+    (0 <= jitter < 1). The cap is ``restart_cap`` for the first ``restart_window`` seconds of
+    an outage (the delays so far add up to less), ``maximum`` after that.
+
+    Why two caps (issue 27): a server killed and restarted is usually listening again within
+    a few seconds, and a client waits for the back-off step in progress: with steps grown to
+    1-2 s, 2,000 subscriptions resumed 0.7 s (p50) and up to 1.9 s after the new server
+    listened. Steps of at most 0.25 s in the first 10 s bound that wait; a refused connect to a
+    host that is up costs one SYN/RST, and after the window an outage that lasts gets the
+    slow schedule again.
+    """
 
     initial: float = 0.02
     maximum: float = 2.0
     factor: float = 2.0
     jitter: float = 0.25
+    restart_cap: float = 0.25
+    restart_window: float = 10.0
 
     def __post_init__(self) -> None:
         if self.initial <= 0:
@@ -41,17 +52,29 @@ class BackoffPolicy:
             raise ValueError(f"back-off factor must be at least 1, got {self.factor}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.restart_cap <= 0 or self.restart_window < 0:
+            raise ValueError(
+                f"restart_cap must be positive and restart_window >= 0, got "
+                f"{self.restart_cap} and {self.restart_window}"
+            )
 
     def nominal(self, attempt: int) -> float:
         """The un-jittered delay before attempt number ``attempt`` (0-based), capped."""
-        # Compare exponents rather than computing factor**attempt for large attempts: after a
-        # long outage ``attempt`` keeps growing and the power would overflow a float.
-        delay = self.initial
-        for _ in range(attempt):
-            delay *= self.factor
-            if delay >= self.maximum:
+        # Step by step: which cap applies depends on the time waited so far. Once past the
+        # window and at ``maximum`` every later step is ``maximum``: return early, so a long
+        # outage (``attempt`` keeps growing) costs a few dozen steps, never a power overflow.
+        waited = 0.0
+        grown = self.initial
+        for n in range(attempt + 1):
+            in_window = waited < self.restart_window
+            step = min(grown, self.restart_cap if in_window else self.maximum, self.maximum)
+            if n == attempt:
+                break
+            waited += step
+            grown = min(grown * self.factor, self.maximum)
+            if not in_window and grown >= self.maximum:
                 return self.maximum
-        return min(delay, self.maximum)
+        return step
 
 
 class Backoff:

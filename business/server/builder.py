@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from rda.business.config import Config
 from rda.business.directory import Registry, default_registry
-from rda.business.policy import Policy
+from rda.business.policy import Policy, check_lockout
 from rda.business.scheduler import InlineRule, OverflowPolicy
 from rda.business.server.devices import Device, DeviceRouter
 from rda.business.server.requests import RequestReplyCallback
@@ -210,16 +210,18 @@ class ServerBuilder:
         self._security = security
         return self
 
-    def policy(self, policy: Policy | str | Path | None) -> Self:
+    def policy(self, policy: Policy | str | Path | None, allow_empty: bool = False) -> Self:
         """Authorize every get, set, subscribe and admin request by ``policy`` (a
         :class:`~rda.business.policy.Policy` or a TOML file; default deny for what its rules do
-        not allow). A file is loaded here (a broken one raises ``PolicyError`` now) and is what
+        not allow). A file is loaded here (a broken one raises ``PolicyError`` now, and so does
+        one without rules unless ``allow_empty``: docs/security.md) and is what
         :meth:`Server.reload_policy` re-reads. None: no authorization (everything allowed)."""
         if policy is None or isinstance(policy, Policy):
             self._policy, self._policy_file = policy, None
         else:
             self._policy_file = Path(policy)
-            self._policy = Policy.from_toml(self._policy_file)
+            loaded = Policy.from_toml(self._policy_file)
+            self._policy = check_lockout(loaded, self.name, None, allow_empty)
         return self
 
     def trust_declared_principals(self, trust: bool = True) -> Self:

@@ -51,8 +51,10 @@ from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
     ServerRequest,
+    client_timeout,
     describe_error,
     new_request,
+    timeout_error,
 )
 from rda.business.server.statistics import RequestCounters
 from rda.business.server.subscriptions import (
@@ -74,6 +76,7 @@ from rda.serialization.errors import (
     RdaError,
     TimeoutError,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, ServerTransport
 from rda.transport.protocol import Kind, encode_routed
 
@@ -149,6 +152,8 @@ class Dispatch:
         self.policy = policy
         self._trust_declared = trust_declared
         self._denials = DenialLog(clock)
+        # Lines a client can cause (its requests make handlers fail): one per kind per second.
+        self._log = RateLimitedLog(log, clock=clock)
         self._transport: ServerTransport | None = None
         self._registry: SubscriptionRegistry | None = None
         # Set at stop: answers after that are dropped instead of sent to a closed transport.
@@ -289,7 +294,7 @@ class Dispatch:
     def _run(self, request: ServerRequest) -> None:
         """Worker: check the deadline, call the user callback, arm the deadline watcher."""
         try:
-            timeout = _client_timeout(request.message)
+            timeout = client_timeout(request.message)
         except DecodeError as exc:
             request._answer(None, exc)
             return
@@ -299,8 +304,11 @@ class Dispatch:
         if self._clock() >= deadline:
             # The client gave up while this waited in the queue: running it would be a
             # surprise (a set applied after the caller saw a timeout).
-            request._answer(None, _timeout_error(request, timeout, queued=True))
+            request._answer(None, timeout_error(request, timeout, queued=True))
             return
+        # Known before the handler runs: a synchronous handler that runs past it answers late
+        # (the watcher below is armed only when it returns), and _respond must know.
+        request.deadline = deadline
         rtype = request.header.request_type
         try:
             if rtype is RequestType.GET:
@@ -322,7 +330,7 @@ class Dispatch:
             cancel()
 
     def _expire(self, request: ServerRequest, timeout: float) -> None:
-        request._answer(None, _timeout_error(request, timeout, queued=False))
+        request._answer(None, timeout_error(request, timeout, queued=False))
 
     def _handler_raised(self, request: ServerRequest, exc: Exception) -> None:
         # A typed client error (unknown property, refused value) is the client's outcome, not
@@ -335,9 +343,11 @@ class Dispatch:
         if isinstance(exc, RdaError | PropertyValidationError):
             log.debug("%r: handler raised %r", request, exc)
         else:
-            log.info("%r: handler raised", request, exc_info=True)
+            self._log.log(
+                "handler errors", "%r: handler raised", request, exc_info=True, level=logging.INFO
+            )
         if not request._answer(None, exc):
-            log.warning("%r: handler raised after answering: %r", request, exc)
+            self._log.log("late errors", "%r: handler raised after answering: %r", request, exc)
 
     def _overload(self, request: ServerRequest) -> None:
         limit = self._scheduler.queue_limit
@@ -364,7 +374,9 @@ class Dispatch:
         except Exception as exc:
             outcome = outcome_of(exc)
             if outcome == "handler_error":
-                log.warning("admin command %r raised", header.device, exc_info=True)
+                self._log.log(
+                    "admin errors", "admin command %r raised", header.device, exc_info=True
+                )
                 self._counters.handler_error()
             frames = _error_frames(header, RequestType.EXCEPTION, exc)
         # Counted before the answer leaves, as in _respond.
@@ -378,6 +390,10 @@ class Dispatch:
     ) -> None:
         header = request.header
         rtype = header.request_type
+        now = self._clock()
+        if now >= request.deadline and not isinstance(error, TimeoutError):
+            self._late_answer(request, now)
+            return
         peer = request.client.peer
         frames: list[Buffer] | None = None
         if error is not None:
@@ -397,7 +413,9 @@ class Dispatch:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.
                 self._counters.handler_error()
-                log.warning("%r: reply could not be encoded", request, exc_info=True)
+                self._log.log(
+                    "unencodable replies", "%r: reply not encodable", request, exc_info=True
+                )
                 frames = _error_frames(header, RequestType.EXCEPTION, exc)
                 outcome = "handler_error"
             else:
@@ -410,7 +428,7 @@ class Dispatch:
             outcome = "ok"
         # Counted before the answer leaves: a client that has its reply finds it counted (the
         # worker would otherwise race the client's next look at the statistics).
-        took = self._clock() - request.received_at
+        took = now - request.received_at
         self._counters.record(_TYPE_NAMES[rtype], outcome, took, header.device, header.property)
         if frames is not None:
             self._send(peer, frames)
@@ -421,6 +439,22 @@ class Dispatch:
                 self._updates(header.device, header.property)
         elif rtype is RequestType.SUBSCRIBE:
             self._accepted(request)
+
+    def _late_answer(self, request: ServerRequest, now: float) -> None:
+        """A handler answered after the deadline (it ran past it): counted ``timeout`` and
+        ``late_completions``, not sent to a client that gave up; one that set no deadline of
+        its own (a subscribe) is still waiting and is told TimeoutError."""
+        self._counters.late_completion()
+        rtype = request.header.request_type
+        took = now - request.received_at
+        header = request.header
+        self._counters.record(_TYPE_NAMES[rtype], "timeout", took, header.device, header.property)
+        self._log.log("late answers", "%r answered past its deadline: not sent", request)
+        if request.message.timeout is None:
+            sub = rtype is RequestType.SUBSCRIBE
+            reply = RequestType.SUBSCRIBE_EXCEPTION if sub else RequestType.EXCEPTION
+            error = timeout_error(request, request.deadline - request.received_at, queued=False)
+            self._send_error(request.client.peer, request.header, reply, error)
 
     def _send_error(
         self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
@@ -434,7 +468,7 @@ class Dispatch:
         try:
             transport.send(peer, frames)
         except Exception:
-            log.warning("reply to %s could not be sent", peer.hex(), exc_info=True)
+            self._log.log("unsent replies", "reply to %s not sent", peer.hex(), exc_info=True)
 
     # -- subscriptions -----------------------------------------------------------------------
 
@@ -536,30 +570,9 @@ class Dispatch:
                 log.exception("subscription callback %r raised", callback)
 
         if not self._scheduler.submit(group, task):
-            log.warning("%s: queue full, %r not called for %r", group, callback, arg)
-
-
-# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
-# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
-# decodes each distinct one once instead of running the binary codec for every request.
-_TIMEOUTS: dict[bytes, float | None] = {}
-_TIMEOUTS_MAX = 256
-_TIMEOUT_FRAME_MAX = 64
-
-
-def _client_timeout(message: Message) -> float | None:
-    frame = message.frame(BodyKind.REQUEST_CONTEXT)
-    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
-        return message.timeout
-    key = bytes(frame)
-    try:
-        return _TIMEOUTS[key]
-    except KeyError:
-        pass
-    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
-    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
-        _TIMEOUTS[key] = timeout
-    return timeout
+            self._log.log(
+                "skipped callbacks", "%s: queue full, %r not called for %r", group, callback, arg
+            )
 
 
 def _deliver_immediate(
@@ -580,20 +593,5 @@ def _reply_frames(
     header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
 ) -> list[Buffer]:
     """The answer to the request with ``header``: it repeats the request's id and names."""
-    return encode_routed(
-        Kind.REPLY,
-        reply_type,
-        header.id,
-        header.device,
-        header.property,
-        header.selector,
-        body or (),
-    )
-
-
-def _timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
-    where = "waited in the queue past" if queued else "was not completed within"
-    return TimeoutError(
-        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
-        f"the client's deadline of {timeout:.3g} s"
-    )
+    h = header
+    return encode_routed(Kind.REPLY, reply_type, h.id, h.device, h.property, h.selector, body or ())

@@ -23,8 +23,9 @@ from rda.business.common import AcquiredData, stamped, stamped_data
 from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
-from rda.serialization._message import Message
-from rda.serialization.errors import NoSuchDeviceError, RemoteError
+from rda.serialization._message import BodyKind, Message
+from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError
+from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
     "AUTHENTICATED_PRINCIPAL",
@@ -39,11 +40,15 @@ __all__ = [
     "SetRequest",
     "SubscriptionRejected",
     "SubscriptionRequest",
+    "client_timeout",
     "describe_error",
     "new_request",
+    "timeout_error",
 ]
 
 log = logging.getLogger("rda.server")
+# A client choosing short deadlines makes handlers answer late: one line per second at most.
+_late_log = RateLimitedLog(log)
 
 Clock = Callable[[], float]
 
@@ -138,6 +143,7 @@ class ServerRequest:
         "_on_late",
         "_responder",
         "client",
+        "deadline",
         "message",
         "received_at",
     )
@@ -161,6 +167,9 @@ class ServerRequest:
         self._on_answer: Callable[[], None] | None = None
         # Counts answers that came too late (the server's statistics).
         self._on_late = on_late
+        # When the client gives up (server clock), set by the server before the handler runs:
+        # an answer after it is counted ``timeout`` and not sent (Dispatch._respond).
+        self.deadline = float("inf")
 
     def __repr__(self) -> str:
         h = self.header
@@ -229,7 +238,9 @@ class ServerRequest:
     def _late(self, what: str) -> None:
         if self._on_late is not None:
             self._on_late()
-        log.warning("%r: %s ignored, the request was already answered", self, what)
+        _late_log.log(
+            "late answers", "%r: %s ignored, the request was already answered", self, what
+        )
 
 
 class _Completable(ServerRequest):
@@ -341,6 +352,39 @@ def new_request(
     if rtype is RequestType.SUBSCRIBE:
         return SubscriptionRequest(message, client, received_at, responder, on_late=on_late)
     raise ValueError(f"no request object for {rtype.name}")
+
+
+# REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
+# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
+# decodes each distinct one once instead of running the binary codec for every request.
+_TIMEOUTS: dict[bytes, float | None] = {}
+_TIMEOUTS_MAX = 256
+_TIMEOUT_FRAME_MAX = 64
+
+
+def client_timeout(message: Message) -> float | None:
+    """The client's timeout of a request (None: it sent none); DecodeError for a bad frame."""
+    frame = message.frame(BodyKind.REQUEST_CONTEXT)
+    if frame is None or len(frame) > _TIMEOUT_FRAME_MAX:
+        return message.timeout
+    key = bytes(frame)
+    try:
+        return _TIMEOUTS[key]
+    except KeyError:
+        pass
+    timeout = message.timeout  # raises DecodeError for a bad frame: nothing is cached then
+    if len(_TIMEOUTS) < _TIMEOUTS_MAX:
+        _TIMEOUTS[key] = timeout
+    return timeout
+
+
+def timeout_error(request: ServerRequest, timeout: float, queued: bool) -> TimeoutError:
+    """The TimeoutError of a request the server did not answer by its deadline."""
+    where = "waited in the queue past" if queued else "was not completed within"
+    return TimeoutError(
+        f"{request.device}/{request.property}: {request.header.request_type.name} {where} "
+        f"the client's deadline of {timeout:.3g} s"
+    )
 
 
 class _Entry:

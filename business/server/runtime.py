@@ -347,11 +347,13 @@ class Server:
         if self._dispatch is not None:
             self._dispatch.set_policy(authorizer)
 
-    def reload_policy(self) -> Policy:
+    def reload_policy(self, allow_empty: bool = False) -> Policy:
         """Re-read the builder's policy file and put it in force. Atomic: a broken file raises
-        ``PolicyError`` (naming the file and the line at fault) and the old policy stays."""
+        ``PolicyError`` (naming the file and the line at fault) and the old policy stays; so
+        does a file that would lock everyone out (no rules, or nobody left who may
+        ``admin:reload-policy``) unless ``allow_empty``."""
         with self._reload_lock:
-            policy = reload_file(self._policy_file, self.name)
+            policy = reload_file(self._policy_file, self.name, self.policy, allow_empty)
             self.set_policy(policy)
         log.info("server %r: policy reloaded from %s", self.name, policy.source)
         return policy

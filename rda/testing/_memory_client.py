@@ -20,6 +20,7 @@ from rda.serialization.errors import DecodeError, ProtocolError
 from rda.testing._dispatch import Dispatcher, Link, frames_size
 from rda.transport._peers import (
     CLOSED_LOCALLY,
+    FORGOTTEN,
     HEARTBEAT_TIMEOUT,
     NO_CONNECT_ACK,
     ClientCounters,
@@ -27,6 +28,7 @@ from rda.transport._peers import (
     lost_reason,
     refused_reason,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -38,6 +40,7 @@ from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
     Incoming,
+    Reconnect,
     decode_frames,
     encode_connect,
     encode_heartbeat,
@@ -128,6 +131,7 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         )
         self._network = network
         self._handler = handler
+        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
         self._info = connect_info("memory")
         self._info.update(client_info or {})
@@ -222,14 +226,18 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
             )
         except (DecodeError, ProtocolError) as exc:
             self._decode_errors += 1
-            log.warning("dropped a bad message on connection %d: %s", c.id, exc)
+            self._peer_log.log(
+                "bad messages", "dropped a bad message on connection %d: %s", c.id, exc
+            )
             return
         if c.heartbeat is not None:
             c.heartbeat.received(item.stamp)
         if isinstance(event, Incoming):
             if c.state is not ConnState.CONNECTED:
                 self._decode_errors += 1
-                log.warning("REPLY before CONNECT_ACK on connection %d dropped", c.id)
+                self._peer_log.log(
+                    "early replies", "REPLY before CONNECT_ACK on connection %d dropped", c.id
+                )
                 return
             if self._on_messages is not None:
                 # As the ZeroMQ client: a batch-taking handler gets the replies of one batch
@@ -245,7 +253,9 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
                 self._handler_failed("on_message")
         elif isinstance(event, ConnectAck):
             self._on_ack(c, event.info, item.stamp)
-        elif isinstance(event, Heartbeat) and c.state is not ConnState.CONNECTED:
+        elif isinstance(event, Reconnect) and c.state is ConnState.CONNECTED:
+            self._drop(c, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)  # as the ZeroMQ client
+        elif not isinstance(event, Heartbeat) or c.state is not ConnState.CONNECTED:
             self._decode_errors += 1
 
     def _end_batch(self) -> None:

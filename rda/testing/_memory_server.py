@@ -22,6 +22,7 @@ from rda.transport._peers import (
     CLOSED_LOCALLY,
     HEARTBEAT_BEFORE_CONNECT,
     PEER_GONE,
+    RECONNECT_FRAMES,
     RECONNECTED,
     BadInput,
     Peer,
@@ -29,9 +30,11 @@ from rda.transport._peers import (
     connect_ack_info,
     heartbeat_round,
     peer_statistics,
+    reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
+from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -144,6 +147,7 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         self._network = network
         self._endpoint = endpoint
         self._handler = handler
+        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
         name = endpoint.removeprefix("mem://")
         self._info = connect_ack_info(name, "memory", settings, server_info)
@@ -260,6 +264,10 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
             except Exception:
                 self._handler_failed("on_message")
         elif isinstance(event, Connect):
+            refused = reject_connect_info(event.info)
+            if refused is not None:
+                self._reject(link, refused)
+                return
             self._on_connect(link, event.info, item.stamp)
         elif isinstance(event, Heartbeat) and p is None:
             self._reject(link, HEARTBEAT_BEFORE_CONNECT)
@@ -289,15 +297,16 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
     def _reject(self, link: Link, bad: BadInput) -> None:
         """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
         self._count_bad_input(bad)
-        log.warning("dropped a bad message from peer %r: %s", link.peer, bad.error)
-        if bad.answer is None:
-            return
-        # The sender may not be registered: best effort, never queued.
-        if self._network._server_send(link, bad.answer):
-            self._messages_out += 1
-            self._bytes_out += frames_size(bad.answer)
-        else:
-            self._dropped += 1
+        self._peer_log.log(bad.kind, "dropped a bad message from peer %r: %s", link.peer, bad.error)
+        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
+            if answer is None:
+                continue
+            # The sender may not be registered: best effort, never queued.
+            if self._network._server_send(link, answer):
+                self._messages_out += 1
+                self._bytes_out += frames_size(answer)
+            else:
+                self._dropped += 1
 
     def _send_to(self, peer: bytes, frames: Sequence[Buffer], key: int | None) -> None:
         p = self._peers.get(peer)
