@@ -1,7 +1,7 @@
 """The contestants of ``benchmarks/rpc.py``: raw pyzmq and rda, each behind one interface.
 
 A contestant is a client connected to its server (a thread of this process or a child
-process, ``rpc.py --serve raw|rda|rda_inline``) that can run every measure of the benchmark:
+process, ``rpc.py --serve raw|rda|rda_workers``) that can run every measure of the benchmark:
 ``round_trip(what)`` (one get or set, for the latency series), ``in_flight``, ``mib`` and
 ``subscribers``. ``rpc.py`` keeps every contestant of an arrangement connected for the whole
 run and alternates them measure by measure, and the latency series block by block, so that
@@ -9,7 +9,12 @@ each ratio compares passes made within seconds of each other on this shared mach
 
 * :class:`Raw`: a DEALER against :class:`RawServer` (a ROUTER answering pre-encoded bytes);
 * :class:`Rda`: a ``ClientService`` against an rda ``Server`` (:func:`rda_server`), whose
-  handlers run on workers (the default) or inline (declared non-blocking).
+  handlers start on the dispatcher (the default, handed over when long) or run on workers
+  (``inline_handlers(False)``); 64 in flight through ``get_async`` with completion callbacks,
+  subscriptions read by one consumer thread woken through ``set_wakeup``;
+* :class:`RdaUser`: the same client written the way docs/client.md shows a user: 64 in flight
+  as a window of ``get_async()`` futures waited on with ``result()``, subscriptions through
+  ``subscribe(listener=...)`` (the harness of issue 28, kept measured here).
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import zmq
-from _in_flight import gets_in_flight
+from _in_flight import IN_FLIGHT, gets_in_flight
 
 from rda.business.client.service import ClientService
 from rda.business.config import Config
@@ -223,9 +229,9 @@ def publish(server: Server, n: int) -> None:
             source.notify(Data(current=float(i)))
 
 
-def rda_server(port: int = 0, inline: bool = False) -> Server:
-    """The benchmark's server; ``inline``: handlers declared non-blocking run on the
-    dispatcher (``ServerBuilder.inline_handlers``), else on workers (the default)."""
+def rda_server(port: int = 0, inline: bool = True) -> Server:
+    """The benchmark's server; ``inline``: handlers start on the dispatcher (the default),
+    else they run on workers (``ServerBuilder.inline_handlers(False)``)."""
     handler = Handler()
     server = (
         ServerBuilder("BENCH")
@@ -299,6 +305,73 @@ class Rda:
 
     def close(self) -> None:
         self.client.close()
+
+
+class RdaUser(Rda):
+    """:class:`Rda` with the patterns a user writes from the docs (futures, listeners)."""
+
+    def in_flight(self, seconds: float) -> float:
+        ap = self.client.access_point("SCALAR", "Acquisition")
+        window = deque(ap.get_async() for _ in range(IN_FLIGHT))
+        done = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            window.popleft().result()
+            done += 1
+            window.append(ap.get_async())
+        elapsed = time.perf_counter() - t0
+        for future in window:
+            future.result()
+        return done / elapsed
+
+    def subscribers(self, count: int, updates: int) -> dict[str, Any]:
+        return rda_listeners(self.client, self._notify, count, updates)
+
+
+def rda_listeners(
+    client: ClientService, notify: Callable[[int], None], count: int, updates: int
+) -> dict[str, Any]:
+    """As :func:`rda_subscribers`, each subscription read by its ``listener``."""
+    received = [0] * count
+    gaps = [0] * count
+    firsts = [threading.Event() for _ in range(count)]
+    lasts = [threading.Event() for _ in range(count)]
+
+    def listener(i: int) -> Callable[[Any], None]:
+        def on(n: Any) -> None:
+            if n.update_type is UpdateType.FIRST:
+                firsts[i].set()
+                return
+            received[i] += 1
+            gaps[i] += n.gap
+            if n.seq >= updates + 1:
+                lasts[i].set()
+
+        return on
+
+    ap = client.access_point("SCALAR", "Acquisition")
+    subs = [ap.subscribe(listener=listener(i), queue_size=100_000) for i in range(count)]
+    for first in firsts:
+        assert first.wait(10)
+    stats0 = client.statistics()
+    t0 = time.perf_counter()
+    notify(updates)
+    for last in lasts:
+        last.wait(60)
+    elapsed = time.perf_counter() - t0
+    stats1 = client.statistics()
+    for sub in subs:
+        sub.close()
+    total = sum(received)
+    return {
+        "sent": updates * count,
+        "received": total,
+        "gaps": sum(gaps),
+        "dropped": stats1.dropped - stats0.dropped,
+        "uncounted_losses": updates * count - total - sum(gaps),
+        "updates_per_s": total / elapsed,
+    }
 
 
 def rda_subscribers(

@@ -295,7 +295,7 @@ def rda_structure(
     make_child: Callable[[str], Child], n: int, kind: str = "rda", notifications: bool = True
 ) -> dict[str, Any]:
     """Per get (and per notification unless ``notifications`` is False) against a
-    ``--serve kind`` child: ``rda`` (handlers on workers) or ``rda_inline``."""
+    ``--serve kind`` child: ``rda`` (handlers start on the dispatcher) or ``rda_workers``."""
     child = make_child(kind)
     client = ClientService(StaticDirectory({"*": child.endpoint}), Config(workers=2))
     try:

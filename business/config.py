@@ -132,6 +132,12 @@ class Config(BaseSettings):
         description="Server: messages ZeroMQ buffers for one client before the server's own "
         "queue for it takes over and its notifications are conflated (latest wins, counted).",
     )
+    handover_after: float = Field(
+        0.002,
+        ge=0,
+        description="Server: a get/set handler still running on the dispatcher after this "
+        "many seconds hands the dispatching to a standby thread; 0: no standby.",
+    )
     # Read by the rda CLI's client commands (get/set/subscribe/admin), like --key/--server-key.
     key_file: Path | None = Field(
         None, description="CURVE key pair file of the rda CLI as a client; None: no CURVE."
@@ -243,6 +249,7 @@ class Config(BaseSettings):
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_timeout=self.heartbeat_timeout,
             max_message_size=self.max_message_size,
+            handover_after=self.handover_after,
         )
 
 

@@ -133,6 +133,7 @@ class GroupTaskScheduler:
         self._dropped_oldest = 0
         self._dropped_newest = 0
         self._max_depth = 0
+        self._places = workers
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(workers)
@@ -201,14 +202,17 @@ class GroupTaskScheduler:
 
     def run_inline(self, group: str, task: Task) -> bool:
         """Run ``task`` now, in the calling thread, if ``group`` is idle; False (nothing run)
-        when the group has a task queued or running, or the scheduler is closed.
+        when the group has a task queued or running, when ``workers`` tasks run already, or
+        when the scheduler is closed.
 
-        The dispatcher's fast path for handlers declared non-blocking: no worker wake-up and
-        no hand-off back. While the task runs the group counts as running, so a task submitted
-        meanwhile queues behind it (per-group FIFO holds) and is taken by a worker after it.
+        The dispatcher's fast path: no worker wake-up and no hand-off back. While the task
+        runs the group counts as running, so a task submitted meanwhile queues behind it
+        (per-group FIFO holds) and is taken by a worker after it; and it takes one of the
+        ``workers`` places, so that no more than ``workers`` tasks ever run at once (a long
+        inline task keeps its place until it returns, while a standby thread dispatches).
         """
         with self._lock:
-            if self._closed or group in self._groups:
+            if self._closed or group in self._groups or self._running >= self._places:
                 return False
             entry = _Group(group)
             entry.running = True
@@ -223,8 +227,9 @@ class GroupTaskScheduler:
         finally:
             with self._lock:
                 self._finish(entry, ok)
-                # Tasks that arrived while it ran made the group ready: a worker must run them.
-                if entry.tasks and self._sleepers:
+                # Tasks that arrived while it ran made the group ready, or a worker waited
+                # for its place: a worker must run them.
+                if self._ready and self._sleepers:
                     self._sleepers.pop().release()
         return True
 
@@ -241,7 +246,8 @@ class GroupTaskScheduler:
                 if group is not None:
                     # Finishing one task and taking the next share one lock acquisition.
                     self._finish(group, ok)
-                while not self._ready:
+                # Waits also while every place is taken (inline tasks count: run_inline).
+                while not self._ready or self._running >= self._places:
                     if self._closed:
                         return
                     self._sleepers.append(wake)
@@ -375,22 +381,29 @@ def _call_on_drop(on_drop: Callable[[], None], group: str) -> None:
 
 
 class InlineRule:
-    """Which gets and sets a server may run on its dispatcher when their device group is idle
-    (``GroupTaskScheduler.run_inline``): all of them (``ServerBuilder.inline_handlers``) or
-    those whose ``device/property`` matches a glob pattern (``inline_properties``, and the
-    properties a ``Device`` declares ``blocking=False``). Only handlers that never block may
-    be named: while one runs, the server receives nothing.
+    """Which gets and sets a server runs on its dispatcher when their device group is idle
+    (``GroupTaskScheduler.run_inline``): by default all of them (optimistic: a handler that
+    takes long is left to finish on its thread while a standby thread takes over the
+    dispatching, ``rda.transport._relay``), none with ``everything=False`` except those whose
+    ``device/property`` matches one of ``patterns`` (glob), and never those that match one of
+    ``blocking`` (``ServerBuilder.blocking_properties``, ``Device`` properties declared
+    ``blocking=True``): those always run on a worker.
     """
 
-    __slots__ = ("_cache", "_patterns", "everything")
+    __slots__ = ("_blocking", "_cache", "_patterns", "everything")
 
     # Verdicts remembered per (device, property): a bounded cache, since clients choose names.
     CACHE_LIMIT = 4096
 
-    def __init__(self, everything: bool = False, patterns: Iterable[str] = ()) -> None:
+    def __init__(
+        self, everything: bool = True, patterns: Iterable[str] = (), blocking: Iterable[str] = ()
+    ) -> None:
         self.everything = everything
         self._patterns: tuple[tuple[str, str], ...] = tuple(
             _split_pattern(pattern) for pattern in patterns
+        )
+        self._blocking: tuple[tuple[str, str], ...] = tuple(
+            _split_pattern(pattern) for pattern in blocking
         )
         self._cache: dict[tuple[str, str], bool] = {}
 
@@ -398,23 +411,38 @@ class InlineRule:
         return self.everything or bool(self._patterns)
 
     def allows(self, device: str, prop: str) -> bool:
-        if self.everything:
+        if self.everything and not self._blocking:
             return True
         key = (device, prop)
         verdict = self._cache.get(key)
         if verdict is None:
-            verdict = any(
-                fnmatchcase(device, d) and fnmatchcase(prop, p) for d, p in self._patterns
+            verdict = not _matches(self._blocking, device, prop) and (
+                self.everything or _matches(self._patterns, device, prop)
             )
             if len(self._cache) < self.CACHE_LIMIT:
                 self._cache[key] = verdict
         return verdict
+
+    def declared_only(self) -> InlineRule:
+        """This rule without the optimism: only the properties named non-blocking (for a
+        transport that cannot hand a long handler over)."""
+        rule = InlineRule(False)
+        rule._patterns, rule._blocking = self._patterns, self._blocking
+        return rule
 
     def describe(self) -> bool | list[str]:
         """For the server's settings: True/False, or the patterns."""
         if self.everything or not self._patterns:
             return self.everything
         return [f"{d}/{p}" for d, p in self._patterns]
+
+    def describe_blocking(self) -> list[str]:
+        """For the server's settings: the patterns that always run on a worker."""
+        return [f"{d}/{p}" for d, p in self._blocking]
+
+
+def _matches(patterns: tuple[tuple[str, str], ...], device: str, prop: str) -> bool:
+    return any(fnmatchcase(device, d) and fnmatchcase(prop, p) for d, p in patterns)
 
 
 def _split_pattern(pattern: str) -> tuple[str, str]:

@@ -337,6 +337,41 @@ def test_a_listener_gets_a_batch_in_order_with_its_gaps(service: Fixture) -> Non
     assert dict(seen)[41] == 10
 
 
+def test_a_listener_drains_a_burst_in_one_task_and_its_backlog_is_bounded(
+    service: Fixture,
+) -> None:
+    # Issue 28: a listener used to cost one scheduler task (two closures, a lock, a queue
+    # entry) per notification; now the queue that poll reads feeds it, one task per burst,
+    # bounded by queue_size with drop-oldest counted as a gap, exactly as for poll.
+    client, transport = service
+    seen: list[tuple[int, int]] = []
+    entered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def listener(n: Notification) -> None:
+        if n.seq == 1:
+            entered.set()
+            assert release.wait(WAIT)  # the listener is slow: the next ones back up
+        seen.append((n.seq, n.gap))
+        if n.seq == 50:
+            done.set()
+
+    sub = client.access_point("PS1", "Acquisition").subscribe(listener=listener, queue_size=10)
+    stats0 = client.statistics()
+    on_messages(transport)(1, numbered(sub, [1]))
+    assert entered.wait(WAIT)
+    on_messages(transport)(1, numbered(sub, range(2, 51)))  # 49 behind a 10-slot queue
+    release.set()
+    assert done.wait(WAIT)
+    stats1 = client.statistics()
+    assert [s for s, _ in seen] == [1, *range(41, 51)]
+    assert dict(seen)[41] == 39  # the dropped ones show as the gap of the next one
+    assert stats1.dropped - stats0.dropped == 39
+    scheduler = client._scheduler
+    assert scheduler is not None
+    # Two bursts, two drain tasks (a third may run when the last put raced the drain's end).
+    assert scheduler.statistics().executed <= 3
+
+
 def test_an_exception_ending_a_batch_comes_after_the_updates_before_it(
     service: Fixture,
 ) -> None:

@@ -1,5 +1,7 @@
-"""Inline handlers (``ServerBuilder.inline_handlers``): a get or set runs on the transport's
-dispatcher when its device group is idle; per-group FIFO and the admin group still hold."""
+"""Inline handlers (``ServerBuilder.inline_handlers``, on by default): a get or set starts on
+the transport's dispatcher when its device group is idle; per-group FIFO and the admin group
+still hold; ``blocking`` declarations send a property to a worker always. What happens when
+such a handler takes long (the standby takes the lead) is in test_server_handover.py."""
 
 from __future__ import annotations
 
@@ -136,8 +138,9 @@ def start(inline: bool) -> tuple[Server, ClientService, ThreadRecorder]:
         .devices("D1", "D2")
         .directory(None)
         .workers(2)
-        .inline_handlers(inline)
     )
+    if not inline:
+        builder.inline_handlers(False)
     server = rda.admin.install(builder).build().start()
     client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
     return server, client, handler
@@ -149,6 +152,7 @@ def test_gets_and_sets_run_on_the_dispatcher_only_when_inline(inline: bool) -> N
     try:
         assert client.access_point("D1", "P").get().data["value"] == 1.0
         client.access_point("D1", "P").set(Data(value=2.0))
+        # The dispatcher threads are rda-server-dispatcher, -1, -2 ... (one leads at a time).
         expected = "rda-server-dispatcher" if inline else "rda-server-Inline-"
         assert len(handler.threads) == 2
         assert all(name.startswith(expected) for name in handler.threads), handler.threads
@@ -175,7 +179,7 @@ def test_inline_keeps_per_device_fifo_and_the_admin_group_independent() -> None:
         futures: list[Any] = [ap.get_async(selector=f"S{i}") for i in range(3)]
         # D2 is idle: inline, answered although D1 is busy.
         assert client.access_point("D2", "P").get().data["value"] == 1.0
-        assert handler.threads == ["rda-server-dispatcher"]
+        assert handler.threads[0].startswith("rda-server-dispatcher")
         # Admin requests are never inlined: answered by a worker while D1 stays busy.
         assert client.admin(server.endpoint, "ping", timeout=WAIT, echo="x")["echo"] == "x"
         assert not any(f.done() for f in futures)
@@ -200,6 +204,7 @@ def test_inline_properties_run_only_the_matching_device_properties_inline() -> N
         .request_reply(handler)
         .devices("PS1", "BPM1")
         .directory(None)
+        .inline_handlers(False)
         .inline_properties("PS*/Acquisition")
         .build()
         .start()
@@ -233,23 +238,53 @@ class Cached(Device):
         self.threads.append(threading.current_thread().name)
         return Data(value=1.0)
 
-    @Device.property("Hardware")
+    @Device.property("Hardware", blocking=True)
     def hardware(self, request: GetRequest) -> Data:
         self.threads.append(threading.current_thread().name)
         return Data(value=2.0)
 
 
-def test_a_device_property_declared_non_blocking_runs_inline() -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_declared_blocking_runs_on_a_worker_and_declared_non_blocking_inline(
+    inline: bool,
+) -> None:
     # A device name with glob characters matches only itself.
     device = Cached()
-    server = ServerBuilder("Dev").device("PS[1]*", device).directory(None).build().start()
+    builder = ServerBuilder("Dev").device("PS[1]*", device).directory(None)
+    server = builder.inline_handlers(inline).build().start()
     client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
     try:
         assert client.access_point("PS[1]*", "Cached").get().data["value"] == 1.0
         assert client.access_point("PS[1]*", "Hardware").get().data["value"] == 2.0
         assert device.threads[0] == "rda-server-dispatcher"
         assert device.threads[1].startswith("rda-server-Dev-")
-        assert server.settings()["inline_handlers"] == ["PS[[]1][*]/Cached"]
+        settings = server.settings()
+        assert settings["inline_handlers"] == (True if inline else ["PS[[]1][*]/Cached"])
+        assert settings["blocking_properties"] == ["PS[[]1][*]/Hardware"]
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_blocking_properties_always_run_on_a_worker() -> None:
+    handler = ThreadRecorder()
+    server = (
+        ServerBuilder("Blk")
+        .request_reply(handler)
+        .devices("PS1", "BPM1")
+        .directory(None)
+        .blocking_properties("BPM*/*")
+        .build()
+        .start()
+    )
+    client = ClientService(StaticDirectory({"*": server.endpoint}), Config(workers=1))
+    try:
+        client.access_point("PS1", "Acquisition").get()
+        client.access_point("BPM1", "Acquisition").get()
+        client.access_point("BPM1", "Acquisition").set(Data(value=1.0))
+        on_dispatcher = [name.startswith("rda-server-dispatcher") for name in handler.threads]
+        assert on_dispatcher == [True, False, False]
+        assert server.settings()["blocking_properties"] == ["BPM*/*"]
     finally:
         client.close()
         server.stop()
@@ -292,7 +327,6 @@ def test_a_set_that_notifies_on_the_dispatcher_never_waits_for_a_blocked_publish
         .request_reply(handler)
         .devices("*")
         .directory(None)
-        .inline_handlers(True)
         .transport(transport)
         .build()
     )

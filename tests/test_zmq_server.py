@@ -379,7 +379,9 @@ def test_heartbeat_expiry_with_a_fake_clock(ctx: Ctx) -> None:
 
 def test_back_pressure_blocks_a_worker_while_the_server_dispatcher_is_stalled(ctx: Ctx) -> None:
     hwm = 20
-    srv, rec = start_server(settings=TransportSettings(send_hwm=hwm), context=ctx)
+    # No standby: with one, a stalled handler no longer stalls the dispatching (_relay).
+    settings = TransportSettings(send_hwm=hwm, handover_after=0)
+    srv, rec = start_server(settings=settings, context=ctx)
     stall = threading.Event()
     entered = threading.Event()
     rec.echo = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.utils.z85
@@ -28,6 +29,7 @@ __all__ = [
     "ZapHandler",
     "apply_client",
     "apply_server",
+    "authenticated_info",
 ]
 
 log = logging.getLogger("rda.transport.security")
@@ -93,6 +95,17 @@ class ClientCurve:
                 "or register the server with its key in the directory"
             )
         return key
+
+
+def authenticated_info(info: dict[str, Any], user_id: str | None, curve: bool) -> dict[str, Any]:
+    """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client sent
+    under that name is never believed. No ZAP verdict on a connection cannot happen with
+    ZAP_DOMAIN set (``curve``): then absent."""
+    info = dict(info)
+    info.pop("authenticated_principal", None)
+    if curve and user_id is not None:
+        info["authenticated_principal"] = user_id
+    return info
 
 
 def apply_server(sock: zmq.Socket[bytes], curve: ServerCurve) -> None:

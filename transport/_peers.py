@@ -438,3 +438,24 @@ def connect_ack_info(
     }
     info.update(extra or {})
     return info
+
+
+def probe_round(
+    suspects: dict[bytes, int],
+    peers: Mapping[bytes, Peer],
+    probe: Callable[[Peer, float], bool],
+    first: float,
+    probes: int,
+    now: float,
+) -> float | None:
+    """One round of probes of the peers whose connection the monitor reported closed (the
+    server's ``_probe_suspects``); ``probe`` is False when the peer turned out forgotten (and
+    was dropped). A probe that still succeeds is repeated after ``first``, 2 x ``first`` ...
+    up to ``probes`` times; then the heartbeat decides. The next round's time, or None."""
+    for rid, attempt in list(suspects.items()):
+        p = peers.get(rid)
+        if p is None or not probe(p, now) or attempt >= probes:
+            del suspects[rid]
+        else:
+            suspects[rid] = attempt + 1
+    return now + first * 2 ** min(suspects.values()) if suspects else None

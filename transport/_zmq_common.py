@@ -427,11 +427,16 @@ class DispatcherShell(Counters, abc.ABC):
         deadline = time.monotonic() + limit
         mailbox.mark_closed()  # producers blocked on a full mailbox give up within 50 ms
         mailbox.wake(min(limit, 0.1))
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
+        if not self._join_dispatcher(thread, deadline):
             self._log.warning(
                 "%s dispatcher did not stop within %.1f s (a handler blocks?)", self._side, limit
             )
+
+    def _join_dispatcher(self, thread: threading.Thread, deadline: float) -> bool:
+        """Wait for the dispatcher to end (until the ``time.monotonic`` deadline); False when
+        it is still running."""
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return not thread.is_alive()
 
     def _begin_start(self) -> zmq.Context[zmq.Socket[bytes]]:
         """The context to open sockets in; refuses a second start or a start after close."""

@@ -53,6 +53,9 @@ class TransportSettings:
     max_message_size: int = 256 * 1024 * 1024
     # How long ``close`` waits for the dispatcher to finish.
     close_timeout: float = 2.0
+    # Server: a dispatcher inside a handler for longer than this hands its sockets to a
+    # standby thread, which becomes the dispatcher (``_relay``); 0 disables the standby.
+    handover_after: float = 0.002
     # Client: a connection still without CONNECT_ACK after this long is reported disconnected.
     connect_timeout: float = 5.0
 

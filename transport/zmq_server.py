@@ -1,9 +1,9 @@
-"""The server transport: one dispatcher thread over one ROUTER for every client.
+"""The server transport: one dispatcher at a time over one ROUTER for every client.
 
-Threading as the client (see ``zmq_client``): the thread ``rda-server-dispatcher`` owns the
-ROUTER and its monitor, and takes replies and notifications from worker threads out of its
-bounded mailbox (``_mailbox``; a producer blocks at 2 x ``send_hwm`` messages). docs/transport.md
-has the details:
+The dispatcher (first the thread ``rda-server-dispatcher``; a standby takes the lead when a
+handler it runs takes long: ``_relay``) owns the ROUTER and its monitor, and takes replies and
+notifications from other threads out of its bounded mailbox (``_mailbox``; a producer blocks
+at 2 x ``send_hwm`` messages). docs/transport.md has the details:
 
 * slow clients: non-blocking sends with ``ROUTER_MANDATORY``; on EAGAIN a message waits in that
   peer's bounded, conflating outbox (``_outbox``) and is retried on POLLOUT, with a backoff
@@ -26,7 +26,7 @@ import zmq
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ServerCurve, ZapHandler, apply_server
+from rda.transport._curve import ServerCurve, ZapHandler, apply_server, authenticated_info
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
 from rda.transport._peers import (
@@ -41,12 +41,14 @@ from rda.transport._peers import (
     connect_ack_info,
     heartbeat_round,
     peer_statistics,
+    probe_round,
     rda_version,
     reject_connect_info,
     reject_request_before_connect,
     reject_undecodable,
 )
 from rda.transport._ratelog import RateLimitedLog
+from rda.transport._relay import Relay
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -88,8 +90,6 @@ _CLOSE_LINGER_MS = 100
 # first) so that their last messages, still in the ROUTER when the monitor's verdict came
 # first, are dropped and counted instead of answered as "REQUEST before CONNECT".
 _GONE_REMEMBERED = 4096
-
-
 _CONNECT = int(Kind.CONNECT)
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
 
@@ -136,6 +136,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         self._probe_at: float | None = None
         self._curve = curve
         self._zap: ZapHandler | None = None
+        self._relay = Relay(self._lead, "rda-server-dispatcher", settings.handover_after)
         # Every line a remote peer can cause goes through it: one per kind per second.
         self._peer_log = RateLimitedLog(log, clock=clock)
         ServerCounters.__init__(self)
@@ -145,6 +146,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
     @property
     def endpoint(self) -> str:
         return self._endpoint
+
+    @property
+    def hands_over(self) -> bool:
+        """True: a long handler on the dispatcher is handed over (``_relay``, Dispatch.attach)."""
+        return self._settings.handover_after > 0
 
     def start(self) -> None:
         router = self._begin_start().socket(zmq.ROUTER)
@@ -183,8 +189,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
         if self._on_dispatcher():
-            self._deliver(peer, frames, conflate_key)
-            return
+            # A handler on the dispatcher: a standby may take the lead at any moment (_relay).
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    self._deliver(peer, frames, conflate_key)
+                    return
         mailbox = self._mailbox
         if mailbox is not None:
             mailbox.put((_SEND, peer, frames, conflate_key))
@@ -198,9 +207,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if not targets:
             return
         if self._on_dispatcher():
-            for peer, sub, header in targets:
-                self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
-            return
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    for peer, sub, header in targets:
+                        self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
+                    return
         mailbox = self._mailbox
         if mailbox is not None:
             # Never blocks (api.ServerTransport.publish): the notifier paced itself first.
@@ -208,8 +219,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def disconnect(self, peer: bytes) -> None:
         if self._on_dispatcher():
-            self._drop_rid(peer, CLOSED_LOCALLY)
-        elif self._mailbox is not None:
+            with self._relay.lock:
+                if self._on_dispatcher():
+                    self._drop_rid(peer, CLOSED_LOCALLY)
+                    return
+        if self._mailbox is not None:
             self._mailbox.put((_DISCONNECT, peer, None, None))
 
     def statistics(self) -> ServerTransportStatistics:
@@ -223,15 +237,32 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     # --------------------------------------------------------------- dispatcher thread
 
+    def _on_dispatcher(self) -> bool:
+        return threading.get_ident() == self._relay.leader
+
+    def _join_dispatcher(self, thread: threading.Thread, deadline: float) -> bool:
+        return self._relay.join(deadline)
+
     def _run(self) -> None:
-        self._thread_id = threading.get_ident()
+        self._relay.serve_first()
+
+    def _lead(self) -> bool:
+        """The dispatcher loop, on whichever thread leads: True once closed (after the
+        shutdown), False when a standby took the lead while this thread ran a handler."""
+        me = self._thread_id = threading.get_ident()
+        relay = self._relay
         mailbox, router, monitor = self._mailbox, self._router, self._monitor
         zap = None if self._zap is None else self._zap.socket
         assert mailbox is not None and router is not None
         poll = self._poller.poll
         try:
             while not self._closing:
-                for sock, event in poll(self._poll_timeout_ms()):
+                ready = poll(self._poll_timeout_ms())
+                if len(ready) > 1 and ready[-1][0] is mailbox:
+                    # Replies other threads completed go out before inline handlers answer
+                    # the requests read now: an inline reply must not overtake them.
+                    ready.insert(0, ready.pop())
+                for sock, event in ready:
                     try:
                         if sock is router:
                             # Plain ints: ``IntFlag & IntFlag`` is a Python-level call
@@ -253,6 +284,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                         # A bug must not take every client down: log it and keep serving.
                         self._internal_errors += 1
                         log.exception("server dispatcher: unexpected error; carrying on")
+                    if relay.leader != me:
+                        return False  # not one more socket operation: the lead moved on
                     if self._closing:
                         break
                 now = self._clock()
@@ -264,9 +297,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 if self._probe_at is not None and now >= self._probe_at:
                     self._probe_suspects(now)
         except Exception:
+            if relay.leader != me:
+                return False
             log.exception("server dispatcher failed; closing the transport")
-        finally:
-            self._shutdown()
+        self._shutdown()
+        return True
 
     def _poll_timeout_ms(self) -> int:
         deadline = self._next_check
@@ -404,10 +439,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 if p is None:
                     self._reject(rid, reject_request_before_connect(event.message.header.id))
                     continue
+                self._relay.begin()
                 try:
                     self._handler.on_message(rid, event.message)
                 except Exception:
                     self._handler_failed("on_message")
+                if not self._relay.end():
+                    return
             elif type(event) is Connect:
                 refused = reject_connect_info(event.info)
                 if refused is not None:
@@ -416,7 +454,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 fd, user_id = handshake
                 info = event.info
                 if "authenticated_principal" in info or self._curve is not None:
-                    info = self._authenticated(info, user_id)
+                    info = authenticated_info(info, user_id, self._curve is not None)
                 self._on_connect(rid, info, fd, now)
             elif type(event) is Heartbeat and p is None:
                 self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
@@ -437,16 +475,6 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 self._messages_out += 1
             except zmq.ZMQError:
                 self._dropped += 1
-
-    def _authenticated(self, info: dict[str, Any], user_id: str | None) -> dict[str, Any]:
-        """``info`` with the ZAP User-Id as ``authenticated_principal``; a value the client
-        sent under that name is never believed."""
-        info = dict(info)
-        info.pop("authenticated_principal", None)
-        # No ZAP verdict on this connection cannot happen with ZAP_DOMAIN set: then absent.
-        if self._curve is not None and user_id is not None:
-            info["authenticated_principal"] = user_id
-        return info
 
     def _on_connect(self, rid: bytes, info: dict[str, Any], fd: int, now: float) -> None:
         self._gone.pop(rid, None)  # a client with a fixed routing id, back on a new connection
@@ -501,28 +529,21 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         asynchronous), so a probe that still succeeds is repeated after 1, 2, 4 ... 128 ms;
         if the peer is still routable after that, the heartbeat decides.
         """
+        probe = self._probe
+        self._probe_at = probe_round(self._suspects, self._peers, probe, _PROBE_FIRST, _PROBES, now)
+
+    def _probe(self, p: Peer, now: float) -> bool:
+        """A heartbeat to a suspect; False when the ROUTER forgot it (then dropped)."""
         assert self._router is not None
-        for rid, attempt in list(self._suspects.items()):
-            p = self._peers.get(rid)
-            if p is None:
-                del self._suspects[rid]
-                continue
-            self._poller.touch(self._router)
-            try:
-                common.send_routed(self._router, rid, _HEARTBEAT_FRAMES)
-                p.heartbeat.last_sent = now
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    del self._suspects[rid]
-                    self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
-                    continue
-            if attempt >= _PROBES:
-                del self._suspects[rid]
-            else:
-                self._suspects[rid] = attempt + 1
-        self._probe_at = (
-            now + _PROBE_FIRST * 2 ** min(self._suspects.values()) if self._suspects else None
-        )
+        self._poller.touch(self._router)
+        try:
+            common.send_routed(self._router, p.rid, _HEARTBEAT_FRAMES)
+            p.heartbeat.last_sent = now
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
+                return False
+        return True
 
     def _check_heartbeats(self, now: float) -> None:
         self._next_check = heartbeat_round(self._peers, now, self, self._ping, self._drop)

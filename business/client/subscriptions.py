@@ -359,7 +359,10 @@ class Subscription:
         self._group = f"sub-{sub_id}"
         self._inbox = _Inbox(queue_size, counters)
         self._lock = threading.Lock()
-        self._listener_carry = 0
+        if listener is not None:
+            # A listener reads the same bounded queue as poll: one scheduler task per burst
+            # (the queue turned non-empty), not one per notification.
+            self._inbox.waker = self._wake_listener
         self._expected = 0  # next sequence number expected; 0: unknown (FIRST pending)
         self._ended = False  # no more notifications will come
         self._closed = False  # closed by the user or the service: discard what is queued
@@ -404,6 +407,7 @@ class Subscription:
         """Call ``callback`` (on the dispatcher thread: it must be fast and thread-safe) when a
         notification lands in an empty queue and when the subscription ends. For event-loop
         integration (``rda.aio``); then drain with ``poll_nowait``."""
+        self._check_pollable()
         self._inbox.waker = callback
 
     def __iter__(self) -> Iterator[Notification]:
@@ -494,11 +498,7 @@ class Subscription:
         if batch is None:
             return
         self._batch = None
-        if self.listener is None:
-            self._inbox.put_many(batch)
-            return
-        for entry in batch:
-            self._deliver(entry)
+        self._inbox.put_many(batch)
 
     def deliver_error(self, error: RdaError) -> None:
         """A locally detected problem (e.g. disconnection); the subscription lives on."""
@@ -545,46 +545,43 @@ class Subscription:
         if self.listener is None:
             self._inbox.put_wait(entry)
             return
-        self._listener_task(entry)()
+        notification = self._make(entry)
+        if notification is not None and not self._closed:
+            self._call_listener(notification)
 
     def count_dropped(self) -> None:
         self._counters.add_dropped()
 
     def _deliver(self, entry: Entry) -> None:
-        if self.listener is None:
-            self._inbox.put(entry)
-            return
-        gap = entry[1]
-        if not self._submit(self._group, self._listener_task(entry), self._dropped(gap)):
-            self._dropped(gap)()
+        self._inbox.put(entry)
 
-    def _dropped(self, gap: int) -> Callable[[], None]:
-        def on_drop() -> None:
-            with self._lock:
-                self._listener_carry += gap + 1
-            self._counters.add_dropped()
+    def _wake_listener(self) -> None:
+        """The queue turned non-empty (or ended): run the listener over it on the scheduler.
 
-        return on_drop
+        A refused submission (the client is closing) loses nothing that would be delivered;
+        an evicted one neither: the drain task queued after it finds the same entries."""
+        self._submit(self._group, self._drain_to_listener, None)
 
-    def _listener_task(self, entry: Entry) -> Callable[[], None]:
-        def run() -> None:
-            if self._closed:
+    def _drain_to_listener(self) -> None:
+        """Scheduler task: every queued notification to the listener, in order. A put that
+        finds the queue empty while this runs queues another drain behind it (same group)."""
+        inbox = self._inbox
+        while not self._closed:
+            notification = self._make(inbox.get(0))
+            if notification is None:
                 return
-            payload, gap, seq = entry
-            with self._lock:
-                gap += self._listener_carry
-                self._listener_carry = 0
-            notification = self._make((payload, gap, seq))
-            assert notification is not None and self.listener is not None
-            try:
-                self.listener(notification)
-            except Exception:
-                self._counters.add_listener_error()
-                log.exception(
-                    "listener of subscription %s to %s/%s raised; the subscription continues",
-                    self.id,
-                    self.device,
-                    self.property,
-                )
+            self._call_listener(notification)
 
-        return run
+    def _call_listener(self, notification: Notification) -> None:
+        listener = self.listener
+        assert listener is not None
+        try:
+            listener(notification)
+        except Exception:
+            self._counters.add_listener_error()
+            log.exception(
+                "listener of subscription %s to %s/%s raised; the subscription continues",
+                self.id,
+                self.device,
+                self.property,
+            )

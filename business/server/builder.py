@@ -49,8 +49,9 @@ class ServerBuilder:
         self._config: Config | None = None
         self._overrides: dict[str, Any] = {}
         self._immediate = True
-        self._inline = False
+        self._inline = True
         self._inline_patterns: list[str] = []
+        self._blocking_patterns: list[str] = []
         self._directory: Registry | None = _UNSET
         self._replace = False
         self._transport: TransportFactory | None = None
@@ -83,11 +84,12 @@ class ServerBuilder:
         if name in self._devices:
             raise ValueError(f"device {name!r} is already served by this builder")
         self._devices[name] = device
-        self._inline_patterns.extend(
-            f"{_glob_escape(name)}/{_glob_escape(p.name)}"
-            for p in type(device).properties().values()
-            if not p.blocking
-        )
+        for p in type(device).properties().values():
+            pattern = f"{_glob_escape(name)}/{_glob_escape(p.name)}"
+            if p.blocking is False:
+                self._inline_patterns.append(pattern)
+            elif p.blocking is True:
+                self._blocking_patterns.append(pattern)
         return self
 
     def devices(self, *names: str) -> Self:
@@ -125,20 +127,35 @@ class ServerBuilder:
         return self
 
     def inline_handlers(self, enabled: bool = True) -> Self:
-        """Run gets and sets on the transport's dispatcher thread when their device has
-        nothing queued or running (no worker hop: lower latency). Only for handlers that never
-        block: while one runs, the server receives nothing, admin requests included."""
+        """On (the default): a get or set whose device has nothing queued or running starts on
+        the thread that received it (no worker hop); if it runs past ``handover_after``
+        (2 ms) a standby thread takes over the dispatching, so the server never stops
+        receiving (docs/server.md, "Threads and order"). Off: every get and set runs on a
+        worker, except :meth:`inline_properties` and properties declared ``blocking=False``."""
         self._inline = enabled
         return self
 
     def inline_properties(self, *patterns: str) -> Self:
-        """As :meth:`inline_handlers`, for some properties only: those whose
-        ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs, e.g. ``"PS*/Acquisition"``).
-        For servers where some handlers return a cached value and others wait on hardware.
-        A :class:`~rda.business.server.devices.Device` property declared ``blocking=False`` is added
-        by :meth:`device` itself."""
+        """With ``inline_handlers(False)``: still start these properties on the dispatcher,
+        those whose ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs, e.g.
+        ``"PS*/Acquisition"``). A :class:`~rda.business.server.devices.Device` property
+        declared ``blocking=False`` is added by :meth:`device` itself."""
         InlineRule(patterns=patterns)  # a malformed pattern fails here, at the call
         self._inline_patterns.extend(patterns)
+        return self
+
+    def handover_after(self, seconds: float) -> Self:
+        """How long a handler may run on the dispatcher before a standby thread takes over
+        the dispatching (``Config.handover_after``, default 2 ms; 0: never)."""
+        self._overrides["handover_after"] = seconds
+        return self
+
+    def blocking_properties(self, *patterns: str) -> Self:
+        """Always run these properties on a worker (handlers that wait on hardware): those
+        whose ``DEVICE/PROPERTY`` matches one of ``patterns`` (globs). A ``Device`` property
+        declared ``blocking=True`` is added by :meth:`device` itself."""
+        InlineRule(blocking=patterns)  # a malformed pattern fails here, at the call
+        self._blocking_patterns.extend(patterns)
         return self
 
     def immediate_updates(self, enabled: bool = True) -> Self:
@@ -256,7 +273,9 @@ class ServerBuilder:
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
             immediate_updates=self._immediate,
-            inline_handlers=InlineRule(self._inline, self._inline_patterns),
+            inline_handlers=InlineRule(
+                self._inline, self._inline_patterns, self._blocking_patterns
+            ),
             directory=directory,
             replace=self._replace,
             transport_factory=self._transport,

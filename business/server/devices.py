@@ -83,7 +83,7 @@ class DeviceProperty:
         getter: Getter,
         schema: type[BaseModel] | None = None,
         setter: Setter | None = None,
-        blocking: bool = True,
+        blocking: bool | None = None,
     ) -> None:
         if not name:
             raise ValueError("a device property needs a non-empty name")
@@ -91,8 +91,10 @@ class DeviceProperty:
         self.getter = getter
         self.schema = schema
         self.set_function = setter
-        # False: getter and setter never block (a cached value, a computation), so the
-        # server may run them on its dispatcher (ServerBuilder.inline_properties).
+        # True: getter or setter may block (waits on hardware): they always run on a worker.
+        # False: they never block (a cached value, a computation): they run on the dispatcher
+        # even with ServerBuilder.inline_handlers(False). None: the server's default
+        # (optimistic: on the dispatcher, handed over if it takes long; docs/server.md).
         self.blocking = blocking
         self.__doc__ = getter.__doc__
 
@@ -144,11 +146,13 @@ def _unknown_fields(schema: type[BaseModel], data: Data) -> list[str]:
 
 
 def prop(
-    name: str, schema: type[BaseModel] | None = None, *, blocking: bool = True
+    name: str, schema: type[BaseModel] | None = None, *, blocking: bool | None = None
 ) -> Callable[[Getter], DeviceProperty]:
     """Declare a device property from its getter (``Device.property`` is the same function).
-    ``blocking=False`` promises that its getter and setter never block: the server then runs
-    them on its dispatcher when the device is idle (no worker hop, docs/server.md)."""
+    ``blocking=True`` sends its getter and setter to a worker always (they wait on hardware);
+    ``blocking=False`` promises that they never block (run on the dispatcher even when the
+    server's ``inline_handlers`` is off); unset, the server's default applies (docs/server.md,
+    "Threads and order")."""
 
     def decorate(getter: Getter) -> DeviceProperty:
         return DeviceProperty(name, getter, schema, blocking=blocking)

@@ -1,9 +1,9 @@
 """The server's request/reply plumbing: from the transport's callback to the encoded answer.
 
 :class:`Dispatch` is the transport's ``ServerHandler``. Its ``on_*`` methods run on the
-dispatcher thread and do only constant-time work: look the peer up, build a request object,
-``scheduler.submit``. Everything that decodes a body or runs user code happens in a worker
-(``_run``) or in whichever thread answers the request (``_respond``).
+dispatcher thread: look the peer up, build a request, run a get or set at once when its
+device is idle (``run_inline``; a long one is handed over) or submit it to a worker
+(``_run``); whichever thread answers the request encodes the answer (``_respond``).
 
 Outcomes and their replies (docs/protocol.md, "Application messages"):
 
@@ -142,9 +142,9 @@ class Dispatch:
         self._clock = clock
         self._default_timeout = default_timeout
         self._immediate = immediate_updates
-        # Gets and sets run on the transport's dispatcher when their device group is idle
-        # (ServerBuilder.inline_handlers / inline_properties): those handlers never block.
-        self._inline = inline_handlers if inline_handlers else None
+        # Gets and sets start on the dispatcher when their device is idle (InlineRule; a long
+        # one is handed over: rda.transport._relay); Server narrows it for other transports.
+        self.inline = inline_handlers if inline_handlers else None
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
         # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
@@ -227,7 +227,7 @@ class Dispatch:
                 message, client, received_at, self._respond, self._counters.late_completion
             )
             run = partial(self._run, request)
-            inline = self._inline
+            inline = self.inline
             if (
                 inline is not None
                 and rtype is not RequestType.SUBSCRIBE

@@ -196,6 +196,10 @@ class Server:
         self._transport = transport
         self._registry = SubscriptionRegistry(transport)
         dispatch.attach(transport, self._registry)
+        if self._inline.everything and not getattr(transport, "hands_over", False):
+            # Nobody would dispatch while a long handler runs: only the declared ones inline.
+            self._inline = self._inline.declared_only()
+            dispatch.inline = self._inline or None
         for name, device in self._device_objects.items():
             device._attach(name, self._publisher(name))
         transport.start()
@@ -316,6 +320,7 @@ class Server:
             "request_timeout": c.request_timeout,
             "immediate_updates": self._immediate,
             "inline_handlers": self._inline.describe(),
+            "blocking_properties": self._inline.describe_blocking(),
             "metrics_port": self.metrics_port,
             "devices": list(self._devices),
         }
