@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test lint typecheck unit install java etcd prometheus bench clean demo cluster-check
+.PHONY: test lint typecheck unit install java etcd prometheus chromium bench clean demo cluster-check panel-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/python:
 # editable install builds serialization/_cbinary.*.so, transport/_cframe.*.so and
 # transport/_czmq.*.so in place).
 $(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx transport/_czmq.pyx | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,pipeline]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel]'
 	touch $(STAMP)
 
 # Spark (the pipeline extra) needs a Java runtime: install a headless JRE only when `java` is
@@ -46,7 +46,17 @@ etcd:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			etcd-server >/dev/null; }
 
-install: $(STAMP) java etcd
+# The panel's browser tests (tests/test_panel_browser.py) drive Debian's Chromium through
+# Playwright, which is told never to download a browser of its own: install the system one
+# only when it is missing, as for Java.
+chromium:
+	@[ -x /usr/bin/chromium ] || { \
+		echo "chromium not found: installing Debian's chromium"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null; }
+
+install: $(STAMP) java etcd chromium
 
 lint: install
 	$(BIN)/ruff check .
@@ -63,6 +73,14 @@ test: lint typecheck unit
 demo: install
 	BIN=$(BIN) bash examples/demo_cli.sh
 	$(BIN)/python examples/demo_session.py
+	@echo
+	@echo "See the demo in a browser (docs/panel.md):"
+	@echo "  $(BIN)/rda serve demo &   then   $(BIN)/rda panel --allow-set"
+	@echo "  and open http://127.0.0.1:8080/"
+
+# docs/panel/*.png: the screenshots docs/panel.md shows, taken by the browser tests.
+panel-screenshots: install
+	RDA_PANEL_SCREENSHOTS=docs/panel $(BIN)/pytest -q tests/test_panel_browser.py
 
 bench: install
 	$(BIN)/rda bench

@@ -136,9 +136,16 @@ def stats(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
 
 @command("devices")
 def devices(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
-    """The devices this server serves."""
+    """The devices this server serves and, for ``Device`` objects, their properties."""
     names = sorted(ctx.server.devices())
-    return {"count": len(names), "devices": names}
+    result: dict[str, Any] = {"count": len(names), "devices": names}
+    # Optional in the AdminServer protocol: a server without it lists names only.
+    properties = getattr(ctx.server, "properties", None)
+    if callable(properties):
+        result["properties"] = {
+            device: _records("properties", rows) for device, rows in properties().items()
+        }
+    return result
 
 
 class LogLevelArgs(pydantic.BaseModel):

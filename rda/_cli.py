@@ -3,7 +3,9 @@
 ``rda.admin`` must not import ``rda.pipeline`` (layer direction), so this facade module, which
 may import both, builds the full command: the admin group (``rda.admin.cli.main.cli``) gains
 ``record`` and ``compact`` (``rda.pipeline.recorder.cli``) and the ``history`` group
-(``rda.pipeline.history.cli``) when pyarrow is importable; without the extra they are absent.
+(``rda.pipeline.history.cli``) when pyarrow is importable, and ``panel`` (``rda.panel.cli``)
+when starlette, uvicorn and websockets are (extra ``[panel]``); without an extra its commands
+are absent.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ def build() -> click.Group:
         cli.add_command(record)
         cli.add_command(compact)
         cli.add_command(history)
+    panel_deps = ("starlette", "uvicorn", "websockets")
+    if all(importlib.util.find_spec(m) is not None for m in panel_deps) and (
+        "panel" not in cli.commands
+    ):
+        from rda.panel.cli import panel
+
+        cli.add_command(panel)
     return cli
 
 

@@ -22,6 +22,15 @@ settings.register_profile("rda", deadline=None)
 settings.load_profile("rda")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the item (``item.rep_call``...): a fixture's teardown reads
+    it to save evidence (screenshots, logs) only when the test failed."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RDA_DIRECTORY_FILE", str(tmp_path / "rda-directory.json"))

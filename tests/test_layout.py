@@ -10,6 +10,7 @@ Computed from the source, not from what happens to be imported at run time:
 * inside a layer, the sub-packages keep their own direction: the client and the server never
   import each other and the modules they share import neither; the recorder reads neither the
   history nor the streams; the CLI is reached only from the facade;
+* the web panel (``rda.panel``, extra ``[panel]``) is reached only from ``rda._cli``;
 * no module is longer than 600 lines.
 
 ``import_graph`` takes the root of a checkout so that the same check can be pointed at another
@@ -222,6 +223,17 @@ def test_sub_packages_keep_their_direction() -> None:
             if wrong:
                 bad[name] = wrong
     assert not bad, f"modules importing a sibling sub-package they must not: {bad}"
+
+
+def test_only_the_console_script_reaches_the_panel() -> None:
+    mods = modules(ROOT)
+    reaching = sorted(
+        name
+        for name, path in mods.items()
+        if not _within(name, {"rda.panel"})
+        and any(_within(t, {"rda.panel"}) for t in _rda_targets(path, mods))
+    )
+    assert reaching == ["rda._cli"]
 
 
 @pytest.mark.parametrize(

@@ -328,6 +328,17 @@ class Server:
     def devices(self) -> list[str]:
         return list(self._devices)
 
+    def properties(self) -> dict[str, list[dict[str, object]]]:
+        """Per device served as a ``Device``: its properties' names and whether each has a
+        setter (the admin ``devices`` command; devices behind raw callbacks are not listed)."""
+        return {
+            name: [
+                {"name": p.name, "writable": p.set_function is not None}
+                for p in sorted(device.properties().values(), key=lambda p: p.name)
+            ]
+            for name, device in sorted(self._device_objects.items())
+        }
+
     # -- authorization -----------------------------------------------------------------------
 
     @property

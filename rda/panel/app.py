@@ -1,0 +1,196 @@
+"""The panel's Starlette application and its uvicorn runner.
+
+Routes: ``/`` (the page), ``/static/...`` (plain ES modules, CSS, the vendored uPlot),
+``/api/tree`` (what the panel knows, as JSON), ``/api/history`` (a field's recorded past, with
+``--history``) and the WebSocket ``/ws`` (one per tab, ``rda.panel.session``). A background
+task refreshes the tree every ``REFRESH`` seconds and wakes the tabs when it changed.
+
+Every response carries a Content-Security-Policy that allows nothing but this origin: the page
+loads nothing from outside, and a WebSocket from a page of another origin is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from rda.panel.history import Past
+from rda.panel.session import PanelState, RenderCache, Session
+from rda.panel.source import PanelSource
+from rda.panel.views import describe_error
+from rda.serialization.errors import RdaError
+
+__all__ = ["REFRESH", "STATIC", "create_app", "serve"]
+
+log = logging.getLogger("rda.panel")
+
+STATIC = Path(__file__).parent / "static"
+REFRESH = 2.0
+_CSP = (
+    "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
+    "connect-src 'self'; frame-ancestors 'none'"
+)
+
+
+class _SecurityHeaders:
+    """Adds the Content-Security-Policy (and friends) to every HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"content-security-policy", _CSP.encode()))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"cache-control", b"no-store"))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _same_origin(websocket: WebSocket) -> bool:
+    """A browser always sends Origin; only a page served from this host may connect."""
+    origin = websocket.headers.get("origin")
+    host = websocket.headers.get("host")
+    if origin is None:
+        return True  # not a browser (a script, the benchmark): nothing cross-site to fear
+    return host is not None and origin.split("://", 1)[-1] == host
+
+
+def create_app(
+    source: PanelSource,
+    *,
+    allow_set: bool = False,
+    history: Past | None = None,
+    heartbeat_timeout: float = 10.0,
+    refresh: float = REFRESH,
+) -> Starlette:
+    """The panel as an ASGI application over ``source`` (which the app closes at shutdown)."""
+    state = PanelState(
+        source=source,
+        allow_set=allow_set,
+        history="" if history is None else history.kind,
+        heartbeat_timeout=heartbeat_timeout,
+        renders=RenderCache(),
+        tree=[],
+    )
+    sessions: set[Session] = set()
+
+    async def refresh_tree() -> None:
+        while True:
+            try:
+                tree = await asyncio.to_thread(source.discover)
+            except Exception:
+                log.exception("panel: discovering the servers failed")
+            else:
+                if tree != state.tree:
+                    state.tree = tree
+                    state.tree_version += 1
+                    for session in list(sessions):
+                        session.tree_changed()
+            await asyncio.sleep(refresh)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(refresh_tree(), name="rda-panel-discovery")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(source.close)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    async def tree(request: Request) -> Response:
+        return JSONResponse({"servers": state.tree, "version": state.tree_version})
+
+    async def past(request: Request) -> Response:
+        if history is None:
+            return JSONResponse({"error": "no history store (rda panel --history STORE)"}, 404)
+        q = request.query_params
+        try:
+            series = await asyncio.to_thread(
+                history.series,
+                q["device"],
+                q["property"],
+                q["field"],
+                float(q.get("minutes", "10")),
+                q.get("selector") or None,
+            )
+        except (KeyError, ValueError) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, 400)
+        except RdaError as exc:  # no recorder serves it, denied, unreachable: no past, say why
+            return JSONResponse({"error": describe_error(exc)}, 404)
+        except Exception as exc:  # a store that cannot be read: say so, keep serving
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
+        return JSONResponse(series)
+
+    async def ws(websocket: WebSocket) -> None:
+        if not _same_origin(websocket):
+            await websocket.close(code=1008, reason="cross-origin WebSocket refused")
+            return
+        session = Session(websocket, state)
+        sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            sessions.discard(session)
+
+    routes = [
+        Route("/", index),
+        Route("/api/tree", tree),
+        Route("/api/history", past),
+        WebSocketRoute("/ws", ws),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_SecurityHeaders)])
+
+
+def serve(
+    app: Starlette,
+    bind: str,
+    port: int,
+    announce: Callable[[str], Any] = print,
+) -> None:
+    """Serve ``app`` on ``bind:port`` (0: a free port) until SIGINT/SIGTERM; ``announce``
+    gets the URL once the socket is bound (before the first request can arrive)."""
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind, port))
+    sock.listen(128)  # before the URL is announced: a client may connect at once
+    host, actual = sock.getsockname()[:2]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio")
+    server = uvicorn.Server(config)
+    announce(f"http://{shown}:{actual}/")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,167 @@
+// rda panel: the tab's WebSocket, the device tree, and the open views.
+// The server pushes "tree" and "frames" messages; this module routes them.
+import { PropertyView } from "/static/view.js";
+import { StripChart } from "/static/chart.js";
+
+const state = {
+  socket: null,
+  hello: null,
+  views: new Map(),        // view id -> PropertyView
+  tree: [],
+  nextSet: 1,
+  pendingSets: new Map(),  // set id -> callback
+  collapsed: new Set(),    // devices the operator folded: the 2 s tree refresh keeps them so
+};
+const bench = new URLSearchParams(location.search).has("bench");
+window.rdaLatency = [];   // ms from the server's acquisition stamp to the painted value
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function send(message) {
+  if (state.socket && state.socket.readyState === WebSocket.OPEN) {
+    state.socket.send(JSON.stringify(message));
+  }
+}
+
+const chart = new StripChart(document.getElementById("chart"), {
+  open: (id, device, property, selector) =>
+    send({ op: "open", view: id, device, property, selector, series: true }),
+  close: (id) => send({ op: "close", view: id }),
+  history: () => state.hello && state.hello.history,
+});
+
+const api = {
+  send,
+  set(device, property, selector, values, done) {
+    const id = state.nextSet++;
+    state.pendingSets.set(id, done);
+    send({ op: "set", id, device, property, selector, values });
+  },
+  chart: (device, property, selector, field) => chart.add(device, property, selector, field),
+  reopen(view) { send({ op: "close", view: view.id }); view.open(); },
+  closed(view) { send({ op: "close", view: view.id }); state.views.delete(view.id); },
+  allowSet: () => state.hello && state.hello.allow_set,
+};
+
+function openView(device, property, writable) {
+  const id = `${device}/${property}`;
+  if (state.views.has(id)) { state.views.get(id).root.scrollIntoView(); return; }
+  const view = new PropertyView(id, device, property, writable, api);
+  state.views.set(id, view);
+  document.getElementById("views").append(view.root);
+  view.open();
+}
+
+function renderTree() {
+  const filter = document.getElementById("filter").value.trim().toLowerCase();
+  const box = document.getElementById("tree");
+  box.replaceChildren();
+  for (const server of state.tree) {
+    const facts = server.facts || {};
+    const parts = [];
+    if (facts.clients !== undefined) parts.push(`clients ${facts.clients}`);
+    if (facts.subscriptions !== undefined) parts.push(`subscriptions ${facts.subscriptions}`);
+    if (facts.request_rate !== undefined) parts.push(`${facts.request_rate} req/s`);
+    const node = el("div", { class: "server", "data-server": server.name },
+      el("div", { class: "server-head" },
+        el("span", {}, server.name),
+        el("span", { class: `badge state-${server.state}`, "data-testid": "server-state" },
+          server.state)),
+      el("div", { class: "facts" }, `${server.endpoint}${parts.length ? " · " : ""}${parts.join(" · ")}`));
+    if (server.error) node.append(el("div", { class: "server-error" }, server.error));
+    for (const device of server.devices) {
+      const props = device.properties.filter((p) =>
+        !filter || `${device.name}/${p.name}`.toLowerCase().includes(filter));
+      if (!props.length && !(filter && device.name.toLowerCase().includes(filter)) && filter) continue;
+      const list = el("ul", { class: "props" });
+      for (const p of props) {
+        list.append(el("li", {},
+          el("button", { type: "button", "data-prop": `${device.name}/${p.name}`,
+                         onclick: () => openView(device.name, p.name, p.writable) }, p.name),
+          p.writable ? el("span", { class: "rw" }, " rw") : ""));
+      }
+      const details = el("details", { class: "device", "data-device": device.name },
+        el("summary", {}, device.name), list);
+      details.open = filter !== "" || !state.collapsed.has(device.name);
+      details.addEventListener("toggle", () => {
+        if (details.open) state.collapsed.delete(device.name);
+        else state.collapsed.add(device.name);
+      });
+      node.append(details);
+    }
+    box.append(node);
+  }
+}
+
+function onFrames(frames) {
+  let painted = false;
+  for (const frame of frames) {
+    if (chart.owns(frame.view)) { chart.frame(frame); continue; }
+    const view = state.views.get(frame.view);
+    if (view) { view.frame(frame); painted = true; }
+  }
+  if (bench && painted) {
+    requestAnimationFrame(() => {
+      const now = performance.timeOrigin + performance.now();
+      for (const frame of frames) {
+        if (frame.context && frame.context.acq_stamp) {
+          window.rdaLatency.push(now - frame.context.acq_stamp / 1e6);
+        }
+      }
+    });
+  }
+}
+
+function setLink(text, cls) {
+  const link = document.getElementById("link");
+  link.textContent = text;
+  link.className = `badge state-${cls}`;
+}
+
+function connect() {
+  const socket = new WebSocket(`ws://${location.host}/ws`);
+  state.socket = socket;
+  socket.onopen = () => {
+    setLink("panel connected", "connected");
+    for (const view of state.views.values()) view.open();
+    chart.reopen();
+  };
+  socket.onmessage = (event) => {
+    const msg = JSON.parse(event.data);
+    if (msg.type === "hello") {
+      state.hello = msg;
+      document.getElementById("mode").textContent =
+        `${msg.allow_set ? "sets allowed" : "read-only"} · ` +
+        `heartbeat timeout ${msg.heartbeat_timeout} s · at most ${msg.max_fps} frames/s per view` +
+        (msg.history ? ` · history from the ${msg.history}` : "");
+    } else if (msg.type === "tree") {
+      state.tree = msg.servers;
+      renderTree();
+    } else if (msg.type === "frames") {
+      onFrames(msg.frames);
+    } else if (msg.type === "set_result") {
+      const done = state.pendingSets.get(msg.id);
+      state.pendingSets.delete(msg.id);
+      if (done) done(msg);
+    } else if (msg.type === "error") {
+      console.warn("panel:", msg.error);
+    }
+  };
+  socket.onclose = () => {
+    setLink("panel connection lost: retrying", "disconnected");
+    for (const view of state.views.values()) view.lost("the panel's WebSocket closed");
+    setTimeout(connect, 1000);
+  };
+}
+
+document.getElementById("filter").addEventListener("input", renderTree);
+connect();

@@ -1,0 +1,283 @@
+// One property view: a header that is green, red or grey; the value rendered from its fields;
+// the data context; update type, rate, folded updates and gaps; a set form with --allow-set.
+import uPlot from "/static/vendor/uplot/uPlot.esm.js";
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function stamp(ns) {
+  if (!ns) return "-";
+  const d = new Date(ns / 1e6);
+  return d.toISOString().replace("T", " ").replace("Z", "") + " UTC";
+}
+
+// Grey levels -> a blue-to-yellow colour map, painted on a canvas at the array's (reduced) size.
+function paintImage(canvas, field) {
+  canvas.width = field.width;
+  canvas.height = field.height;
+  const grey = Uint8Array.from(atob(field.pixels), (c) => c.charCodeAt(0));
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(field.width, field.height);
+  for (let i = 0; i < grey.length; i++) {
+    const g = grey[i] / 255;
+    img.data[4 * i] = Math.round(255 * Math.min(1, 2 * g));
+    img.data[4 * i + 1] = Math.round(255 * g);
+    img.data[4 * i + 2] = Math.round(255 * (1 - g));
+    img.data[4 * i + 3] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+}
+
+// A 1-D array as a line plot; decimated arrays come as min/max per pixel column.
+class ArrayPlot {
+  constructor(box) {
+    this.box = box;
+    this.plot = null;
+    this.shape = "";
+  }
+  update(field) {
+    const x = field.x || field.y.map((_, i) => i);
+    const series = field.x ? [field.min, field.max] : [field.y];
+    const shape = `${series.length}`;
+    const data = [x, ...series];
+    if (!this.plot || this.shape !== shape) {
+      if (this.plot) this.plot.destroy();
+      this.shape = shape;
+      const lines = field.x
+        ? [{ label: "min", stroke: "#1d4ed8" }, { label: "max", stroke: "#b3261e" }]
+        : [{ label: field.name, stroke: "#1d4ed8" }];
+      this.plot = new uPlot({
+        width: Math.max(300, this.box.clientWidth || 420), height: 140,
+        scales: { x: { time: false } }, legend: { show: false },
+        series: [{ label: "index" }, ...lines],
+      }, data, this.box);
+    } else {
+      this.plot.setData(data);
+    }
+  }
+}
+
+export class PropertyView {
+  constructor(id, device, property, writable, api) {
+    this.id = id;
+    this.device = device;
+    this.property = property;
+    this.writable = writable;
+    this.api = api;
+    this.selector = "";
+    this.cycles = new Set();
+    this.plots = new Map();
+    this.images = new Map();
+    this.lastFields = null;
+    this.formBuilt = false;
+    this.build();
+  }
+
+  build() {
+    this.head = el("div", { class: "view-head status-waiting", "data-testid": "view-head" });
+    this.title = el("h2", {}, this.id);
+    this.selectorInput = el("input", { placeholder: "cycle selector", list: `${this.id}-cycles`,
+                                       "aria-label": "selector", "data-testid": "selector" });
+    this.cycleList = el("datalist", { id: `${this.id}-cycles` });
+    this.selectorInput.addEventListener("change", () => {
+      this.selector = this.selectorInput.value.trim();
+      this.api.reopen(this);
+    });
+    const close = el("button", { type: "button", title: "close",
+                                 onclick: () => { this.api.closed(this); this.root.remove(); } }, "✕");
+    this.head.append(this.title, this.selectorInput, this.cycleList, close);
+    this.error = el("div", { class: "view-error", "data-testid": "view-error" });
+    this.meta = el("div", { class: "meta" });
+    this.value = el("div", { class: "value", "data-testid": "value" });
+    this.form = el("div", { class: "setform", hidden: "" });
+    this.root = el("article", { class: "view", "data-view": this.id },
+      this.head, this.error, this.meta, this.value, this.form);
+  }
+
+  open() {
+    this.api.send({ op: "open", view: this.id, device: this.device, property: this.property,
+                    selector: this.selector, columns: 600 });
+  }
+
+  lost(text) {
+    this.setStatus("error", text);
+  }
+
+  setStatus(status, error) {
+    this.status = status;
+    this.head.className = `view-head status-${status}`;
+    this.error.textContent = error || "";
+  }
+
+  frame(f) {
+    // What ended the last outage: the tests and the operator both want it to be FIRST.
+    if (f.status === "ok" && this.status === "error") {
+      this.root.dataset.recoveredWith = f.first ? "FIRST" : f.update_type;
+    }
+    if (f.status === "error") this.root.dataset.lostWith = f.error;
+    this.setStatus(f.status, f.error);
+    const ctx = f.context || {};
+    if (ctx.cycle_name && !this.cycles.has(ctx.cycle_name) && this.cycles.size < 64) {
+      this.cycles.add(ctx.cycle_name);
+      this.cycleList.append(el("option", { value: ctx.cycle_name }));
+    }
+    const item = (label, value, testid) =>
+      el("span", {}, `${label} `, el("b", testid ? { "data-testid": testid } : {}, String(value)));
+    this.meta.replaceChildren(
+      item("update", (f.first && f.update_type !== "FIRST" ? "FIRST, " : "") + (f.update_type || "-"), "update-type"),
+      item("rate", `${f.rate} Hz`),
+      item("folded", f.folded, "folded"),
+      item("gap", f.gap, "gap"),
+      item("received", f.received),
+      item("cycle", ctx.cycle_name || "-", "cycle"),
+      item("acquired", stamp(ctx.acq_stamp)),
+      item("selector", this.selector || "none", "selector-shown"));
+    if (f.fields) {
+      this.lastFields = f.fields;
+      this.renderFields(f.fields);
+      if (this.writable && this.api.allowSet() && !this.formBuilt) this.buildForm(f.fields);
+    }
+  }
+
+  renderFields(fields) {
+    // Plots and canvases are kept across frames (uPlot setData, repaint), tables rebuilt.
+    const table = el("table", { class: "fields" });
+    const extra = [];
+    for (const field of fields) {
+      const row = el("tr", { "data-field": field.name });
+      const valueCell = el("td", { class: "fvalue" });
+      row.append(el("td", { class: "fname" }, field.name), valueCell,
+                 el("td", { class: "ftype" }, field.type.toLowerCase()));
+      if (field.kind === "scalar") {
+        valueCell.textContent = field.value === null ? "NaN" : String(field.value);
+        if (field.type !== "BOOL") {
+          valueCell.append(" ", el("button", { class: "chart-add", type: "button",
+            title: "add to the strip chart", "data-chart": `${this.id}/${field.name}`,
+            onclick: () => this.api.chart(this.device, this.property, this.selector, field.name) },
+            "+chart"));
+        }
+      } else if (field.kind === "string") {
+        valueCell.textContent = JSON.stringify(field.value);
+      } else if (field.kind === "strings") {
+        valueCell.textContent = JSON.stringify(field.items);
+      } else if (field.kind === "data" || field.kind === "records") {
+        valueCell.append(this.tree(field));
+      } else if (field.kind === "array") {
+        valueCell.textContent = `${field.length} values` + (field.x ? " (min/max per column)" : "");
+        extra.push(["plot", field]);
+      } else if (field.kind === "image") {
+        valueCell.textContent = `${field.shape[0]} × ${field.shape[1]}, ${field.min.toFixed(3)} .. ${field.max.toFixed(3)}`;
+        extra.push(["image", field]);
+      }
+      table.append(row);
+    }
+    const keep = [];
+    for (const [kind, field] of extra) {
+      if (kind === "plot") {
+        let plot = this.plots.get(field.name);
+        if (!plot) {
+          plot = new ArrayPlot(el("div", { class: "array", "data-plot": field.name }));
+          this.plots.set(field.name, plot);
+        }
+        keep.push(plot.box);
+        plot.update(field);
+      } else {
+        let canvas = this.images.get(field.name);
+        if (!canvas) {
+          canvas = el("canvas", { class: "image", "data-image": field.name });
+          this.images.set(field.name, canvas);
+        }
+        paintImage(canvas, field);
+        keep.push(canvas);
+      }
+    }
+    this.value.replaceChildren(table, ...keep);
+  }
+
+  tree(field) {
+    const details = el("details", {}, el("summary", {},
+      field.kind === "records" ? `${field.length} records` : `${field.fields.length} fields`));
+    const items = field.kind === "records" ? field.items : [field.fields];
+    for (const fields of items) {
+      const list = el("ul");
+      for (const f of fields) {
+        const shown = f.kind === "scalar" || f.kind === "string" ? JSON.stringify(f.value)
+          : f.kind === "data" || f.kind === "records" ? "" : `${f.kind} ${f.length || ""}`;
+        const li = el("li", {}, `${f.name} (${f.type.toLowerCase()}): ${shown}`);
+        if (f.kind === "data" || f.kind === "records") li.append(this.tree(f));
+        list.append(li);
+      }
+      details.append(list);
+    }
+    return details;
+  }
+
+  buildForm(fields) {
+    const editable = fields.filter((f) => f.kind === "scalar" || f.kind === "string");
+    if (!editable.length) return;
+    this.formBuilt = true;
+    this.form.hidden = false;
+    const inputs = new Map();
+    const errors = new Map();
+    const row = el("div");
+    for (const f of editable) {
+      const input = f.type === "BOOL"
+        ? el("input", { type: "checkbox", name: f.name })
+        : el("input", { name: f.name, type: f.kind === "scalar" ? "number" : "text",
+                        step: "any", value: String(f.value ?? "") });
+      if (f.type === "BOOL") input.checked = f.value;
+      inputs.set(f.name, [input, f]);
+      const err = el("span", { class: "field-error", "data-testid": `field-error-${f.name}` });
+      errors.set(f.name, err);
+      row.append(el("label", {}, `${f.name} (${f.type.toLowerCase()})`, input, err));
+    }
+    const status = el("span", { class: "set-status", "data-testid": "set-status" });
+    const confirmBox = el("div", { class: "confirm", hidden: "" });
+    const values = () => {
+      const out = {};
+      for (const [name, [input, f]] of inputs) {
+        out[name] = f.type === "BOOL" ? input.checked : input.value;
+      }
+      return out;
+    };
+    const submit = () => {
+      confirmBox.hidden = true;
+      for (const e of errors.values()) e.textContent = "";
+      status.textContent = "setting…";
+      status.className = "set-status";
+      this.api.set(this.device, this.property, this.selector, values(), (reply) => {
+        if (reply.ok) {
+          status.textContent = "set: done";
+          status.className = "set-status good";
+        } else {
+          status.className = "set-status bad";
+          if (reply.field && errors.has(reply.field)) {
+            errors.get(reply.field).textContent = reply.error;
+            status.textContent = "refused";
+          } else {
+            status.textContent = reply.error;
+          }
+        }
+      });
+    };
+    const ask = () => {
+      const text = Object.entries(values()).map(([k, v]) => `${k}=${v}`).join(", ");
+      confirmBox.replaceChildren(
+        `Set ${this.id}${this.selector ? "@" + this.selector : ""}: ${text}? `,
+        el("button", { type: "button", "data-testid": "confirm-set", onclick: submit }, "Confirm"),
+        " ",
+        el("button", { type: "button", onclick: () => { confirmBox.hidden = true; } }, "Cancel"));
+      confirmBox.hidden = false;
+    };
+    row.append(el("button", { type: "button", "data-testid": "set", onclick: ask }, "Set…"), status);
+    this.form.replaceChildren(row, confirmBox);
+  }
+}

@@ -1,0 +1,392 @@
+"""``rda panel`` in a real browser: Debian's Chromium driven by Playwright, against the demo.
+
+One stand per module (the demo server and a panel as processes, heartbeat timeout 2 s, free
+ports, their logs in the module's tmp folder) and one browser; each test opens its own page.
+On failure a test leaves ``failure.png`` and ``console.log`` in its tmp folder. Every request
+the pages make is checked to stay on 127.0.0.1.
+
+With ``RDA_PANEL_SCREENSHOTS=DIR`` (``make panel-screenshots``) the tests also save the
+screenshots that docs/panel.md shows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import pytest
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import Browser, Page, expect  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():  # `make install` installs it; a bare pytest run may lack it
+    pytest.skip("needs /usr/bin/chromium (make chromium)", allow_module_level=True)
+
+SHOTS = os.environ.get("RDA_PANEL_SCREENSHOTS")
+WAIT = 15_000  # ms: generous bound for what a loaded 2-core machine needs to show something
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _Lines:
+    """A process's stdout, line by line, read by a thread (copied to ``log``): a bounded wait
+    on a pipe needs it, since a buffered reader may hold lines that select() cannot see."""
+
+    def __init__(self, proc: subprocess.Popen[str], log: IO[str]) -> None:
+        self.proc = proc
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(log,), daemon=True)
+        self._thread.start()
+
+    def _read(self, log: IO[str]) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            log.write(line)
+            log.flush()
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        """The first line containing ``needle``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(
+                    f"no {needle!r} from {self.proc.args!r} in {timeout} s"
+                ) from None
+            if line is None:
+                raise RuntimeError(
+                    f"{self.proc.args!r} exited ({self.proc.wait()}) before {needle!r}"
+                )
+            if needle in line:
+                return line
+
+    def join(self) -> None:
+        self._thread.join(10)
+
+
+class Stand:
+    """The demo server (restartable on the same port) and a panel, in ``folder``."""
+
+    def __init__(self, folder: Path, heartbeat_timeout: float = 2.0) -> None:
+        self.folder = folder
+        self.heartbeat_timeout = heartbeat_timeout
+        self.env = {
+            **os.environ,
+            "RDA_DIRECTORY_FILE": str(folder / "directory.json"),
+            "RDA_HEARTBEAT_INTERVAL": str(heartbeat_timeout / 4),
+            "RDA_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+            "RDA_RECONNECT_MAX": "0.5",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.server_port = free_port()
+        self.server: subprocess.Popen[str] | None = None
+        self.panel: subprocess.Popen[str] | None = None
+        self.url = ""
+        self._logs: list[IO[str]] = []
+        self._readers: list[_Lines] = []
+
+    def _spawn(self, name: str, *args: str) -> tuple[subprocess.Popen[str], _Lines]:
+        log = (self.folder / f"{name}.log").open("a")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rda._cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self.env,
+            cwd=self.folder,
+        )
+        lines = _Lines(proc, log)
+        self._readers.append(lines)
+        return proc, lines
+
+    def start_server(self, *extra: str) -> None:
+        endpoint = f"tcp://127.0.0.1:{self.server_port}"
+        self.server, lines = self._spawn("server", "serve", "demo", "--bind", endpoint, *extra)
+        lines.wait_for("endpoint", 30.0)
+
+    def kill_server(self) -> None:
+        """SIGKILL: the server vanishes without a goodbye, as a crashed one does."""
+        assert self.server is not None
+        self.server.kill()
+        self.server.wait(10)
+        self.server = None
+
+    def start_panel(self, *extra: str) -> str:
+        self.panel, lines = self._spawn("panel", "panel", "--port", "0", *extra)
+        line = lines.wait_for("rda panel:", 30.0)
+        self.url = line.split()[2]
+        return self.url
+
+    def close(self) -> None:
+        for proc in (self.panel, self.server):
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for reader in self._readers:
+            reader.join()
+        for log in self._logs:
+            log.close()
+        self.panel = self.server = None
+
+
+PAST = 120  # recorded PS1/Acquisition values, one every 2 s up to a few seconds ago
+
+
+def record_past(root: Path) -> Path:
+    """A recorder store holding the last 4 minutes of PS1/Acquisition (a slow sine)."""
+    from rda.pipeline.recorder.service import Recorder, Sample
+    from rda.serialization._data import Data
+    from rda.serialization._header import DataContext
+
+    recorder = Recorder(root, recorder_id="panel-test", convert=True, convert_interval=3600.0)
+    recorder.start()
+    now = time.time_ns()
+    try:
+        for i in range(PAST):
+            stamp = now - (PAST - i) * 2_000_000_000
+            value = 2.0 * math.sin(i / 8)  # 0.0 first: the test finds it in the CSV
+            sample = Sample(Data(current=value, unit="A"), DataContext("C", stamp, stamp, ""))
+            assert recorder.offer("PS1", "Acquisition", None, sample)
+        assert recorder.flush()
+    finally:
+        recorder.stop()
+    return root
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stand() -> Iterator[Stand]:
+    # Its own folder, not pytest's tmp_path: pytest prunes old tmp folders of other runs
+    # (other test sessions on the machine), and these processes live in theirs.
+    with tempfile.TemporaryDirectory(prefix="rda-panel-stand-") as folder:
+        stand = Stand(Path(folder))
+        try:
+            store = record_past(stand.folder / "store")
+            stand.start_server()
+            stand.start_panel("--allow-set", "--history", str(store))
+            yield stand
+        finally:
+            stand.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(
+    stand: Stand, browser: Browser, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, accept_downloads=True)
+    page = context.new_page()
+    console: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(stand.url)
+    try:
+        yield page
+    finally:
+        call = getattr(request.node, "rep_call", None)  # set by tests/conftest.py
+        if call is None or call.failed:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            (tmp_path / "console.log").write_text("\n".join(console) + "\n")
+            for log in stand.folder.glob("*.log"):
+                (tmp_path / log.name).write_text(log.read_text())
+        context.close()
+    outside = [u for u in requests if urlsplit(u).hostname not in ("127.0.0.1", None)]
+    assert not outside, f"the page reached outside 127.0.0.1: {outside}"
+    assert not [c for c in console if c.startswith("pageerror")], console
+
+
+def shot(page: Page, name: str) -> None:
+    """A screenshot for docs/panel.md, only when RDA_PANEL_SCREENSHOTS names a folder."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
+
+
+def open_view(page: Page, address: str) -> Any:
+    page.locator(f'[data-prop="{address}"]').click()
+    view = page.locator(f'article[data-view="{address}"]')
+    expect(view.get_by_test_id("view-head")).to_have_class("view-head status-ok", timeout=WAIT)
+    return view
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_tree_shows_the_demo_devices_and_the_server_state(page: Page) -> None:
+    for address in ("PS1/Acquisition", "PS1/Setting", "PS3/Setting", "BPM1/Orbit", "FAULTY/Status"):
+        expect(page.locator(f'[data-prop="{address}"]')).to_be_visible(timeout=WAIT)
+    server = page.locator('[data-server="RdaDemoServer"]')
+    expect(server.get_by_test_id("server-state")).to_have_text("connected")
+    expect(server.locator(".facts")).to_contain_text("clients")
+    # The filter box narrows the tree.
+    page.locator("#filter").fill("orbit")
+    expect(page.locator('[data-prop="BPM1/Orbit"]')).to_be_visible()
+    expect(page.locator('[data-prop="PS1/Acquisition"]')).to_have_count(0)
+
+
+def test_acquisition_shows_a_value_that_changes_and_takes_a_selector(
+    stand: Stand, page: Page
+) -> None:
+    view = open_view(page, "PS1/Acquisition")
+    current = view.locator('tr[data-field="current"] td.fvalue')
+    expect(current).not_to_be_empty()
+    first = current.inner_text()
+    # 10 Hz of noisy measurements: a new value well within 2 s.
+    expect(current).not_to_have_text(first, timeout=2_000)
+    expect(view.locator('tr[data-field="current"] td.ftype')).to_have_text("float64")
+    expect(view.locator('tr[data-field="unit"] td.fvalue')).to_have_text('"A"')
+    expect(view.get_by_test_id("update-type")).to_have_text("NORMAL")
+    expect(view.get_by_test_id("cycle")).to_contain_text("CPS.USER.")
+    shot(page, "panel-acquisition")
+    # Choosing a cycle selector subscribes again with it: a FIRST update, then values.
+    view.get_by_test_id("selector").fill("CPS.USER.MD1")
+    view.get_by_test_id("selector").press("Enter")
+    expect(view.get_by_test_id("selector-shown")).to_have_text("CPS.USER.MD1")
+    expect(view.get_by_test_id("view-head")).to_have_class("view-head status-ok")
+    expect(view.get_by_test_id("update-type")).to_have_text("NORMAL", timeout=WAIT)
+    assert "CPS.USER.MD1" in server_selectors(stand, "PS1", "Acquisition")
+
+
+def server_selectors(stand: Stand, device: str, prop: str) -> set[str]:
+    """The selectors the demo server has subscribers for, asked over its admin command."""
+    from rda.business.client.service import ClientService
+    from rda.business.directory import StaticDirectory
+
+    endpoint = f"tcp://127.0.0.1:{stand.server_port}"
+    with ClientService(directory=StaticDirectory({"*": endpoint})) as client:
+        reply = client.admin(endpoint, "subscriptions", 10.0, device=device, property=prop)
+    return {str(row["selector"]) for row in reply.get("sources", [])}
+
+
+def test_a_set_shows_the_immediate_update_and_a_refusal_the_servers_message(page: Page) -> None:
+    view = open_view(page, "PS2/Setting")
+    expect(view.get_by_test_id("update-type")).to_have_text("FIRST")
+    form = view.locator(".setform")
+    form.locator('input[name="current"]').fill("7.25")
+    form.get_by_test_id("set").click()
+    form.get_by_test_id("confirm-set").click()
+    expect(form.get_by_test_id("set-status")).to_have_text("set: done", timeout=WAIT)
+    expect(view.get_by_test_id("update-type")).to_have_text("IMMEDIATE", timeout=WAIT)
+    expect(view.locator('tr[data-field="current"] td.fvalue')).to_contain_text("7.25")
+    # Out of the schema's -100..100: the server's validation message, next to the field.
+    form.locator('input[name="current"]').fill("500")
+    form.get_by_test_id("set").click()
+    form.get_by_test_id("confirm-set").click()
+    error = form.get_by_test_id("field-error-current")
+    expect(error).to_contain_text("less than or equal to 100", timeout=WAIT)
+    expect(view.locator('tr[data-field="current"] td.fvalue')).to_contain_text("7.25")
+    shot(page, "panel-set")
+
+
+def test_a_2d_array_renders_as_an_image(page: Page) -> None:
+    view = open_view(page, "BPM1/Orbit")
+    canvas = view.locator('canvas[data-image="orbit"]')
+    expect(canvas).to_be_visible(timeout=WAIT)
+    size = canvas.evaluate("c => [c.width, c.height]")
+    assert size == [64, 2]
+    # Painted: the colour-mapped pixels are not all the same.
+    distinct = canvas.evaluate(
+        "c => new Set(c.getContext('2d').getImageData(0, 0, c.width, c.height).data).size"
+    )
+    assert distinct > 10
+    expect(view.locator('div[data-plot="positions"] canvas').first).to_be_visible()
+    shot(page, "panel-orbit")
+
+
+def test_strip_chart_plots_fields_of_several_devices_and_exports_csv(page: Page) -> None:
+    for address in ("PS1/Acquisition", "PS3/Acquisition"):
+        view = open_view(page, address)
+        view.locator(f'[data-chart="{address}/current"]').click()
+    chart = page.locator("#chart")
+    expect(chart.locator(".chip")).to_have_count(2, timeout=WAIT)
+    # --history: PS1's series opened already filled with the recorded past; PS3 has none.
+    expect(chart.locator('[data-series="PS1/Acquisition/current"]')).to_contain_text(
+        f"({PAST} recorded)"
+    )
+    expect(chart.locator('[data-series="PS3/Acquisition/current"]')).not_to_contain_text("recorded")
+    expect(chart.locator("canvas").first).to_be_visible()
+    # Points arrive: the CSV holds rows for both series.
+    page.wait_for_timeout(1500)
+    with page.expect_download(timeout=WAIT) as download:
+        page.locator("#chart-csv").click()
+    lines = Path(download.value.path()).read_text().splitlines()
+    assert lines[0] == "time_utc,PS1/Acquisition/current,PS3/Acquisition/current"
+    past = [line for line in lines[1:] if line.split(",")[1] in ("0.0", "0")]
+    assert len(past) == 1, "the oldest recorded value is in the export"
+    live = [line for line in lines[1:] if line.split(",")[2]]
+    assert len(live) > 3, lines
+    page.locator("#chart-pause").click()
+    expect(page.locator("#chart-pause")).to_have_text("Resume")
+    shot(page, "panel-chart")
+
+
+def test_losing_the_server_turns_the_view_red_and_its_return_green_with_first(
+    stand: Stand, page: Page
+) -> None:
+    view = open_view(page, "PS1/Acquisition")
+    head = view.get_by_test_id("view-head")
+    stand.kill_server()
+    try:
+        # Within the heartbeat timeout (2 s), plus one frame and the test's polling on a busy
+        # machine: a SIGKILLed server is usually noticed at once (the TCP connection drops).
+        expect(head).to_have_class("view-head status-error", timeout=2_000 + 1_500)
+        expect(view.get_by_test_id("view-error")).to_contain_text("DisconnectedError")
+        expect(
+            page.locator('[data-server="RdaDemoServer"] [data-testid="server-state"]')
+        ).not_to_have_text("connected", timeout=WAIT)
+        shot(page, "panel-disconnected")
+    finally:
+        stand.start_server()
+    expect(head).to_have_class("view-head status-ok", timeout=WAIT)
+    expect(view).to_have_attribute("data-recovered-with", "FIRST")
+    expect(view.get_by_test_id("view-error")).to_be_empty()
+
+
+def test_a_failing_property_shows_the_servers_error(page: Page) -> None:
+    page.locator('[data-prop="FAULTY/Status"]').click()
+    view = page.locator('article[data-view="FAULTY/Status"]')
+    expect(view.get_by_test_id("view-head")).to_have_class("view-head status-error", timeout=WAIT)
+    expect(view.get_by_test_id("view-error")).to_contain_text("interlock chain open")
