@@ -41,6 +41,9 @@ def format_duration(seconds: float) -> str:
         return "-" + format_duration(-seconds)
     if seconds == 0:
         return "0 s"
+    # Round to the 3 significant digits shown before choosing the unit, so 0.9996 ms reads
+    # "1 ms", not "1e+03 µs".
+    seconds = float(f"{seconds:.3g}")
     if seconds < 1e-6:
         return f"{seconds * 1e9:.0f} ns"
     if seconds < 1e-3:

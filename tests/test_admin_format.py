@@ -28,6 +28,10 @@ from rda.admin.format import (
         (4.2e-7, "420 ns"),
         (0.00042, "420 µs"),
         (0.0123, "12.3 ms"),
+        # Just under a unit boundary: rounded first, then the unit chosen (not "1e+03 µs").
+        (0.0009996, "1 ms"),
+        (9.996e-7, "1 µs"),
+        (0.99996, "1 s"),
         (12.5, "12.5 s"),
         (125.0, "2 min 5 s"),
         (3725.0, "1 h 2 min"),
