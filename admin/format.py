@@ -144,6 +144,16 @@ def format_mapping(data: Mapping[str, Any], indent: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _cell(value: Any) -> str:
+    """A table cell: an empty list is "-" (the wire cannot tell the type of an empty list, so
+    an empty list of names arrives as ``float64[0]``, which says nothing to a reader)."""
+    if isinstance(value, np.ndarray) and value.size == 0:
+        return "-"
+    if isinstance(value, list | tuple) and not value:
+        return "-"
+    return format_value(value)
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Rows of mappings as an aligned text table (columns: the union of keys, in order)."""
     if not rows:
@@ -153,7 +163,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
         for row in rows:
             seen.update(dict.fromkeys(row))
         columns = list(seen)
-    cells = [[format_value(row[c]) if c in row else "" for c in columns] for row in rows]
+    cells = [[_cell(row[c]) if c in row else "" for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     header = "  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]

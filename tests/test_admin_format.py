@@ -74,6 +74,12 @@ def test_format_mapping_nests_and_tabulates() -> None:
     assert format_mapping({}) == "(empty)"
 
 
+def test_format_table_shows_an_empty_list_as_a_dash() -> None:
+    # An empty list of roles crosses the wire as an empty float64 array.
+    table = format_table([{"peer": "a", "roles": np.zeros(0)}, {"peer": "b", "roles": []}])
+    assert table.splitlines()[1:] == ["a     -", "b     -"]
+
+
 def test_format_table_columns() -> None:
     table = format_table([{"name": "PS1", "n": 3}], columns=["name"])
     assert table.splitlines() == ["NAME", "PS1"]

@@ -326,3 +326,17 @@ def test_shell_completion_of_device_names(server: tuple[Server, Corrector]) -> N
     complete = ShellComplete(cli, {}, "rda", "_RDA_COMPLETE")
     assert [c.value for c in complete.get_completions(["get"], "CO")] == ["CORR1/"]
     assert complete.get_completions(["subscribe"], "XYZ") == []
+
+
+def test_serve_name_renames_a_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `rda serve mod:build --name X` used to serve under the builder's own name, silently.
+    from rda.admin.cli.run import load_server
+
+    (tmp_path / "named_server.py").write_text(
+        "import rda\n\ndef build() -> rda.ServerBuilder:\n    return rda.ServerBuilder('OwnName')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built = load_server("named_server:build", name="Renamed")
+    assert isinstance(built, ServerBuilder)
+    assert built.name == "Renamed"
+    assert load_server("named_server:build").name == "OwnName"

@@ -190,6 +190,8 @@ def load_server(
             obj.config(options.config())
         if bind is not None:
             obj.endpoint(bind)
+        if name is not None:  # --name renames a builder as it names a bare device's server
+            obj.name = name
         return install(obj)
     if isinstance(obj, Server):
         if bind is not None or name is not None:
