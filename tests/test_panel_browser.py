@@ -27,13 +27,13 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import pytest
-
-playwright_api = pytest.importorskip("playwright.sync_api")
-from playwright.sync_api import Browser, Page, expect  # noqa: E402
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():  # `make install` installs it; a bare pytest run may lack it
-    pytest.skip("needs /usr/bin/chromium (make chromium)", allow_module_level=True)
+# Fail, not skip, without the browser (as the etcd and Prometheus tests do without theirs):
+# `make install` installs it, and a silently skipped browser suite would hide a broken setup.
+if not CHROMIUM.exists():
+    pytest.fail("needs /usr/bin/chromium: run `make chromium`", pytrace=False)
 
 SHOTS = os.environ.get("RDA_PANEL_SCREENSHOTS")
 WAIT = 15_000  # ms: generous bound for what a loaded 2-core machine needs to show something
@@ -200,7 +200,7 @@ def stand() -> Iterator[Stand]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with playwright_api.sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM),
             args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
