@@ -639,6 +639,39 @@ cdef inline bint _out_of_band(int code, cnp.ndarray arr) noexcept:
     )
 
 
+def writable_arrays(data, int64_t depth=1):
+    """As _binary_encoder.writable_arrays_python: the big writable arrays ``encode(data,
+    arrays)`` copies only for being writable (exact ndarrays; 0 past the depth encode refuses).
+    Asked for every get reply a handler completes, so a scalar entry costs a few compares."""
+    if depth > ENCODE_MAX_DEPTH:
+        return 0
+    cdef dict values = (<object>data)._values
+    cdef dict types = data._types
+    cdef Py_ssize_t i = 0, n = 0
+    cdef PyObject* key
+    cdef PyObject* val
+    cdef cnp.ndarray arr
+    cdef int code
+    while PyDict_Next(values, &i, &key, &val):
+        v = <object>val
+        if type(v) is np.ndarray:
+            arr = <cnp.ndarray>v
+            code = PyLong_AsLong(types[<object>key])
+            if (
+                0x12 <= code <= 0x17
+                and cnp.PyArray_NBYTES(arr) >= OOB_MIN
+                and cnp.PyArray_ISWRITEABLE(arr)
+                and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            ):
+                n += 1
+        elif isinstance(v, Data):
+            n += writable_arrays(v, depth + 1)
+        elif type(v) is list and types[<object>key] is T_DATA_ARRAY:
+            for item in <list>v:
+                n += writable_arrays(item, depth + 1)
+    return n
+
+
 cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint split) except -1:
     cdef Py_ssize_t k
     cdef int64_t size
