@@ -5,10 +5,8 @@ dispatcher thread: look the peer up, build a request, run a get or set at once w
 device is idle (``run_inline``; a long one is handed over) or submit it to a worker
 (``_run``); whichever thread answers the request encodes the answer (``_respond``).
 
-What each outcome is answered with, and how it is counted: the table in
-:mod:`rda.business.server.replies`, which builds those frames; a get reply with big writable
-arrays completed on the handler's own thread is held until the handler returns, to be sent
-without copying the arrays nobody else can reach (``hand_over`` there).
+What each outcome is answered with and how it is counted, and when a get reply is held until
+its handler returns (to send big writable arrays without a copy): rda.business.server.replies.
 
 Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
 ``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
@@ -37,6 +35,7 @@ from rda.business.server.replies import (
     error_frames,
     get_reply_frames,
     hand_over,
+    held_only_by_the_handler,
     reply_frames,
 )
 from rda.business.server.requests import (
@@ -413,9 +412,11 @@ class Dispatch:
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
             if _binary.writable_arrays(result.data):
-                # Big writable arrays: copied, unless completed on the thread running the
-                # handler, whose return may leave the reply their only holder (replies.py).
-                if request._runner == get_ident():
+                # Big writable arrays: copied now, unless completed on the thread running the
+                # handler and held by nothing its return does not end (replies.py).
+                if request._runner == get_ident() and held_only_by_the_handler(
+                    result, self._run.__code__
+                ):
                     request._held = result
                     return
                 self._counters.array_reply(zero_copy=False)
