@@ -44,6 +44,7 @@ _pack_u32 = U32.pack
 _ENCODE_SCALAR = {T(tag): s.pack for tag, s in SCALAR_STRUCTS.items()}
 _NUMERIC_ARRAYS = frozenset(t.array for t in NUMERIC_DTYPES)
 _T_STRING_ARRAY = T.STRING_ARRAY
+_T_DATA = T.DATA
 _T_DATA_ARRAY = T.DATA_ARRAY
 _NDARRAY = np.ndarray
 _BOOL_ARRAY = T.BOOL_ARRAY
@@ -71,18 +72,21 @@ def writable_arrays_python(data: Data, depth: int = 1) -> int:
     types = data._types
     for name, v in data._values.items():
         cls = type(v)
+        if cls is float or cls is int or cls is str or cls is bool:
+            continue
+        t = types[name]
         if cls is _NDARRAY:
             if (
-                types[name] in _NUMERIC_ARRAYS
-                and types[name] is not _BOOL_ARRAY
+                t in _NUMERIC_ARRAYS
+                and t is not _BOOL_ARRAY
                 and v.nbytes >= OUT_OF_BAND_MIN
                 and v.flags.writeable
                 and v.flags.c_contiguous
             ):
                 n += 1
-        elif isinstance(v, Data):
+        elif t is _T_DATA:
             n += writable_arrays_python(v, depth + 1)
-        elif cls is list and types[name] is _T_DATA_ARRAY:
+        elif t is _T_DATA_ARRAY:
             for item in v:
                 n += writable_arrays_python(item, depth + 1)
     return n
