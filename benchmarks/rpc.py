@@ -21,8 +21,14 @@ machine. Measured:
 * get p50/p99 of a scalar and of the RDA3 benchmark object (int32[40], float64[40],
   string[40]), set p50;
 * get throughput with 64 requests in flight;
-* 1 MiB float64 array get, MB/s: a writable array (copied into the DATA body) and the same
-  array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB;
+* 1 MiB float64 array get, MB/s: a writable array the server keeps (a module constant: it
+  must be copied into the DATA body, the device could write to it while it is sent), the same
+  array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB; and
+  ``mib_fresh_get``: the handler builds a new writable 1 MiB array per get (``np.empty`` +
+  ``fill``), which rda sends zero-copy once the handler returned, against raw doing the same
+  work and sending it with ``copy=False`` (raw's best). ``array_replies`` (separate
+  processes) gives the rda server's ``zero_copy_replies``/``copied_replies`` and the memcpy
+  avoided per fresh get;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
   without being counted); not for ``rda_workers`` (a notification runs no handler);
@@ -136,6 +142,14 @@ def one_round(
         times = interleaved(contestants, lambda c, ro=read_only: c.mib(MIB_BLOCK, ro), mib_blocks)
         for i, t in enumerate(times):
             results[i][key] = len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
+    fresh = [c for c in contestants if hasattr(c, "mib_fresh")]
+    for c in fresh:
+        c.mib_fresh(MIB_BLOCK)  # warm up
+    times = interleaved(fresh, lambda c: c.mib_fresh(MIB_BLOCK), mib_blocks)  # type: ignore[union-attr]
+    for c, t in zip(fresh, times, strict=True):
+        results[contestants.index(c)]["mib_fresh_get_MBps"] = (
+            len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
+        )
     order = [(index + k) % len(contestants) for k in range(len(contestants))]
     for count, updates in ((1, args.updates), (10, args.updates // 4)):
         for i in order:
@@ -194,6 +208,8 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
         # Not a target of its own: the same get, the array sent out of band (read-only).
         "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_read_only_get_MBps"],
     }
+    if "mib_fresh_get_MBps" in rda:  # a new writable array per get: zero-copy once returned
+        ratio["mib_fresh_get"] = rda["mib_fresh_get_MBps"] / raw["mib_fresh_get_MBps"]
     targets = {
         "get_scalar_p50": ratio["get_scalar_p50"] <= 1.25,
         "in_flight_64": ratio["in_flight_64"] >= 0.7,
@@ -256,9 +272,11 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         if _tango.available() and not args.no_tango:
             children.append(Child("tango"))
             contestants.append(_tango.Tango(children[-1].endpoint))
-            return run_rounds(contestants, args)
-        result = run_rounds(contestants, args)
-        result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
+            result = run_rounds(contestants, args)
+        else:
+            result = run_rounds(contestants, args)
+            result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
+        result["array_replies"] = array_replies(children, args)
         return result
     finally:
         for c in contestants:
@@ -266,6 +284,25 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         ctx.term()
         for child in children:
             child.close()
+
+
+def array_replies(children: Sequence[_structure.Child], args: argparse.Namespace) -> dict[str, Any]:
+    """Per rda server (child), its ``zero_copy_replies``/``copied_replies`` over the whole
+    run, and the memcpy avoided per fresh 1 MiB get (zero-copy replies x 1 MiB / fresh gets:
+    the kept ``mib_get`` array is copied, as it must be)."""
+    fresh_gets = args.rounds * (max(1, args.mib_gets // MIB_BLOCK) + 1) * MIB_BLOCK
+    out: dict[str, Any] = {}
+    # The rda child also answers rda_user's fresh gets; rda_workers only its own client's.
+    for child, name, clients in ((children[1], "rda", 2), (children[2], "rda_workers", 1)):
+        assert child.proc.stdin is not None and child.proc.stdout is not None
+        child.proc.stdin.write("array_replies\n")
+        child.proc.stdin.flush()
+        counts = json.loads(child.proc.stdout.readline())
+        counts["memcpy_avoided_bytes_per_fresh_get"] = (
+            counts["zero_copy_replies"] * (1 << 20) / (fresh_gets * clients)
+        )
+        out[name] = counts
+    return out
 
 
 def serve(kind: str) -> None:
@@ -288,7 +325,15 @@ def serve(kind: str) -> None:
         server = rda_server(inline=kind != "rda_workers")
         server.start()
         print(server.endpoint, flush=True)
-        _structure.serve_counts_loop()
+
+        def on_line(line: str) -> None:
+            if line == "array_replies":
+                stats = server.statistics()
+                counts = {"zero_copy_replies": stats.zero_copy_replies}
+                counts["copied_replies"] = stats.copied_replies
+                print(json.dumps(counts), flush=True)
+
+        _structure.serve_counts_loop(on_line)
         server.stop()
 
 
