@@ -325,8 +325,9 @@ class Dispatch:
         held = request._held
         request._held = None
         assert held is not None
-        if not hand_over(held)[1]:  # ``held`` must stay this frame's one reference
-            self._counters.array_reply(zero_copy=True)  # a copy is counted by _respond
+        copied = hand_over(held)[1]  # ``held`` must stay this frame's one reference
+        if not copied and self._clock() < request.deadline:  # else _respond counts it
+            self._counters.array_reply(zero_copy=True)
         self._respond(request, held, None)
 
     def _arm(self, request: ServerRequest, deadline: float, timeout: float) -> None:
