@@ -231,10 +231,15 @@ class Handler(RequestReplyCallback):
     makes a server thread notify every source n times (the separate-process publisher)."""
 
     server: Server | None = None
+    kept: np.ndarray[Any, Any] | None = None
 
     def get(self, request: GetRequest) -> None:
         if request.device == "MIBFRESH":
             values = fresh_mib(request.id)
+            request.complete(Data(values=values))
+        elif request.device == "MIBFRESHKEPT":  # the same, but the device keeps the array:
+            values = fresh_mib(request.id)  # copied, as it must be (the A/B of the hand-over)
+            self.kept = values
             request.complete(Data(values=values))
         else:
             request.complete(PAYLOADS.get(request.device, SCALAR))
@@ -313,9 +318,10 @@ class Rda:
             assert len(mib.get().data["values"]) == 131072
         return time.perf_counter() - t0
 
-    def mib_fresh(self, n: int) -> float:
-        """Seconds taken by ``n`` gets of a 1 MiB array the handler builds for each."""
-        mib = self.client.access_point("MIBFRESH", "Acquisition")
+    def mib_fresh(self, n: int, kept: bool = False) -> float:
+        """Seconds taken by ``n`` gets of a 1 MiB array the handler builds for each (``kept``:
+        and keeps, so that it is copied)."""
+        mib = self.client.access_point("MIBFRESHKEPT" if kept else "MIBFRESH", "Acquisition")
         t0 = time.perf_counter()
         for _ in range(n):
             assert len(mib.get().data["values"]) == 131072

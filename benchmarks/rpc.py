@@ -27,8 +27,9 @@ machine. Measured:
   ``mib_fresh_get``: the handler builds a new writable 1 MiB array per get (``np.empty`` +
   ``fill``), which rda sends zero-copy once the handler returned, against raw doing the same
   work and sending it with ``copy=False`` (raw's best). ``array_replies`` (separate
-  processes) gives the rda server's ``zero_copy_replies``/``copied_replies`` and the memcpy
-  avoided per fresh get;
+  processes) gives the rda server's ``zero_copy_replies``/``copied_replies``, the memcpy
+  avoided per fresh get, and an A/B of the same handler work sent zero-copy or copied (the
+  handler keeping the array): the server's CPU time and the client's wall time per get;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
   without being counted); not for ``rda_workers`` (a notification runs no handler);
@@ -276,7 +277,9 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         else:
             result = run_rounds(contestants, args)
             result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
-        result["array_replies"] = array_replies(children, args)
+        rda = contestants[1]
+        assert isinstance(rda, Rda)
+        result["array_replies"] = array_replies(children, rda, args)
         return result
     finally:
         for c in contestants:
@@ -286,23 +289,49 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
             child.close()
 
 
-def array_replies(children: Sequence[_structure.Child], args: argparse.Namespace) -> dict[str, Any]:
-    """Per rda server (child), its ``zero_copy_replies``/``copied_replies`` over the whole
-    run, and the memcpy avoided per fresh 1 MiB get (zero-copy replies x 1 MiB / fresh gets:
-    the kept ``mib_get`` array is copied, as it must be)."""
+def array_replies(
+    children: Sequence[_structure.Child], rda: Rda, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The hand-over of issue 28, counted. Per rda server (child), ``zero_copy_replies`` and
+    ``copied_replies`` over the whole run and the memcpy avoided per fresh 1 MiB get (the
+    kept ``mib_get`` array is copied, as it must be). Then an A/B in one process: the same
+    handler work (a new 1 MiB array per get), sent zero-copy (``fresh``) or copied because
+    the handler keeps the array (``fresh_kept``), passes alternating; per get, the server's
+    CPU time (``time.process_time`` in the child) and the client's wall time."""
     fresh_gets = args.rounds * (max(1, args.mib_gets // MIB_BLOCK) + 1) * MIB_BLOCK
     out: dict[str, Any] = {}
     # The rda child also answers rda_user's fresh gets; rda_workers only its own client's.
     for child, name, clients in ((children[1], "rda", 2), (children[2], "rda_workers", 1)):
-        assert child.proc.stdin is not None and child.proc.stdout is not None
-        child.proc.stdin.write("array_replies\n")
-        child.proc.stdin.flush()
-        counts = json.loads(child.proc.stdout.readline())
+        counts = ask_child(child, "array_replies")
         counts["memcpy_avoided_bytes_per_fresh_get"] = (
             counts["zero_copy_replies"] * (1 << 20) / (fresh_gets * clients)
         )
         out[name] = counts
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    for turn in range(2 * max(1, args.mib_gets // MIB_BLOCK)):
+        kept = bool(turn % 2)
+        before = ask_child(children[1], "cpu")["seconds"]
+        wall[kept].append(rda.mib_fresh(MIB_BLOCK, kept))
+        cpu[kept].append(ask_child(children[1], "cpu")["seconds"] - before)
+    gets = len(cpu[False]) * MIB_BLOCK
+    out["a_b_per_get_us"] = {
+        label: {
+            "server_cpu": sum(cpu[kept]) / gets * 1e6,
+            "client_wall": sum(wall[kept]) / gets * 1e6,
+        }
+        for label, kept in (("fresh", False), ("fresh_kept", True))
+    }
     return out
+
+
+def ask_child(child: _structure.Child, line: str) -> dict[str, Any]:
+    """A line to an rda server child (``serve``'s ``on_line``), its JSON answer."""
+    assert child.proc.stdin is not None and child.proc.stdout is not None
+    child.proc.stdin.write(line + "\n")
+    child.proc.stdin.flush()
+    answer: dict[str, Any] = json.loads(child.proc.stdout.readline())
+    return answer
 
 
 def serve(kind: str) -> None:
@@ -332,6 +361,8 @@ def serve(kind: str) -> None:
                 counts = {"zero_copy_replies": stats.zero_copy_replies}
                 counts["copied_replies"] = stats.copied_replies
                 print(json.dumps(counts), flush=True)
+            elif line == "cpu":
+                print(json.dumps({"seconds": time.process_time()}), flush=True)
 
         _structure.serve_counts_loop(on_line)
         server.stop()
