@@ -26,10 +26,11 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.replies import hand_over
 from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization import _binary
+from rda.serialization import errors as rda_errors
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization._message import BodyKind, Message
-from rda.testing import MemoryNetwork, OneServerDirectory
+from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory
 from rda.transport.api import Buffer, ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import Incoming, decode_frames
 
@@ -484,3 +485,37 @@ def test_both_codecs_count_the_same_writable_arrays() -> None:
         pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
     counts["compiled"] = _binary.COMPILED.writable_arrays(data)
     assert counts == {"python": 3, "compiled": 3}
+
+
+def test_a_held_reply_whose_handler_runs_past_the_deadline_is_late() -> None:
+    """The held reply leaves when the handler returns: past the client's deadline it is an
+    answer after the deadline (counted ``timeout`` and in ``late_completions``, not sent), as
+    any synchronous handler that overruns."""
+    clock = FakeClock()
+
+    class Overrun(RequestReplyCallback):
+        def get(self, request: GetRequest) -> None:
+            request.complete(Data(wave=np.empty(N)))
+            clock.advance(60.0)  # the handler goes on working past the deadline
+
+    srv = (
+        ServerBuilder("Late")
+        .request_reply(Overrun())
+        .devices("D")
+        .directory(None)
+        .clock(clock)
+        .build()
+        .start()
+    )
+    try:
+        with (
+            ClientService(OneServerDirectory(srv.endpoint), Config(workers=1)) as client,
+            pytest.raises(rda_errors.TimeoutError),
+        ):
+            client.access_point("D", "P").get(timeout=0.5)
+        stats = srv.statistics()
+        assert stats.requests[("get", "timeout")] == 1 and stats.late_completions == 1
+        assert stats.requests[("get", "ok")] == 0
+        assert (stats.zero_copy_replies, stats.copied_replies) == (0, 0)  # nothing was sent
+    finally:
+        srv.stop()
