@@ -86,6 +86,7 @@ LATENCIES = ("get_scalar", "get_object", "set")
 BLOCK = 50  # round trips per contestant before the next one takes over
 CHUNKS = 6  # the in-flight measure, in turns of --seconds / CHUNKS
 MIB_BLOCK = 10  # 1 MiB gets per turn
+AB_GETS = 50  # 1 MiB gets per pass of the hand-over's A/B (array_replies)
 
 
 def interleaved(
@@ -297,7 +298,7 @@ def array_replies(
     ``copied_replies`` over the whole run and the memcpy avoided per fresh 1 MiB get (the
     kept ``mib_get`` array is copied, as it must be). Then an A/B in one process: the same
     handler work (a new 1 MiB array per get), sent zero-copy (``fresh``) or copied because
-    the handler keeps the array (``fresh_kept``), passes alternating; per get, the server's
+    the handler keeps the array (``fresh_kept``), passes of ``AB_GETS`` alternating; per get, the server's
     CPU time (``time.process_time`` in the child) and the client's wall time."""
     fresh_gets = args.rounds * (max(1, args.mib_gets // MIB_BLOCK) + 1) * MIB_BLOCK
     out: dict[str, Any] = {}
@@ -310,12 +311,13 @@ def array_replies(
         out[name] = counts
     cpu: dict[bool, list[float]] = {False: [], True: []}
     wall: dict[bool, list[float]] = {False: [], True: []}
-    for turn in range(2 * max(1, args.mib_gets // MIB_BLOCK)):
+    passes = 2 if args.quick else 12  # of AB_GETS each way (noise: see docs/performance.md)
+    for turn in range(2 * passes):
         kept = bool(turn % 2)
         before = ask_child(children[1], "cpu")["seconds"]
-        wall[kept].append(rda.mib_fresh(MIB_BLOCK, kept))
+        wall[kept].append(rda.mib_fresh(AB_GETS, kept))
         cpu[kept].append(ask_child(children[1], "cpu")["seconds"] - before)
-    gets = len(cpu[False]) * MIB_BLOCK
+    gets = passes * AB_GETS
     out["a_b_per_get_us"] = {
         label: {
             "server_cpu": sum(cpu[kept]) / gets * 1e6,
