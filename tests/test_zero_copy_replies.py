@@ -59,6 +59,8 @@ class Device(RequestReplyCallback):
         self.refs: list[weakref.ref[Array]] = []
         self.addresses: dict[str, int] = {}
         self.pending: list[GetRequest] = []
+        self.requests: list[GetRequest] = []
+        self.unstamped: AcquiredData | None = None
         self.waiting = threading.Event()
         wave = np.arange(N, dtype=np.float64) * 3
         self.closure: Callable[[], Array] = lambda: wave
@@ -85,6 +87,9 @@ class Device(RequestReplyCallback):
             request.complete(Data(inner=Data(wave=self.fresh(p, 4.0)), x=1.5))
         elif p == "Items":
             request.complete(Data(items=[Data(wave=self.fresh(p, 5.0)), Data(x=1)]))
+        elif p == "KeepsRequest":  # the request reaches nothing of the reply once sent
+            self.requests.append(request)
+            request.complete(Data(wave=self.fresh(p, 11.0)))
         elif p == "Raises":
             request.complete(Data(wave=self.fresh(p, 8.0)))
             raise RuntimeError("the handler fails after completing")
@@ -114,6 +119,9 @@ class Device(RequestReplyCallback):
         elif p == "KeptAcquired":
             self.last = AcquiredData(Data(wave=self.fresh(p, 7.0)), DataContext(acq_stamp=1))
             request.complete(self.last)
+        elif p == "KeptUnstamped":  # stamped() makes a new AcquiredData sharing the Data
+            self.unstamped = AcquiredData(Data(wave=self.fresh(p, 12.0)))
+            request.complete(self.unstamped)
         elif p == "Bytearray":  # memory a bytearray owns, not the array
             request.complete(Data(wave=np.frombuffer(bytearray(N * 8), dtype=np.float64)))
         elif p == "StoredAfter":  # kept only after complete(): copied when the handler returns
@@ -131,8 +139,9 @@ class Device(RequestReplyCallback):
         for arr in (self.kept, self.buffer, self.cache["wave"], self.closure(), self.stored):
             if arr is not None:
                 arr[:] = -7.0
-        if self.last is not None:
-            self.last.data["wave"][:] = -7.0
+        for acquired in (self.last, self.unstamped):
+            if acquired is not None:
+                acquired.data["wave"][:] = -7.0
         for ref in self.refs:
             target = ref()
             if target is not None:
@@ -144,6 +153,7 @@ ZERO_COPY = {
     "Inline": ("wave", full(2.0)),
     "Reshaped": ("image", full(3.0).reshape(2, N // 2)),
     "Raises": ("wave", full(8.0)),
+    "KeepsRequest": ("wave", full(11.0)),
 }
 
 
@@ -160,6 +170,7 @@ def copied_cases() -> dict[str, Array]:
         "View": base,
         "Weak": full(6.0),
         "KeptAcquired": full(7.0),
+        "KeptUnstamped": full(12.0),
         "Bytearray": np.zeros(N),
         "StoredAfter": full(9.0),
     }
