@@ -64,6 +64,7 @@ class Device(RequestReplyCallback):
         self.waiting = threading.Event()
         wave = np.arange(N, dtype=np.float64) * 3
         self.closure: Callable[[], Array] = lambda: wave
+        self.getter: Callable[[], Array] | None = None
 
     def fresh(self, prop: str, value: float) -> Array:
         """A new writable 1 MiB array; only its address is remembered (no reference)."""
@@ -105,6 +106,8 @@ class Device(RequestReplyCallback):
             request.complete(Data(wave=MODULE_WAVE))
         elif p == "Closure":
             request.complete(Data(wave=self.closure()))
+        elif p == "CellKept":
+            self.cell_kept(request)
         elif p == "Cached":
             request.complete(self.cache)
         elif p == "SharedCopy":  # Data.copy() shares the values
@@ -134,11 +137,21 @@ class Device(RequestReplyCallback):
         else:
             raise AssertionError(p)
 
+    def cell_kept(self, request: GetRequest) -> None:
+        """A local that a closure the device keeps captured (a cell: in its own function, as a
+        captured name is a cell in the whole function, and get's ``arr`` must stay plain)."""
+        arr = np.arange(N, dtype=np.float64)
+        self.getter = lambda: arr
+        request.complete(Data(wave=arr))
+        arr[:] = -3.0
+
     def scribble(self) -> None:
         """Write to every array the device can still reach."""
         for arr in (self.kept, self.buffer, self.cache["wave"], self.closure(), self.stored):
             if arr is not None:
                 arr[:] = -7.0
+        if self.getter is not None:
+            self.getter()[:] = -7.0
         for acquired in (self.last, self.unstamped):
             if acquired is not None:
                 acquired.data["wave"][:] = -7.0
@@ -165,6 +178,7 @@ def copied_cases() -> dict[str, Array]:
         "KeptLocal": base,
         "Constant": base,
         "Closure": base * 3,
+        "CellKept": base,
         "Cached": base * 2,
         "SharedCopy": base * 2,
         "View": base,

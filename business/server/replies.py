@@ -50,6 +50,10 @@ bytearray, mmap or ctypes base, an ndarray subclass, a traceback or log record h
 frame. A reference nobody can see (a value on an evaluation stack, a C extension's) only ever
 makes a count higher: the array is copied.
 
+A local variable that a closure captures is a cell, held by the closure, which may outlive
+the handler: never counted as the frame's (Python makes a captured name a cell in the whole
+function, so such a handler's arrays under that name are copied).
+
 What this changes for a handler: an array only its own locals held at ``complete()`` is sent
 as it is when the handler returns (write to it after ``complete()`` and the client sees the
 write); the reply leaves when the handler returns, not at ``complete()``.
