@@ -23,6 +23,7 @@ from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device as DeclaredDevice
 from rda.business.server.replies import hand_over
 from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization import _binary
@@ -542,5 +543,39 @@ def test_a_held_reply_whose_handler_runs_past_the_deadline_is_late() -> None:
         assert stats.requests[("get", "timeout")] == 1 and stats.late_completions == 1
         assert stats.requests[("get", "ok")] == 0
         assert (stats.zero_copy_replies, stats.copied_replies) == (0, 0)  # nothing was sent
+    finally:
+        srv.stop()
+
+
+class Scope(DeclaredDevice):
+    """A declarative device: the getter returns the value, rda's router completes the get."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trace = np.arange(N, dtype=np.float64)
+
+    @DeclaredDevice.property("Fresh")
+    def fresh(self, request: GetRequest) -> Data:
+        wave = np.empty(N)
+        wave.fill(5.0)
+        return Data(wave=wave)
+
+    @DeclaredDevice.property("Kept")
+    def kept(self, request: GetRequest) -> Data:
+        return Data(wave=self.trace)
+
+
+def test_a_declarative_getter_returning_a_fresh_array_is_sent_without_a_copy() -> None:
+    scope = Scope()
+    srv = ServerBuilder("Scope").device("S", scope).directory(None).build().start()
+    try:
+        with ClientService(OneServerDirectory(srv.endpoint), Config(workers=1)) as client:
+            fresh = client.access_point("S", "Fresh").get(timeout=WAIT).data
+            kept = client.access_point("S", "Kept").get(timeout=WAIT).data
+        assert np.array_equal(fresh["wave"], full(5.0))
+        assert np.array_equal(kept["wave"], np.arange(N, dtype=np.float64))
+        stats = srv.statistics()
+        assert (stats.zero_copy_replies, stats.copied_replies) == (1, 1)
+        assert scope.trace.flags.writeable
     finally:
         srv.stop()
