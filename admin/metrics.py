@@ -192,6 +192,15 @@ def _error_families(stats: ServerStatistics, name: str) -> Iterator[Metric]:
         name,
         stats.late_completions,
     )
+    arrays = CounterMetricFamily(
+        "rda_array_replies",
+        "Get replies with big writable arrays: sent zero-copy (nothing else held them) or "
+        "with a copy.",
+        labels=["server", "copy"],
+    )
+    arrays.add_metric([name, "zero"], stats.zero_copy_replies)
+    arrays.add_metric([name, "copied"], stats.copied_replies)
+    yield arrays
 
 
 @functools.cache

@@ -2,8 +2,8 @@
 
 A contestant is a client connected to its server (a thread of this process or a child
 process, ``rpc.py --serve raw|rda|rda_workers``) that can run every measure of the benchmark:
-``round_trip(what)`` (one get or set, for the latency series), ``in_flight``, ``mib`` and
-``subscribers``. ``rpc.py`` keeps every contestant of an arrangement connected for the whole
+``round_trip(what)`` (one get or set, for the latency series), ``in_flight``, ``mib``,
+``mib_fresh`` (not PyTango) and ``subscribers``. ``rpc.py`` keeps every contestant of an arrangement connected for the whole
 run and alternates them measure by measure, and the latency series block by block, so that
 each ratio compares passes made within seconds of each other on this shared machine.
 
@@ -57,6 +57,15 @@ RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
 MIB_BYTES = len(RAW_PAYLOADS["MIB"])  # what a 1 MiB get moves, for MB/s
 
 
+def fresh_mib(i: int) -> np.ndarray[Any, Any]:
+    """A new writable 1 MiB float64 array per get (``mib_fresh``): what a device that
+    acquires into a new buffer answers. rda sends it zero-copy once the handler returned
+    (docs/server.md, "Big arrays without a copy"); raw sends it with ``copy=False``."""
+    values = np.empty(131072, dtype=np.float64)
+    values.fill(float(i))
+    return values
+
+
 def pct(samples: list[float]) -> dict[str, float]:
     s = sorted(samples)
     return {"p50_us": s[len(s) // 2] * 1e6, "p99_us": s[int(len(s) * 0.99)] * 1e6}
@@ -99,6 +108,10 @@ class RawServer:
                     seq = str(i).encode()
                     for sub in subscribers:
                         sock.send_multipart([sub, seq, payload])
+            elif head == b"MIBFRESH":  # the work rda's handler does, sent at raw's best
+                sock.send_multipart(
+                    [peer, frames[-1], fresh_mib(int(frames[-1].bytes))], copy=False
+                )
             else:
                 sock.send_multipart([peer, frames[-1], RAW_PAYLOADS[head.decode()]], copy=False)
         sock.close()
@@ -195,6 +208,14 @@ class Raw:
             self.dealer.recv_multipart(copy=False)
         return time.perf_counter() - t0
 
+    def mib_fresh(self, n: int) -> float:
+        """Seconds taken by ``n`` gets of a new 1 MiB array each (sent with ``copy=False``)."""
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.dealer.send_multipart([b"MIBFRESH", str(i).encode()])
+            self.dealer.recv_multipart(copy=False)
+        return time.perf_counter() - t0
+
     def subscribers(self, count: int, updates: int) -> dict[str, Any]:
         return raw_subscribers(self.ctx, self.endpoint, count, updates)
 
@@ -210,9 +231,18 @@ class Handler(RequestReplyCallback):
     makes a server thread notify every source n times (the separate-process publisher)."""
 
     server: Server | None = None
+    kept: np.ndarray[Any, Any] | None = None
 
     def get(self, request: GetRequest) -> None:
-        request.complete(PAYLOADS.get(request.device, SCALAR))
+        if request.device == "MIBFRESH":
+            values = fresh_mib(request.id)
+            request.complete(Data(values=values))
+        elif request.device == "MIBFRESHKEPT":  # the same, but the device keeps the array:
+            values = fresh_mib(request.id)  # copied, as it must be (the A/B of the hand-over)
+            self.kept = values
+            request.complete(Data(values=values))
+        else:
+            request.complete(PAYLOADS.get(request.device, SCALAR))
 
     def set(self, request: SetRequest) -> None:
         data = request.data
@@ -283,6 +313,15 @@ class Rda:
     def mib(self, n: int, read_only: bool) -> float:
         """Seconds taken by ``n`` 1 MiB gets (``read_only``: the array sent out of band)."""
         mib = self.client.access_point("MIBRO" if read_only else "MIB", "Acquisition")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            assert len(mib.get().data["values"]) == 131072
+        return time.perf_counter() - t0
+
+    def mib_fresh(self, n: int, kept: bool = False) -> float:
+        """Seconds taken by ``n`` gets of a 1 MiB array the handler builds for each (``kept``:
+        and keeps, so that it is copied)."""
+        mib = self.client.access_point("MIBFRESHKEPT" if kept else "MIBFRESH", "Acquisition")
         t0 = time.perf_counter()
         for _ in range(n):
             assert len(mib.get().data["values"]) == 131072

@@ -21,8 +21,15 @@ machine. Measured:
 * get p50/p99 of a scalar and of the RDA3 benchmark object (int32[40], float64[40],
   string[40]), set p50;
 * get throughput with 64 requests in flight;
-* 1 MiB float64 array get, MB/s: a writable array (copied into the DATA body) and the same
-  array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB;
+* 1 MiB float64 array get, MB/s: a writable array the server keeps (a module constant: it
+  must be copied into the DATA body, the device could write to it while it is sent), the same
+  array read-only (sent as a frame of its own, out of band), both against raw's 1 MiB; and
+  ``mib_fresh_get``: the handler builds a new writable 1 MiB array per get (``np.empty`` +
+  ``fill``), which rda sends zero-copy once the handler returned, against raw doing the same
+  work and sending it with ``copy=False`` (raw's best). ``array_replies`` (separate
+  processes) gives the rda server's ``zero_copy_replies``/``copied_replies``, the memcpy
+  avoided per fresh get, and an A/B of the same handler work sent zero-copy or copied (the
+  handler keeping the array): the server's CPU time and the client's wall time per get;
 * subscription updates/s received with 1 and with 10 subscribers, and the count of updates
   dropped or reported as gaps (received + gaps + dropped must equal sent: nothing lost
   without being counted); not for ``rda_workers`` (a notification runs no handler);
@@ -79,6 +86,7 @@ LATENCIES = ("get_scalar", "get_object", "set")
 BLOCK = 50  # round trips per contestant before the next one takes over
 CHUNKS = 6  # the in-flight measure, in turns of --seconds / CHUNKS
 MIB_BLOCK = 10  # 1 MiB gets per turn
+AB_GETS = 50  # 1 MiB gets per pass of the hand-over's A/B (array_replies)
 
 
 def interleaved(
@@ -137,6 +145,14 @@ def one_round(
         times = interleaved(contestants, lambda c, ro=read_only: c.mib(MIB_BLOCK, ro), mib_blocks)
         for i, t in enumerate(times):
             results[i][key] = len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
+    fresh = [c for c in contestants if hasattr(c, "mib_fresh")]
+    for c in fresh:
+        c.mib_fresh(MIB_BLOCK)  # warm up
+    times = interleaved(fresh, lambda c: c.mib_fresh(MIB_BLOCK), mib_blocks)  # type: ignore[union-attr]
+    for c, t in zip(fresh, times, strict=True):
+        results[contestants.index(c)]["mib_fresh_get_MBps"] = (
+            len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
+        )
     order = [(index + k) % len(contestants) for k in range(len(contestants))]
     for count, updates in ((1, args.updates), (10, args.updates // 4)):
         for i in order:
@@ -195,6 +211,8 @@ def compare(raw: dict[str, Any], rda: dict[str, Any]) -> dict[str, Any]:
         # Not a target of its own: the same get, the array sent out of band (read-only).
         "mib_get_read_only": rda["mib_read_only_get_MBps"] / raw["mib_read_only_get_MBps"],
     }
+    if "mib_fresh_get_MBps" in rda:  # a new writable array per get: zero-copy once returned
+        ratio["mib_fresh_get"] = rda["mib_fresh_get_MBps"] / raw["mib_fresh_get_MBps"]
     targets = {
         "get_scalar_p50": ratio["get_scalar_p50"] <= 1.25,
         "in_flight_64": ratio["in_flight_64"] >= 0.7,
@@ -257,9 +275,13 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         if _tango.available() and not args.no_tango:
             children.append(Child("tango"))
             contestants.append(_tango.Tango(children[-1].endpoint))
-            return run_rounds(contestants, args)
-        result = run_rounds(contestants, args)
-        result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
+            result = run_rounds(contestants, args)
+        else:
+            result = run_rounds(contestants, args)
+            result["tango"] = "absent: pytango not installed (pip install 'rda[bench]')"
+        rda = contestants[1]
+        assert isinstance(rda, Rda)
+        result["array_replies"] = array_replies(children, rda, args)
         return result
     finally:
         for c in contestants:
@@ -267,6 +289,52 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         ctx.term()
         for child in children:
             child.close()
+
+
+def array_replies(
+    children: Sequence[_structure.Child], rda: Rda, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The hand-over of issue 28, counted. Per rda server (child), ``zero_copy_replies`` and
+    ``copied_replies`` over the whole run and the memcpy avoided per fresh 1 MiB get (the
+    kept ``mib_get`` array is copied, as it must be). Then an A/B in one process: the same
+    handler work (a new 1 MiB array per get), sent zero-copy (``fresh``) or copied because
+    the handler keeps the array (``fresh_kept``), passes of ``AB_GETS`` alternating; per get, the server's
+    CPU time (``time.process_time`` in the child) and the client's wall time."""
+    fresh_gets = args.rounds * (max(1, args.mib_gets // MIB_BLOCK) + 1) * MIB_BLOCK
+    out: dict[str, Any] = {}
+    # The rda child also answers rda_user's fresh gets; rda_workers only its own client's.
+    for child, name, clients in ((children[1], "rda", 2), (children[2], "rda_workers", 1)):
+        counts = ask_child(child, "array_replies")
+        counts["memcpy_avoided_bytes_per_fresh_get"] = (
+            counts["zero_copy_replies"] * (1 << 20) / (fresh_gets * clients)
+        )
+        out[name] = counts
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    passes = 2 if args.quick else 12  # of AB_GETS each way (noise: see docs/performance.md)
+    for turn in range(2 * passes):
+        kept = bool(turn % 2)
+        before = ask_child(children[1], "cpu")["seconds"]
+        wall[kept].append(rda.mib_fresh(AB_GETS, kept))
+        cpu[kept].append(ask_child(children[1], "cpu")["seconds"] - before)
+    gets = passes * AB_GETS
+    out["a_b_per_get_us"] = {
+        label: {
+            "server_cpu": sum(cpu[kept]) / gets * 1e6,
+            "client_wall": sum(wall[kept]) / gets * 1e6,
+        }
+        for label, kept in (("fresh", False), ("fresh_kept", True))
+    }
+    return out
+
+
+def ask_child(child: _structure.Child, line: str) -> dict[str, Any]:
+    """A line to an rda server child (``serve``'s ``on_line``), its JSON answer."""
+    assert child.proc.stdin is not None and child.proc.stdout is not None
+    child.proc.stdin.write(line + "\n")
+    child.proc.stdin.flush()
+    answer: dict[str, Any] = json.loads(child.proc.stdout.readline())
+    return answer
 
 
 def serve(kind: str) -> None:
@@ -289,7 +357,17 @@ def serve(kind: str) -> None:
         server = rda_server(inline=kind != "rda_workers")
         server.start()
         print(server.endpoint, flush=True)
-        _structure.serve_counts_loop()
+
+        def on_line(line: str) -> None:
+            if line == "array_replies":
+                stats = server.statistics()
+                counts = {"zero_copy_replies": stats.zero_copy_replies}
+                counts["copied_replies"] = stats.copied_replies
+                print(json.dumps(counts), flush=True)
+            elif line == "cpu":
+                print(json.dumps({"seconds": time.process_time()}), flush=True)
+
+        _structure.serve_counts_loop(on_line)
         server.stop()
 
 

@@ -5,7 +5,7 @@ Cython extension ``_cbinary`` and the pure Python, which is split in three:
 
 * ``_binary_format``: the layout, the header structs, the type tables by tag, the out-of-band
   constants and ``DecodeLimits``;
-* ``_binary_encoder``: ``encode_python``;
+* ``_binary_encoder``: ``encode_python`` and ``writable_arrays_python``;
 * ``_binary_decoder``: ``decode_python``.
 
 This module picks one at import: the compiled codec when it was built (and ``RDA_PURE_PYTHON``
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 # Re-exported (``X as X``): the pure functions and the default limits, used as _binary.X.
 from rda.serialization._binary_decoder import decode_python as decode_python
 from rda.serialization._binary_encoder import encode_python as encode_python
+from rda.serialization._binary_encoder import writable_arrays_python as writable_arrays_python
 from rda.serialization._binary_format import DEFAULT_LIMITS as DEFAULT_LIMITS
 from rda.serialization._binary_format import OUT_OF_BAND, OUT_OF_BAND_MIN, DecodeLimits
 from rda.serialization._data import Data
@@ -35,6 +36,7 @@ __all__ = [
     "decode",
     "encode",
     "implementation",
+    "writable_arrays",
 ]
 
 
@@ -51,15 +53,20 @@ class _Decode(Protocol):
     ) -> Data: ...
 
 
+class _Count(Protocol):
+    def __call__(self, data: Data) -> int: ...
+
+
 class Codec(NamedTuple):
     """One implementation of the binary codec: ``name`` is "python" or "compiled"."""
 
     name: str
     encode: _Encode
     decode: _Decode
+    writable_arrays: _Count
 
 
-PYTHON = Codec("python", encode_python, decode_python)
+PYTHON = Codec("python", encode_python, decode_python, writable_arrays_python)
 
 
 def _load_compiled() -> Codec | None:
@@ -71,7 +78,9 @@ def _load_compiled() -> Codec | None:
     _cbinary.set_default_limits(DEFAULT_LIMITS)  # one source of the defaults: _binary_format
     if getattr(_cbinary, "OUT_OF_BAND_MIN", None) != OUT_OF_BAND_MIN:  # a stale older build
         return None
-    return Codec("compiled", _cbinary.encode, _cbinary.decode)
+    if not hasattr(_cbinary, "writable_arrays"):  # built before it existed
+        return None
+    return Codec("compiled", _cbinary.encode, _cbinary.decode, _cbinary.writable_arrays)
 
 
 COMPILED = _load_compiled()
@@ -91,3 +100,9 @@ decode: _Decode = _IN_USE.decode
 """``decode(buffer, limits=None, arrays=()) -> Data``; any malformed input raises
 ``DecodeError`` naming the problem and its offset. Numeric arrays are read-only zero-copy
 views over ``buffer`` (or over their out-of-band array in ``arrays``)."""
+
+writable_arrays: _Count = _IN_USE.writable_arrays
+"""``writable_arrays(data) -> int``: how many big writable arrays ``encode(data, arrays)``
+copies into the body only for being writable (read-only, they would go out of band). A server
+hands such a reply over zero-copy when nobody else can reach them (``rda.business.server.
+replies``)."""

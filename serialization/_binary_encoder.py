@@ -1,4 +1,5 @@
-"""The pure-Python encoder of the binary format: ``encode_python(data, arrays=None)``.
+"""The pure-Python encoder of the binary format: ``encode_python(data, arrays=None)``, and
+``writable_arrays_python(data)``, the count of the arrays it would copy only for being writable.
 
 The layout is in ``_binary_format``; the compiled encoder (``_cbinary``) writes the same bytes.
 With a list as ``arrays``, the element bytes of every big read-only numeric array stay out of
@@ -6,7 +7,9 @@ the body: a byte view of the array is appended to ``arrays`` (the protocol sends
 own frame, BodyKind.ARRAY, so a big waveform is never copied into the body) and the entry
 refers to it by index. Only read-only arrays go that way: libzmq sends a frame after ``send``
 returns, and an array the owner may still write to must be copied at encode time, as it
-always was.
+always was. ``writable_arrays_python`` counts the big writable arrays that would go out of
+band if they were read-only: a server asks it to know when a reply is worth handing over
+zero-copy (``rda.business.server.replies``; docs/serialization.md, "Out of band").
 
 Speed matters here (the RDA3 paper's 4.22 us per encode+decode cycle), so the hot loop is
 written flat: precompiled structs, locals for globals, no per-entry function calls for the
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import struct
 from typing import Any
+
+import numpy as np
 
 from rda.serialization._binary_format import (
     DEFAULT_LIMITS,
@@ -31,7 +36,7 @@ from rda.serialization._binary_format import (
 )
 from rda.serialization._data import NUMERIC_DTYPES, Data, DataType
 
-__all__ = ["encode_python"]
+__all__ = ["encode_python", "writable_arrays_python"]
 
 T = DataType
 _pack_hdr = HEADER.pack
@@ -39,6 +44,9 @@ _pack_u32 = U32.pack
 _ENCODE_SCALAR = {T(tag): s.pack for tag, s in SCALAR_STRUCTS.items()}
 _NUMERIC_ARRAYS = frozenset(t.array for t in NUMERIC_DTYPES)
 _T_STRING_ARRAY = T.STRING_ARRAY
+_T_DATA = T.DATA
+_T_DATA_ARRAY = T.DATA_ARRAY
+_NDARRAY = np.ndarray
 _BOOL_ARRAY = T.BOOL_ARRAY
 _BIG = 1 << 16  # above this, hand numpy's buffer to join instead of a tobytes() copy
 
@@ -51,6 +59,37 @@ def _goes_out_of_band(t: DataType, v: Any) -> bool:
         and not v.flags.writeable
         and v.flags.c_contiguous
     )
+
+
+def writable_arrays_python(data: Data, depth: int = 1) -> int:
+    """How many arrays of ``data`` (nested Data and Data arrays included) are big, writable,
+    C-contiguous, numeric and not bool: copied into the body by ``encode_python(data, arrays)``
+    only because they are writable. Only exact ``numpy.ndarray`` values count (a subclass, say
+    a ``numpy.memmap``, belongs to something else). Past the depth encode refuses: 0."""
+    if depth > DEFAULT_LIMITS.max_depth:
+        return 0
+    n = 0
+    types = data._types
+    for name, v in data._values.items():
+        cls = type(v)
+        if cls is float or cls is int or cls is str or cls is bool:
+            continue
+        t = types[name]
+        if cls is _NDARRAY:
+            if (
+                t in _NUMERIC_ARRAYS
+                and t is not _BOOL_ARRAY
+                and v.nbytes >= OUT_OF_BAND_MIN
+                and v.flags.writeable
+                and v.flags.c_contiguous
+            ):
+                n += 1
+        elif t is _T_DATA:
+            n += writable_arrays_python(v, depth + 1)
+        elif t is _T_DATA_ARRAY:
+            for item in v:
+                n += writable_arrays_python(item, depth + 1)
+    return n
 
 
 def encode_python(data: Data, arrays: list[Any] | None = None) -> bytes:

@@ -226,11 +226,14 @@ class Values(RequestReplyCallback):
 
     def __init__(self) -> None:
         self.wave = big(131_072)  # 1 MiB, read-only
+        self.kept = np.arange(131_072.0)  # 1 MiB, writable, and the device keeps it
         self.sets: list[Data] = []
         self.got_set = threading.Event()
 
     def get(self, request: GetRequest) -> None:
         if request.property == "Writable":
+            request.complete(Data(wave=self.kept))
+        elif request.property == "Fresh":  # nobody but the reply holds it once get returns
             request.complete(Data(wave=np.arange(131_072.0)))
         else:
             request.complete(Data(wave=self.wave, n=1))
@@ -269,7 +272,7 @@ def _raw_get(endpoint: str, prop: str) -> list[bytes]:
         ctx.term()
 
 
-def test_a_read_only_array_is_an_array_frame_and_a_writable_one_is_in_the_data(
+def test_a_read_only_or_fresh_array_is_an_array_frame_and_a_kept_writable_one_is_in_the_data(
     server: tuple[Server, Values],
 ) -> None:
     srv, handler = server
@@ -295,6 +298,13 @@ def test_a_read_only_array_is_an_array_frame_and_a_writable_one_is_in_the_data(
     assert [kind for kind, _ in event.message.body] == [BodyKind.DATA, BodyKind.DATA_CONTEXT]
     table = 1 + 18 + len("DWritable")  # kind byte, fixed header, names: the body count
     assert writable[0][table : table + 2] == bytes([2, BodyKind.DATA | EXTERNAL])
+
+    # A writable array the handler built and let go of: handed over, as a read-only one is.
+    fresh = _raw_get(srv.endpoint, "Fresh")
+    assert len(fresh) == 2 and fresh[1] == np.arange(131_072.0).tobytes()
+    event = decode_frames(fresh, from_server=True)
+    assert isinstance(event, Incoming)
+    assert [kind for kind, _ in event.message.body] == kinds
 
 
 def test_get_set_and_notify_carry_read_only_arrays_end_to_end(

@@ -5,23 +5,8 @@ dispatcher thread: look the peer up, build a request, run a get or set at once w
 device is idle (``run_inline``; a long one is handed over) or submit it to a worker
 (``_run``); whichever thread answers the request encodes the answer (``_respond``).
 
-Outcomes and their replies (docs/protocol.md, "Application messages"):
-
-=================  =====================================  =========================
-what happened      reply                                   counted as
-=================  =====================================  =========================
-complete()         REPLY [DATA, DATA_CONTEXT] / REPLY      ok
-fail() / raise     EXCEPTION [EXCEPTION]                   by the error's class
-queue full         EXCEPTION OverloadError                 overload
-deadline passed    EXCEPTION TimeoutError                  timeout
-reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         by the error's class
-policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
-                   NotAuthorizedError
-=================  =====================================  =========================
-
-"By the error's class" is :func:`~rda.business.server.outcomes.outcome_of`: ``not_found``,
-``bad_request``, ... and ``handler_error`` only for an exception nobody typed (the server's
-fault, also counted in ``handler_errors``).
+What each outcome is answered with and how it is counted, and when a get reply is held until
+its handler returns (to send big writable arrays without a copy): rda.business.server.replies.
 
 Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
 ``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
@@ -34,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -44,6 +30,14 @@ from rda.business.policy import Authorizer, DenialLog
 from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server.devices import PropertyValidationError
 from rda.business.server.outcomes import is_handler_fault, outcome_of
+from rda.business.server.replies import (
+    admin_reply_frames,
+    error_frames,
+    get_reply_frames,
+    hand_over,
+    held_only_by_the_handler,
+    reply_frames,
+)
 from rda.business.server.requests import (
     SERVER_CLIENT,
     ClientInfo,
@@ -52,7 +46,6 @@ from rda.business.server.requests import (
     RequestReplyCallback,
     ServerRequest,
     client_timeout,
-    describe_error,
     new_request,
     timeout_error,
 )
@@ -65,8 +58,8 @@ from rda.business.server.subscriptions import (
 )
 from rda.serialization import _binary
 from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType, UpdateType, encode_context
-from rda.serialization._message import BodyKind, Message, encode_data_body, encode_exception
+from rda.serialization._header import Header, RequestType, UpdateType
+from rda.serialization._message import Message
 from rda.serialization.errors import (
     DecodeError,
     NoSuchDeviceError,
@@ -78,7 +71,6 @@ from rda.serialization.errors import (
 )
 from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, ServerTransport
-from rda.transport.protocol import Kind, encode_routed
 
 __all__ = ["ADMIN_GROUP", "BoundAdminHandler", "Dispatch", "PeerState"]
 
@@ -312,6 +304,8 @@ class Dispatch:
         rtype = request.header.request_type
         try:
             if rtype is RequestType.GET:
+                # A complete() on this thread while the handler runs may be held (_respond).
+                request._runner = get_ident()
                 self._rr.get(request)  # type: ignore[arg-type]
             elif rtype is RequestType.SET:
                 self._rr.set(request)  # type: ignore[arg-type]
@@ -319,7 +313,22 @@ class Dispatch:
                 self._subs.subscribe(request)  # type: ignore[arg-type]
         except Exception as exc:
             self._handler_raised(request, exc)
+        finally:
+            request._runner = 0
+        if request._held is not None:
+            self._send_held(request)
         self._arm(request, deadline, timeout)
+
+    def _send_held(self, request: ServerRequest) -> None:
+        """The reply held back while its handler ran: its arrays nobody else can reach now go
+        zero-copy, the rest are copied (replies.hand_over), and it leaves now."""
+        held = request._held
+        request._held = None
+        assert held is not None
+        copied = hand_over(held)[1]  # ``held`` must stay this frame's one reference
+        if not copied and self._clock() < request.deadline:  # else _respond counts it
+            self._counters.array_reply(zero_copy=True)
+        self._respond(request, held, None)
 
     def _arm(self, request: ServerRequest, deadline: float, timeout: float) -> None:
         if request.done:
@@ -366,10 +375,7 @@ class Dispatch:
                 raise NoSuchDeviceError("no admin interface")
             args = message.data if message.data is not None else Data()
             result = self._admin(header.device, args, client)
-            body = [(BodyKind.DATA, _binary.encode(result))]
-            frames = encode_routed(
-                Kind.REPLY, RequestType.REPLY, header.id, header.device, header.property, "", body
-            )
+            frames = admin_reply_frames(header, result)
             outcome = "ok"
         except Exception as exc:
             outcome = outcome_of(exc)
@@ -378,7 +384,7 @@ class Dispatch:
                     "admin errors", "admin command %r raised", header.device, exc_info=True
                 )
                 self._counters.handler_error()
-            frames = _error_frames(header, RequestType.EXCEPTION, exc)
+            frames = error_frames(header, RequestType.EXCEPTION, exc)
         # Counted before the answer leaves, as in _respond.
         self._counters.record("admin", outcome, self._clock() - at)
         self._send(peer, frames)
@@ -402,13 +408,21 @@ class Dispatch:
                 if rtype is RequestType.SUBSCRIBE
                 else RequestType.EXCEPTION
             )
-            frames = _error_frames(header, reply_type, error)
+            frames = error_frames(header, reply_type, error)
             outcome = outcome_of(error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
+            if _binary.writable_arrays(result.data):
+                # Big writable arrays: copied now, unless completed on the thread running the
+                # handler and held by nothing its return does not end (replies.py).
+                if request._runner == get_ident() and held_only_by_the_handler(
+                    result, self._run.__code__
+                ):
+                    request._held = result
+                    return
+                self._counters.array_reply(zero_copy=False)
             try:
-                body = encode_data_body(result.data)  # DATA, then any ARRAYs
-                body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
+                frames = get_reply_frames(header, result)
             except Exception as exc:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.
@@ -416,13 +430,12 @@ class Dispatch:
                 self._log.log(
                     "unencodable replies", "%r: reply not encodable", request, exc_info=True
                 )
-                frames = _error_frames(header, RequestType.EXCEPTION, exc)
+                frames = error_frames(header, RequestType.EXCEPTION, exc)
                 outcome = "handler_error"
             else:
-                frames = _reply_frames(header, RequestType.REPLY, body)
                 outcome = "ok"
         elif rtype is RequestType.SET:
-            frames = _reply_frames(header, RequestType.REPLY)
+            frames = reply_frames(header, RequestType.REPLY)
             outcome = "ok"
         else:
             outcome = "ok"
@@ -459,7 +472,7 @@ class Dispatch:
     def _send_error(
         self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
     ) -> None:
-        self._send(peer, _error_frames(header, reply_type, error))
+        self._send(peer, error_frames(header, reply_type, error))
 
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         transport = self._transport
@@ -582,16 +595,3 @@ def _deliver_immediate(
         source.notify(result, UpdateType.IMMEDIATE)
     else:
         source.notify_error(error or RuntimeError("no update"), UpdateType.IMMEDIATE)
-
-
-def _error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
-    frame = encode_exception(*describe_error(error))
-    return _reply_frames(header, reply_type, [(BodyKind.EXCEPTION, frame)])
-
-
-def _reply_frames(
-    header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
-) -> list[Buffer]:
-    """The answer to the request with ``header``: it repeats the request's id and names."""
-    h = header
-    return encode_routed(Kind.REPLY, reply_type, h.id, h.device, h.property, h.selector, body or ())

@@ -138,10 +138,12 @@ class ServerRequest:
 
     __slots__ = (
         "_filters",
+        "_held",
         "_lock",
         "_on_answer",
         "_on_late",
         "_responder",
+        "_runner",
         "client",
         "deadline",
         "message",
@@ -170,6 +172,10 @@ class ServerRequest:
         # When the client gives up (server clock), set by the server before the handler runs:
         # an answer after it is counted ``timeout`` and not sent (Dispatch._respond).
         self.deadline = float("inf")
+        # The thread running this get's handler while it runs (0 otherwise), and the reply
+        # Dispatch held back until it returns (rda.business.server.replies, hand_over).
+        self._runner = 0
+        self._held: AcquiredData | None = None
 
     def __repr__(self) -> str:
         h = self.header

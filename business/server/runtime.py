@@ -431,6 +431,7 @@ class Server:
         )
         clients = 0 if self._dispatch is None else len(self._dispatch.peers())
         accepted, closed = self._counters.connections()
+        zero_copy, copied = self._counters.array_replies()
         return ServerStatistics(
             transport=transport,
             scheduler=scheduler,
@@ -448,6 +449,8 @@ class Server:
             connections_accepted=accepted,
             connections_closed=closed,
             directory=self.directory_state(),
+            zero_copy_replies=zero_copy,
+            copied_replies=copied,
         )
 
     def metric_pairs(self) -> set[tuple[str, str]]:

@@ -123,6 +123,10 @@ class ServerStatistics:
     both values bounded by the server's own configuration (``Dispatch`` labels a declared
     principal the policy does not list ``other``, an unknown admin command ``admin:unknown``).
     ``connections_accepted``/``connections_closed`` count client connections (lanes apart).
+    ``zero_copy_replies``/``copied_replies`` count get replies holding big writable arrays
+    (64 KiB and more): sent without copying them, because the handler returned and nothing
+    but the reply could reach them, or with a copy of at least one (the device kept it, or
+    another thread completed the get; docs/server.md, "Big arrays without a copy").
     ``directory``: where the server registered and the state of that (etcd: registered,
     unreachable, replaced...).
     """
@@ -144,6 +148,8 @@ class ServerStatistics:
     connections_accepted: int = 0
     connections_closed: int = 0
     directory: str = ""  # where the server is registered, and how that stands
+    zero_copy_replies: int = 0
+    copied_replies: int = 0
 
 
 class _Pair:
@@ -178,6 +184,8 @@ class RequestCounters:
         self._other = _Pair()
         self._accepted = 0
         self._closed = 0
+        self._zero_copy = 0
+        self._copied = 0
 
     @property
     def device_limit(self) -> int:
@@ -247,6 +255,20 @@ class RequestCounters:
         """(accepted, closed) client connections."""
         with self._lock:
             return self._accepted, self._closed
+
+    def array_reply(self, zero_copy: bool) -> None:
+        """Count one get reply with big writable arrays: sent without copying them (nobody
+        else could reach them), or with a copy of at least one."""
+        with self._lock:
+            if zero_copy:
+                self._zero_copy += 1
+            else:
+                self._copied += 1
+
+    def array_replies(self) -> tuple[int, int]:
+        """(zero_copy_replies, copied_replies)."""
+        with self._lock:
+            return self._zero_copy, self._copied
 
     def denied(self, principal: str, operation: str) -> None:
         """Count one request refused by the policy (its outcome is counted by ``record``).

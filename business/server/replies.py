@@ -1,0 +1,282 @@
+"""A reply's frames, and the hand-over of a get reply's writable arrays nobody else can reach.
+
+The frames: :func:`reply_frames` and :func:`error_frames` repeat the request's id and names
+(docs/protocol.md, "Application messages"); :func:`get_reply_frames` adds a get's DATA,
+DATA_CONTEXT and ARRAY bodies. What ``Dispatch`` answers each outcome with:
+
+=================  =====================================  =========================
+what happened      reply                                   counted as
+=================  =====================================  =========================
+complete()         REPLY [DATA, DATA_CONTEXT, ARRAY...]    ok
+                   / REPLY (a set)
+fail() / raise     EXCEPTION [EXCEPTION]                   by the error's class
+queue full         EXCEPTION OverloadError                 overload
+deadline passed    EXCEPTION TimeoutError                  timeout
+reject()           SUBSCRIBE_EXCEPTION [EXCEPTION]         by the error's class
+policy denies      EXCEPTION / SUBSCRIBE_EXCEPTION          denied
+                   NotAuthorizedError
+=================  =====================================  =========================
+
+"By the error's class" is :func:`~rda.business.server.outcomes.outcome_of`: ``not_found``,
+``bad_request``, ... and ``handler_error`` only for an exception nobody typed (the server's
+fault, also counted in ``handler_errors``).
+
+The hand-over (docs/serialization.md, "Out of band"). A big read-only array goes out of band:
+its own frame, sent zero-copy, libzmq reading it after ``send`` returned. A writable one is
+copied into the DATA body at encode time, because whoever holds it could write to it while
+libzmq is still sending it, and the client would get torn data. But the usual get handler
+builds a fresh array, completes with it and returns: then nothing but the reply can reach it,
+and the copy protects nobody. So, when a get is completed on the thread running its handler
+and its Data holds big writable arrays (``_binary.writable_arrays``), ``Dispatch`` asks twice:
+
+1. at ``complete()``, :func:`held_only_by_the_handler`: is each such array reachable only
+   through the reply and the locals of the frames running the handler (which end when it
+   returns)? If not (the device keeps one), the reply is encoded at once and the arrays
+   copied as they are then, as always: a write after ``complete()`` never reaches the client.
+   If so, the reply is held until the handler returns;
+2. after the handler returned, :func:`hand_over`: is the reply now the only holder? Each
+   array that is, is made read-only (nobody can see the flag change: nobody else holds it)
+   and so goes out of band like any read-only array, zero-copy; the others are copied. The
+   wire format does not change.
+
+"The only holder", by reference counts: the AcquiredData held by the caller alone, its Data
+only by it, the Data's value table only by the Data (nested Data and Data arrays by the same
+rule, each level held only by the one above); the array only by its table, without weak
+references, owning its memory: ``base`` None with ``OWNDATA``, or a chain of plain ndarrays
+each held only by the view above it, ending in one that owns its memory or in an immutable
+``bytes``. Anything else is copied: a device attribute, a module constant, a closure's cell, a
+cached or ``copy()``-shared Data, a kept AcquiredData, a view of a buffer someone keeps, a
+bytearray, mmap or ctypes base, an ndarray subclass, a traceback or log record holding a
+frame. A reference nobody can see (a value on an evaluation stack, a C extension's) only ever
+makes a count higher: the array is copied.
+
+A local variable that a closure captures is a cell, held by the closure, which may outlive
+the handler: never counted as the frame's (Python makes a captured name a cell in the whole
+function, so such a handler's arrays under that name are copied).
+
+What this changes for a handler: an array only its own locals held at ``complete()`` is sent
+as it is when the handler returns (write to it after ``complete()`` and the client sees the
+write); the reply leaves when the handler returns, not at ``complete()``.
+
+``sys.getrefcount`` is exact in CPython (the GIL build); every count is taken of a local of
+the function that checks it, so it sees the holders, that local and the call's argument
+(:data:`_LOCAL`, measured at import, as is what reading ``f_locals`` adds).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from inspect import CO_OPTIMIZED
+from types import CodeType, FrameType
+from typing import Any
+
+import numpy as np
+
+from rda.business.common import AcquiredData
+from rda.business.server.requests import describe_error
+from rda.serialization import _binary
+from rda.serialization._binary_format import DEFAULT_LIMITS, OUT_OF_BAND_MIN
+from rda.serialization._data import Data, DataType
+from rda.serialization._header import Header, RequestType, encode_context
+from rda.serialization._message import BodyKind, encode_data_body, encode_exception
+from rda.transport.api import Buffer
+from rda.transport.protocol import Kind, encode_routed
+
+__all__ = [
+    "admin_reply_frames",
+    "error_frames",
+    "get_reply_frames",
+    "hand_over",
+    "held_only_by_the_handler",
+    "reply_frames",
+]
+
+_getrefcount = sys.getrefcount
+_weakrefs = weakref.getweakrefcount
+_NDARRAY = np.ndarray
+_NUMERIC = frozenset(range(DataType.INT8_ARRAY, DataType.FLOAT64_ARRAY + 1))
+_DATA_ARRAY = DataType.DATA_ARRAY
+
+
+def reply_frames(
+    header: Header, reply_type: RequestType, body: list[tuple[BodyKind, Buffer]] | None = None
+) -> list[Buffer]:
+    """The answer to the request with ``header``: it repeats the request's id and names."""
+    h = header
+    return encode_routed(Kind.REPLY, reply_type, h.id, h.device, h.property, h.selector, body or ())
+
+
+def error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
+    frame = encode_exception(*describe_error(error))
+    return reply_frames(header, reply_type, [(BodyKind.EXCEPTION, frame)])
+
+
+def get_reply_frames(header: Header, result: AcquiredData) -> list[Buffer]:
+    """A get's REPLY: DATA, DATA_CONTEXT, then an ARRAY per big read-only array. Raises what
+    the codec refuses (ValueError, TypeError)."""
+    body = encode_data_body(result.data)  # DATA, then any ARRAYs
+    body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
+    return reply_frames(header, RequestType.REPLY, body)
+
+
+def admin_reply_frames(header: Header, result: Data) -> list[Buffer]:
+    """An admin command's REPLY: its result as the DATA body (never out of band: admin
+    results are small and the client's admin path decodes DATA alone)."""
+    body = [(BodyKind.DATA, _binary.encode(result))]
+    h = header
+    return encode_routed(Kind.REPLY, RequestType.REPLY, h.id, h.device, h.property, "", body)
+
+
+def _references_of_a_local() -> int:
+    probe = object()  # held by this local only
+    return _getrefcount(probe)  # 2 on CPython 3.11: the local and the argument
+
+
+# What getrefcount says of an object held by one local of the function that asks and nothing
+# else: every other holder adds one.
+_LOCAL = _references_of_a_local()
+
+
+def _snapshot_references() -> int:
+    probe = object()
+    before = _getrefcount(probe)
+    sys._getframe().f_locals  # noqa: B018 (read for its effect)
+    return _getrefcount(probe) - before
+
+
+# 1 when reading a frame's ``f_locals`` leaves a snapshot dict on the frame, holding each
+# local once more until the frame ends (CPython 3.11, 3.12), 0 when it is a proxy (3.13).
+_SNAPSHOT_KEPT = _snapshot_references()
+_NO_FRAMES: dict[int, int] = {}
+
+
+def held_only_by_the_handler(acquired: AcquiredData, stop: CodeType) -> bool:
+    """At ``complete()`` on the thread running the handler: whether every big writable array
+    of the reply is reachable only through the reply and the locals of the frames between
+    here and the one running ``stop`` (``Dispatch._run``), which all end when the handler
+    returns. Then the reply may wait for that return and be handed over (:func:`hand_over`);
+    else it is encoded now, its arrays copied as they are at ``complete()``."""
+    frames = _frame_references(stop)
+    if frames is None:
+        return False
+    # ``acquired``: this parameter, and _walk's; the rest is in ``frames`` (_respond's local).
+    handed, left = _walk(acquired, 1, frames, freeze=False)
+    return handed > 0 and not left
+
+
+def hand_over(acquired: AcquiredData) -> tuple[int, int]:
+    """After the handler returned: make read-only each big writable array of ``acquired``
+    that nothing but the reply can reach (see the module docstring), so that the encoder
+    sends it out of band without a copy. The caller holds ``acquired`` in one local variable
+    and passes that, its only other holder. Returns (arrays handed over, arrays to copy)."""
+    # ``acquired``: the caller's local, this parameter, and _walk's.
+    return _walk(acquired, 2, _NO_FRAMES, freeze=True)
+
+
+def _frame_references(stop: CodeType) -> dict[int, int] | None:
+    """By ``id``, the references the locals of the frames from our caller's caller up to the
+    one running ``stop`` (excluded) hold; None when ``stop`` is not on this thread's stack.
+
+    A plain local dies with its frame; a closure's cell may outlive it, so cells are not
+    counted. Reading ``f_locals`` (a snapshot dict kept on the frame until Python 3.13) adds
+    that dict's references, which die with the frame too: counted as well. Only function
+    frames: the namespace of module, class or exec code may outlive it (None then)."""
+    counts: dict[int, int] = {}
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code is not stop:
+        code = frame.f_code
+        if not code.co_flags & CO_OPTIMIZED:
+            return None  # module, class or exec code: its namespace may outlive the frame
+        cells = code.co_cellvars + code.co_freevars
+        snapshot = frame.f_locals
+        for name in list(snapshot):
+            key = id(snapshot[name])  # the value itself is never bound here: no extra count
+            n = (name not in cells) + _SNAPSHOT_KEPT
+            if n:
+                counts[key] = counts.get(key, 0) + n
+        del snapshot
+        frame = frame.f_back
+    return None if frame is None else counts
+
+
+def _walk(
+    acquired: AcquiredData, callers: int, frames: dict[int, int], freeze: bool
+) -> tuple[int, int]:
+    """(arrays nobody else reaches, arrays someone else may) among the reply's big writable
+    ones; with ``freeze``, the first are made read-only. ``callers``: the references to
+    ``acquired`` the calling functions hold; ``frames``: those other frames hold, by id."""
+    data = acquired.data
+    total = _binary.writable_arrays(data)
+    if not total:
+        return 0, 0
+    if _getrefcount(acquired) > callers + frames.get(id(acquired), 0) + _LOCAL:
+        return 0, total
+    if _getrefcount(data) > 1 + frames.get(id(data), 0) + _LOCAL:
+        return 0, total
+    handed = _walk_data(data, 1, frames, freeze)
+    return handed, total - handed
+
+
+def _walk_data(data: Data, depth: int, frames: dict[int, int], freeze: bool) -> int:
+    """The arrays of ``data`` (whose own holders its parent checked) nobody else reaches;
+    each value is held by the table, by the frames, and by the one local that counts it."""
+    if depth > DEFAULT_LIMITS.max_depth:  # the encoder refuses the whole reply anyway
+        return 0
+    values = data._values
+    if _getrefcount(values) > 1 + frames.get(id(values), 0) + _LOCAL:
+        return 0  # a dict view or an iterator someone keeps
+    types = data._types
+    handed = 0
+    for name in list(values):
+        v = values[name]
+        one = 1 + frames.get(id(v), 0) + _LOCAL
+        cls = type(v)
+        if cls is _NDARRAY:
+            if (
+                types[name] in _NUMERIC
+                and v.flags.writeable
+                and v.nbytes >= OUT_OF_BAND_MIN
+                and v.flags.c_contiguous
+                and _getrefcount(v) <= one
+                and not _weakrefs(v)
+                and _owns_its_memory(v, frames)
+            ):
+                if freeze:
+                    v.flags.writeable = False
+                handed += 1
+        elif cls is Data:
+            if _getrefcount(v) <= one:
+                handed += _walk_data(v, depth + 1, frames, freeze)
+        elif cls is list and types[name] is _DATA_ARRAY and _getrefcount(v) <= one:
+            handed += _walk_items(v, depth, frames, freeze)
+        del v
+    return handed
+
+
+def _walk_items(items: list[Any], depth: int, frames: dict[int, int], freeze: bool) -> int:
+    """A Data array's share of :func:`_walk_data` (each item held by the list)."""
+    handed = 0
+    for item in items:
+        if type(item) is Data and _getrefcount(item) <= 1 + frames.get(id(item), 0) + _LOCAL:
+            handed += _walk_data(item, depth + 1, frames, freeze)
+    return handed
+
+
+def _owns_its_memory(array: Any, frames: dict[int, int]) -> bool:
+    """Whether ``array``'s memory is reachable only through it: it owns it, or each base
+    down the chain is a plain ndarray held only by the view above it (and the frames), ending
+    in one that owns its memory or in an immutable ``bytes``."""
+    view = array
+    while True:
+        base = view.base
+        if base is None:
+            return bool(view.flags.owndata)
+        # Held by ``view`` (its base) and by the local ``base``.
+        if _getrefcount(base) > 1 + frames.get(id(base), 0) + _LOCAL:
+            return False
+        if type(base) is bytes:
+            return True
+        if type(base) is not _NDARRAY or _weakrefs(base):
+            return False  # a bytearray, mmap, memmap, ctypes or foreign buffer: not ours
+        view = base
