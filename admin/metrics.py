@@ -147,6 +147,12 @@ class ServerCollector(Collector):
             name,
             transport.auth_failures,
         )
+        yield counter(
+            "rda_handler_handovers",
+            "Handlers that ran on the dispatcher past handover_after (a standby took the lead).",
+            name,
+            transport.handovers,
+        )
         yield gauge(
             "rda_scheduler_queued_tasks", "Tasks waiting in the scheduler.", name, scheduler.queued
         )

@@ -9,8 +9,8 @@ Wall-clock figures are noisy on a shared machine; these counts are not. Per proc
   backend methods, and ``direct_send``/``direct_recv``/``direct_recv_routed``, its
   GIL-keeping calls straight into libzmq, one per message: counted as one send/recv each; raw
   pyzmq calls ``zmq.Socket`` methods);
-* ``context_switches``: voluntary + involuntary switches of every thread of the process, from
-  ``/proc/<pid>/task/*/status``: each voluntary one is a thread going to sleep, i.e. a
+* ``context_switches``: voluntary + involuntary switches of every thread of the process, ended
+  ones included (``getrusage``): each voluntary one is a thread going to sleep, i.e. a
   wake-up later;
 * ``syscalls``: system calls of every thread, from ``strace -c -f -p <pid>`` attached for a
   separate pass over the same number of operations (strace slows the run, not the counts);
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -123,15 +124,12 @@ class _SelectShim:
         return getattr(select, name)
 
 
-def context_switches(pid: int | None = None) -> int:
-    """Voluntary + involuntary context switches of every thread of ``pid`` (default: us)."""
-    total = 0
-    for status in Path(f"/proc/{pid or os.getpid()}/task").glob("*/status"):
-        with contextlib.suppress(OSError):
-            for line in status.read_text().splitlines():
-                if "ctxt_switches:" in line:
-                    total += int(line.split()[1])
-    return total
+def context_switches() -> int:
+    """Voluntary + involuntary context switches of every thread of this process, those that
+    ended included (``getrusage``: a thread that ended between two snapshots, such as a
+    dispatcher that handed the lead over, would otherwise take its switches with it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def snapshot() -> dict[str, int]:

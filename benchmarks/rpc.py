@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import _patterns
 import _structure
 import _tango
 import zmq
@@ -356,11 +357,14 @@ def main() -> None:
         _structure.install()
         os.environ[_structure.COUNT_ENV] = "1"
         # Separate processes (the deployment arrangement): each side's counts are its own.
+        n = args.structure_ops
         report["structure_per_operation"] = {
-            "raw": _structure.raw_structure(Child, args.structure_ops),
-            "rda": _structure.rda_structure(Child, args.structure_ops),
+            "raw": {**_structure.raw_structure(Child, n), **_patterns.raw_in_flight(Child, n)},
+            "rda": _structure.rda_structure(Child, n),
+            # The patterns docs/client.md shows (futures, listeners), issue 28's harness.
+            "rda_user": _patterns.rda_patterns(Child, n),
             "rda_workers": _structure.rda_structure(
-                Child, args.structure_ops, kind="rda_workers", notifications=False
+                Child, n, kind="rda_workers", notifications=False
             ),
         }
     report["load_average_after"] = os.getloadavg()

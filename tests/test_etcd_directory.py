@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import rda
+from rda._cli import build
 from rda.business.config import Config, ConfigError, etcd_endpoints
 from rda.business.directory import ChainDirectory, default_directory, default_registry
 from rda.business.etcd.gateway import EtcdGateway
@@ -248,3 +251,54 @@ def test_a_server_does_not_start_unregistered_when_etcd_is_unreachable(
     assert not server.running
     assert "Lonely" not in server.directory_state()
     dead.close()
+
+
+def test_a_server_closes_the_etcd_directory_it_made_but_not_one_it_was_given(
+    monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd, no_thread_leak: None
+) -> None:
+    port = etcd.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("RDA_DIRECTORY_URL", f"etcd://127.0.0.1:{port}")
+    monkeypatch.setenv("RDA_DIRECTORY_PREFIX", "/own/")
+    server = rda.ServerBuilder("Owner").devices("OWN1").endpoint("tcp://127.0.0.1:0").build()
+    made = server._directory
+    assert isinstance(made, rda.EtcdDirectory)
+    given = rda.EtcdDirectory(etcd.url, prefix="/own/", ttl=TTL)
+    try:
+        server.start()
+        assert given.resolve("OWN1") == server.endpoint
+        server.stop()
+        # Its own registry (HTTP pool, lease keeper) is closed with it ...
+        assert made.state().watching == "closed"
+        wait_for(lambda: "OWN1" not in given.devices(), 5.0, "entries removed at stop")
+        # ... while a directory handed to the builder stays the caller's, open and usable.
+        lent = rda.ServerBuilder("Borrower").devices("OWN2").directory(given)
+        borrower = lent.endpoint("tcp://127.0.0.1:0").build().start()
+        borrower.stop()
+        assert given.state().watching != "closed"
+        given.register("After", "tcp://10.0.0.9:9", ["OWN3"])
+        assert given.resolve("OWN3") == "tcp://10.0.0.9:9"
+        given.unregister("After")
+    finally:
+        server.stop()
+        given.close()
+
+
+def test_rda_record_on_etcd_leaves_no_watch_thread_behind(
+    monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd, tmp_path: Path, no_thread_leak: None
+) -> None:
+    port = etcd.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("RDA_DIRECTORY_URL", f"etcd://127.0.0.1:{port}")
+    monkeypatch.setenv("RDA_DIRECTORY_PREFIX", "/rec/")
+    monkeypatch.setenv("RDA_DIRECTORY_FILE", str(tmp_path / "directory.json"))
+    config = tmp_path / "rda.toml"
+    config.write_text("request_timeout = 2.0\n")
+    store = str(tmp_path / "store")
+    with rda.ServerBuilder("REC").devices("REC1").endpoint("tcp://127.0.0.1:0").build() as server:
+        args = ["--config", str(config), "record", store, "REC1/Acq", "--duration", "0.3s"]
+        result = CliRunner().invoke(build(), args)
+        assert result.exit_code == 0, result.output
+    # A recording refused at start (nothing matches) closes its client too.
+    refused = CliRunner().invoke(build(), ["--config", str(config), "record", store, "NONE/Acq"])
+    assert refused.exit_code == 4, refused.output
+    assert "NONE: no such device" in refused.output
+    assert server.endpoint  # served the first recording

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 import rda.admin
+from rda.admin.metrics import ServerCollector, registry_for
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
@@ -121,6 +122,14 @@ def test_a_long_handler_hands_the_dispatching_over_and_order_and_admin_hold(
         assert threads["D2"].startswith(DISPATCHER + "-")
         relay = relay_of(server)
         assert relay.handovers >= 1
+        # Counted where an operator looks: the transport's statistics, admin stats, metrics.
+        handovers = server.statistics().transport.handovers
+        assert handovers == relay.handovers
+        stats = client.admin(server.endpoint, "stats", timeout=WAIT)
+        assert stats["transport"]["handovers"] == handovers
+        registry = registry_for(ServerCollector(server), process=False)
+        metric = registry.get_sample_value("rda_handler_handovers_total", {"server": "HANDOVER"})
+        assert metric == handovers
         # The thread that ran the long handler stands by again or ends: a leader and one
         # standby remain.
         wait_until(lambda: len(relay.threads()) == 2)

@@ -129,7 +129,9 @@ class ServerCounters(Counters):
         self._queue_depth += 1
         return True
 
-    def _statistics(self, peers: int, lanes: int = 0) -> ServerTransportStatistics:
+    def _statistics(
+        self, peers: int, lanes: int = 0, handovers: int = 0
+    ) -> ServerTransportStatistics:
         return ServerTransportStatistics(
             messages_in=self._messages_in,
             messages_out=self._messages_out,
@@ -145,6 +147,7 @@ class ServerCounters(Counters):
             handler_errors=self._handler_errors,
             auth_failures=self._auth_failures,
             lanes=lanes,
+            handovers=handovers,
         )
 
 

@@ -98,6 +98,9 @@ class ServerTransportStatistics:
     auth_failures: int = 0
     # Clients' direct lanes (transport/zmq_lane.py) connected now; not counted in ``peers``.
     lanes: int = 0
+    # Handlers that ran on the dispatcher past ``handover_after``: each time a standby took
+    # the lead (transport/_relay.py). Many of them mean handlers that block belong on workers.
+    handovers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,7 +230,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         denied = 0 if self._zap is None else self._zap.denied
         self._auth_failures = denied + self._handshake_failures
         lanes = self._lanes
-        return self._statistics(len(self._peers) - lanes, lanes)
+        return self._statistics(len(self._peers) - lanes, lanes, self._relay.handovers)
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:
         return peer_statistics(self._peers)

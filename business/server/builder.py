@@ -248,7 +248,8 @@ class ServerBuilder:
         if self.metrics_port_value is None:
             self.metrics_port_value = config.metrics_port
         directory = self._directory
-        if directory is _UNSET:
+        owns_directory = directory is _UNSET
+        if owns_directory:
             directory = default_registry(config)
         rr: RequestReplyCallback
         subs: SubscriptionCallback
@@ -277,6 +278,7 @@ class ServerBuilder:
                 self._inline, self._inline_patterns, self._blocking_patterns
             ),
             directory=directory,
+            owns_directory=owns_directory,
             replace=self._replace,
             transport_factory=self._transport,
             clock=self._clock,

@@ -93,6 +93,7 @@ class Server:
         inline_handlers: InlineRule | None = None,
         curve: ServerCurve | None = None,
         replace: bool = False,
+        owns_directory: bool = False,
     ) -> None:
         self.name = name
         self._inline = inline_handlers if inline_handlers is not None else InlineRule()
@@ -105,6 +106,9 @@ class Server:
         self._device_objects = device_objects
         self._immediate = immediate_updates
         self._directory = directory
+        # The builder's default registry (etcd's HTTP pool, or the file directory) is the
+        # server's own: closed at stop. One given to ``directory()`` belongs to the caller.
+        self._owns_directory = owns_directory
         self._replace = replace
         self._factory = transport_factory
         self._clock = clock
@@ -243,6 +247,13 @@ class Server:
             except Exception:
                 log.warning("server %r: could not unregister", self.name, exc_info=True)
             self._registered = False
+        close_directory = getattr(self._directory, "close", None)
+        if self._owns_directory and callable(close_directory):
+            self._owns_directory = False  # once: stop is idempotent
+            try:
+                close_directory()
+            except Exception:
+                log.warning("server %r: could not close its directory", self.name, exc_info=True)
         if self._dispatch is not None:
             self._dispatch.stopping = True
         if self._transport is not None:

@@ -53,12 +53,12 @@ def _client(ctx: click.Context) -> Any:
     if endpoint is None and make_config is None:
         return None  # the recorder makes a ClientService on the default directory
     from rda.business.client.service import ClientService
-    from rda.business.directory import StaticDirectory, default_directory
+    from rda.business.directory import StaticDirectory
 
     config = make_config() if make_config is not None else None
-    directory = (
-        StaticDirectory({"*": endpoint}) if endpoint is not None else default_directory(config)
-    )
+    # No directory given: the service makes the configured default itself, so it owns it and
+    # closes it (etcd's watch thread and HTTP pool) when the recorder closes the service.
+    directory = None if endpoint is None else StaticDirectory({"*": endpoint})
     return ClientService(directory=directory, config=config)
 
 
@@ -154,7 +154,12 @@ def record(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, terminate)
     endpoint = None
-    recorder.start()
+    try:
+        recorder.start()  # stops itself when it fails; the client is ours to close
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     try:
         if recorder.history_server is not None:
             click.echo(f"serving history at {recorder.history_server.endpoint}", err=True)
