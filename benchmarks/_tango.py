@@ -33,11 +33,11 @@ How the subscriptions are read, and how a loss is counted:
   unbounded, as rda's ``queue_size=100_000`` and raw's ``rcvhwm=0`` are for a burst. The
   same measure with the *push* model (a callback per event, on Tango's event thread; the
   first example of PyTango's docs) is nested as ``callback``.
-* Tango drops events when a ZMQ high-water mark is reached (1000 messages by default on
-  the client's SUB socket and on the server's PUB socket): both are raised to ``HWM``
-  (``TANGO_EVENT_BUFFER_HWM``, ``TANGO_DS_EVENT_BUFFER_HWM``, Tango's documented settings),
-  as raw's and rda's queues are sized for a burst (``RDA_BENCH_TANGO_HWM=1000`` in the
-  environment of ``rpc.py`` measures Tango's defaults instead).
+* Tango drops events when a ZMQ high-water mark of its event sockets is reached (the
+  server's PUB socket, the client's SUB socket): both are set to ``HWM`` = 100,000
+  (``TANGO_DS_EVENT_BUFFER_HWM``, ``TANGO_EVENT_BUFFER_HWM``, read by cppTango), as raw's
+  and rda's queues are sized for a burst. ``RDA_BENCH_TANGO_HWM`` in the environment of
+  ``rpc.py`` sets another value, ``default`` leaves Tango's own.
 * Tango numbers the events of a stream; a jump in that number reaches the subscriber as an
   error event (reason ``API_MissedEvents``) just before the next event, without saying how
   many were lost. The receive side counts the sequence numbers it saw: ``received``; the
@@ -76,8 +76,8 @@ from typing import Any
 
 DEVICE = "test/bench/1"
 # ZMQ high-water mark of Tango's event sockets, both sides (rda's burst: queue_size=100_000);
-# RDA_BENCH_TANGO_HWM=1000 measures Tango's defaults.
-HWM = int(os.environ.get("RDA_BENCH_TANGO_HWM", "100000"))
+# RDA_BENCH_TANGO_HWM=default leaves Tango's own settings.
+HWM = os.environ.get("RDA_BENCH_TANGO_HWM", "100000")
 QUIET_S = 2.0  # a burst ends this long after its last event, if events were lost
 TIMEOUT_S = 60.0  # and in any case this long after it started
 
@@ -93,10 +93,15 @@ def _free_port() -> int:
         return port
 
 
+def _set_hwm(variable: str) -> None:
+    if HWM != "default":
+        os.environ[variable] = str(int(HWM))
+
+
 def serve() -> None:
     """Child process: serve ``test/bench/1`` without a database, print its address (a
     ``tango://`` name) once it listens, exit when stdin closes."""
-    os.environ["TANGO_DS_EVENT_BUFFER_HWM"] = str(HWM)  # read when the server starts
+    _set_hwm("TANGO_DS_EVENT_BUFFER_HWM")  # read when the server starts
     import numpy as np
     from tango import AttrWriteType
     from tango.server import Device, attribute, command, run
@@ -176,7 +181,7 @@ class Tango:
 
     def __init__(self, address: str) -> None:
         # Read when this process subscribes to its first event (Tango's event consumer).
-        os.environ["TANGO_EVENT_BUFFER_HWM"] = str(HWM)
+        _set_hwm("TANGO_EVENT_BUFFER_HWM")
         import tango
 
         self.name = "tango"
