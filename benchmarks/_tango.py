@@ -13,8 +13,7 @@ The same access points as rda's and raw's, on one device ``test/bench/1``:
 * 64 in flight: ``read_attribute_asynch`` requests kept 64 outstanding, each reply collected
   with ``read_attribute_reply`` in order (Tango's polling-model asynchronous call);
 * 1 MiB: ``read_attribute("mib")``, a spectrum of 131072 float64 (no read-only variant:
-  Tango has one path for both, so both 1 MiB passes measure the same call).
-
+  Tango has one path for both, so both 1 MiB passes measure the same call);
 * subscriptions: change events of the attribute ``seq`` (a double), which the device marks
   as pushed by hand (``set_change_event("seq", True, False)``). The ``Publish`` command
   (``[first, count]``, the counterpart of rda's ``SCALAR/Publish`` set and raw's ``PUB``)
@@ -28,8 +27,8 @@ How the subscriptions are read, and how a loss is counted:
 * ``subscription_1`` / ``subscription_10`` (compared with raw): Tango's *pull* model,
   ``subscribe_event(..., EventType.CHANGE_EVENT, ALL_EVENTS)`` and ``get_events(id)`` in a
   loop that sleeps 1 ms when every queue is empty. It is the fast documented pattern:
-  Tango's event thread stores each event in C++ without taking the GIL, and Python collects
-  them in batches (measured 2-3x the callback rate here); ``ALL_EVENTS`` makes the queue
+  Tango's event thread stores each event in its C++ queue, running no Python code, and
+  Python collects them in batches (measured 2-3.5x the callback rate here); ``ALL_EVENTS`` makes the queue
   unbounded, as rda's ``queue_size=100_000`` and raw's ``rcvhwm=0`` are for a burst. The
   same measure with the *push* model (a callback per event, on Tango's event thread; the
   first example of PyTango's docs) is nested as ``callback``.
