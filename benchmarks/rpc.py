@@ -49,8 +49,10 @@ run in-process only (they drive the server directly). Prints one JSON object.
 
 PyTango (``pip install rda[bench]``), when installed, is one more contestant of the
 separate-process arrangement (``tango``, ``ratio_tango``; ``benchmarks/_tango.py``): a
-device served without a Tango database, the same gets, set, 64 in flight and 1 MiB, no
-subscriptions. Without it the report says ``"tango": "absent: ..."``.
+device served without a Tango database, the same gets, set, 64 in flight and 1 MiB, and
+subscriptions (change events pushed by a device thread, read through event queues, the
+callback variant nested as ``callback``). Without it the report says ``"tango": "absent:
+..."``.
 """
 
 from __future__ import annotations
