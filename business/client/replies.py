@@ -53,7 +53,10 @@ class ReplyFuture(Future[Any]):
         self._converted = False
         self._value: Any = None
         self._error: BaseException | None = None
-        self.on_cancel: Callable[[], None] | None = None
+        # Called with ``key`` when cancel() succeeds (the service abandons request ``key``):
+        # two attributes, not a ``partial`` made for every request.
+        self.on_cancel: Callable[[int], None] | None = None
+        self.key = 0
 
     def _conversion(self, message: Message) -> Any:
         if not self._converted:
@@ -82,7 +85,7 @@ class ReplyFuture(Future[Any]):
     def cancel(self) -> bool:
         cancelled = super().cancel()
         if cancelled and self.on_cancel is not None:
-            self.on_cancel()
+            self.on_cancel(self.key)
         return cancelled
 
 

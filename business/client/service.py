@@ -388,7 +388,8 @@ class ClientService(ClientConnections, LaneCalls, HistoryCalls):
         # No handle to cancel: a reply takes the entry out of _pending, and the timer skips it.
         self._timer.deadline(now + timeout, rid)
         if isinstance(fut, ReplyFuture):
-            fut.on_cancel = functools.partial(self._abandon, rid)
+            fut.on_cancel = self._abandon
+            fut.key = rid
         if ep.connection != conn:
             # The connection died between choosing it and registering: its on_disconnected
             # may have scanned the table before our entry was there.
