@@ -278,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="publications per second")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # httpx logs each request at INFO: with etcd as the directory, a line per lease refresh.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     server = build_demo_server(
         args.endpoint,
         name=args.name,

@@ -317,3 +317,27 @@ def test_same_name_is_refused_naming_the_owner_and_replace_takes_over(
         assert "taken over by" in old_log, old_log
     finally:
         group.close()
+
+
+def test_the_demo_on_etcd_logs_its_own_lines_not_each_http_request(
+    etcd_env: dict[str, str], watcher: rda.EtcdDirectory
+) -> None:
+    # The demo logs at INFO (as `rda panel` does); httpx logs every request there (the lease's
+    # grant, the registration, a refresh every ttl/3, the revoke): one line each.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rda.demo", "--name", "DEMOLOG", "--rate", "2"],
+        env=etcd_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "serving" in _read_line(proc, 30.0)
+        # Registered through etcd's HTTP gateway (its requests made already).
+        deadline = time.monotonic() + 20.0
+        while "DEMOLOG" not in {e.name for e in watcher.servers()}:
+            assert time.monotonic() < deadline, "the demo never registered"
+            time.sleep(0.05)
+    finally:
+        stderr = _stderr(proc)
+    assert "HTTP Request" not in stderr, stderr

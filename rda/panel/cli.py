@@ -78,6 +78,8 @@ def panel(
     else:
         principal = config.principal or "anonymous"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # httpx logs each request at INFO: with etcd as the directory, a line per lease refresh.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     source = PanelSource(client, principal)
     if history is None:  # the recorders that serve history over rda, found by the directory
         history = ServiceHistory(client)
