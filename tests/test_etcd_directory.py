@@ -302,3 +302,51 @@ def test_rda_record_on_etcd_leaves_no_watch_thread_behind(
     assert refused.exit_code == 4, refused.output
     assert "NONE: no such device" in refused.output
     assert server.endpoint  # served the first recording
+
+
+def test_curve_end_to_end_with_the_server_key_from_etcd(
+    etcd: LocalEtcd, no_thread_leak: None
+) -> None:
+    import rda.security as security
+
+    server_keys, alice, mallory = (security.generate_keypair() for _ in range(3))
+
+    class Text(rda.RequestReplyCallback):
+        def get(self, request: rda.GetRequest) -> None:
+            principal = request.client.info.get("authenticated_principal")
+            request.complete(rda.Data(text="secret", principal=str(principal)))
+
+    registry = rda.EtcdDirectory(etcd.url, prefix="/curve/", ttl=TTL)
+    server = (
+        rda.ServerBuilder("KEYED")
+        .request_reply(Text())
+        .devices("KEY1")
+        .endpoint("tcp://127.0.0.1:0")
+        .directory(registry)
+        .security(security.ServerSecurity(server_keys, clients={"alice": alice.public}))
+        .build()
+        .start()
+    )
+    # A client that knows only etcd's address: the endpoint and the server's public key come
+    # from there; its own key is one the server lists.
+    found = rda.EtcdDirectory(etcd.url, prefix="/curve/", ttl=TTL)
+    client = rda.ClientService(
+        found, rda.Config(request_timeout=5.0), security=security.ClientSecurity(alice)
+    )
+    stranger = rda.ClientService(
+        found, rda.Config(request_timeout=1.0), security=security.ClientSecurity(mallory)
+    )
+    try:
+        assert found.server_key(server.endpoint) == server_keys.public
+        reply = client.access_point("KEY1", "Text").get().data
+        assert (reply["text"], reply["principal"]) == ("secret", "alice")
+        # A key the server does not list is refused in the handshake: a typed error, counted.
+        with pytest.raises(rda.NotAuthorizedError, match="does not accept this client's key"):
+            stranger.access_point("KEY1", "Text").get()
+        wait_for(lambda: server.statistics().transport.auth_failures >= 1, 10.0, "refusal")
+    finally:
+        stranger.close()
+        client.close()
+        found.close()
+        server.stop()
+        registry.close()
