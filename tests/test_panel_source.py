@@ -316,3 +316,37 @@ def test_the_chart_past_comes_from_a_recorder_serving_history(
     assert ServiceHistory(client).series("PS1", "Acquisition", "unit", 10) == {"t": [], "v": []}
     with pytest.raises(HistoryUnavailableError):
         ServiceHistory(client).series("PS9", "Acquisition", "current", 10)
+
+
+def test_the_panel_reads_a_curve_server_with_its_key_file(tmp_path: Path) -> None:
+    # `rda panel --key FILE --server-key KEY`: the flags' client security (client_security),
+    # then the panel's discovery (admin commands) and a view, all through CURVE.
+    import rda.security as security
+    from rda.admin.cli.common import client_security
+    from rda.business.config import Config
+
+    server_keys, panel_keys = security.generate_keypair(), security.generate_keypair()
+    key_file = tmp_path / "panel.key"
+    security.save_keypair(panel_keys, key_file)
+    sec = security.ServerSecurity(server_keys, clients={"panel": panel_keys.public})
+    with install(demo_builder(directory=None, rate_hz=50.0)).security(sec).build() as server:
+        settings = client_security(Config(), key_file, server_keys.public)
+        assert settings is not None
+        client = ClientService(directory=StaticDirectory({"*": server.endpoint}), security=settings)
+        source = PanelSource(client, f"curve:{panel_keys.public}")
+        try:
+            (entry,) = source.discover()
+            assert entry["state"] == "connected" and entry["error"] is None
+            assert {d["name"] for d in entry["devices"]} >= {"PS1", "BPM1"}
+            arrived = threading.Event()
+            slot = ViewSlot("curve", arrived.set)
+            source.attach("PS1", "Acquisition", "", slot)
+            assert arrived.wait(10)
+            frame = slot.take()
+            assert frame is not None and frame.status == "ok"
+            # The server knows the panel by the name its key is listed under.
+            assert {c.principal for c in server.clients()} == {"panel"}
+            assert server.statistics().transport.auth_failures == 0
+        finally:
+            source.close()
+            client.close()
