@@ -1,11 +1,14 @@
 """Gets kept 64 in flight through an rda access point: the throughput loop that
-``benchmarks/rpc.py`` and its ``--secure`` arrangement (``_secure.py``) share."""
+``benchmarks/rpc.py`` and its ``--secure`` arrangement (``_secure.py``) share; and raw pyzmq's
+counterpart by count, for the structural passes (``_structure``)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from typing import Any
+
+import zmq
 
 IN_FLIGHT = 64
 
@@ -34,3 +37,15 @@ def gets_in_flight(ap: Any, seconds: float) -> float:
     elapsed = time.perf_counter() - t0
     time.sleep(0.2)  # let the other 63 land before anything else is measured
     return done / elapsed
+
+
+def raw_window(dealer: zmq.Socket[bytes], count: int) -> None:
+    """Raw pyzmq: ``count`` requests, ``IN_FLIGHT`` outstanding on one DEALER."""
+    outstanding = min(IN_FLIGHT, count)
+    for i in range(outstanding):
+        dealer.send_multipart([b"SCALAR", str(i).encode()])
+    for i in range(count - outstanding):
+        dealer.recv_multipart(copy=False)
+        dealer.send_multipart([b"SCALAR", str(i).encode()])
+    for _ in range(outstanding):
+        dealer.recv_multipart(copy=False)

@@ -8,7 +8,7 @@ against the same ``rpc.py --serve rda`` child:
 * 64 gets in flight: ``in_flight_futures``, a window of ``get_async()`` futures each waited
   on with ``result()`` (docs/client.md), and ``in_flight_callbacks``, each completion's
   ``add_done_callback`` sending the next get (``_in_flight.gets_in_flight``); raw pyzmq keeps
-  64 requests outstanding on its DEALER (``raw_in_flight``);
+  64 requests outstanding on its DEALER (``_structure.raw_structure``'s ``in_flight``);
 * notifications: ``notification_listener``, a ``subscribe(listener=...)`` callback, beside
   ``_structure.rda_structure``'s ``notification`` (``poll()`` on a subscription).
 
@@ -23,7 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-import zmq
 from _in_flight import IN_FLIGHT
 from _structure import Child, measure
 
@@ -72,34 +71,6 @@ def callback_chain(ap: AccessPoint, count: int) -> None:
             send()
     if not finished.wait(WAIT):
         raise TimeoutError(f"{state['done']} of {count} gets completed in {WAIT} s")
-
-
-def raw_window(dealer: zmq.Socket[bytes], count: int) -> None:
-    """Raw pyzmq: ``count`` requests, ``IN_FLIGHT`` outstanding on one DEALER."""
-    outstanding = min(IN_FLIGHT, count)
-    for i in range(outstanding):
-        dealer.send_multipart([b"SCALAR", str(i).encode()])
-    for i in range(count - outstanding):
-        dealer.recv_multipart(copy=False)
-        dealer.send_multipart([b"SCALAR", str(i).encode()])
-    for _ in range(outstanding):
-        dealer.recv_multipart(copy=False)
-
-
-def raw_in_flight(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
-    child = make_child("raw")
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    try:
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.linger = 0
-        dealer.connect(child.endpoint)
-        raw_window(dealer, 200)  # warm up, and connected
-        out = {"in_flight": measure(child, lambda count: raw_window(dealer, count), n)}
-        dealer.close()
-        return out
-    finally:
-        ctx.term()
-        child.close()
 
 
 class _Listener:

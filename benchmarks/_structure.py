@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from _in_flight import raw_window
 
 from rda.business.client.service import ClientService
 from rda.business.config import Config
@@ -273,7 +274,10 @@ def raw_structure(make_child: Callable[[str], Child], n: int) -> dict[str, Any]:
                 dealer.recv_multipart(copy=False)
 
         gets(200)  # warm up, and connected
-        out = {"get": measure(child, gets, n)}
+        out = {
+            "get": measure(child, gets, n),
+            "in_flight": measure(child, lambda count: raw_window(dealer, count), n),
+        }
         dealer.send(b"HELLO")
 
         def notifications(count: int) -> None:

@@ -437,7 +437,7 @@ def main() -> None:
         # Separate processes (the deployment arrangement): each side's counts are its own.
         n = args.structure_ops
         report["structure_per_operation"] = {
-            "raw": {**_structure.raw_structure(Child, n), **_patterns.raw_in_flight(Child, n)},
+            "raw": _structure.raw_structure(Child, n),
             "rda": _structure.rda_structure(Child, n),
             # The patterns docs/client.md shows (futures, listeners), issue 28's harness.
             "rda_user": _patterns.rda_patterns(Child, n),
