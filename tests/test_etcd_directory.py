@@ -20,7 +20,7 @@ import rda
 from rda._cli import build
 from rda.business.config import Config, ConfigError, etcd_endpoints
 from rda.business.directory import ChainDirectory, default_directory, default_registry
-from rda.business.etcd.gateway import EtcdGateway
+from rda.business.etcd.gateway import EtcdGateway, Event, KeyValue
 from rda.testing import LocalEtcd
 
 TTL = 3.0
@@ -63,6 +63,37 @@ def test_register_resolve_patterns_keys_and_clean_unregister(
         with pytest.raises(rda.NoSuchDeviceError):
             client.resolve("PS1")
         assert client.servers() == []
+
+
+def test_a_process_reads_its_own_registration_before_the_watch_delivers_it(
+    monkeypatch: pytest.MonkeyPatch, directory: rda.EtcdDirectory
+) -> None:
+    directory.register("S0", "tcp://10.0.0.1:1", ["PS0"])
+    assert directory.resolve("PS0") == "tcp://10.0.0.1:1"  # the watch runs from here on
+    # The watch thread delivers nothing more: only reading back our own writes can help.
+    monkeypatch.setattr(directory, "_apply", lambda revision, events: None)
+    directory.register("S2", "tcp://10.0.0.2:2", ["PS2"])
+    assert directory.resolve("PS2") == "tcp://10.0.0.2:2"
+    directory.unregister("S2")
+    with pytest.raises(rda.NoSuchDeviceError, match="PS2"):
+        directory.resolve("PS2")
+    directory.register("S2", "tcp://10.0.0.3:3", ["PS2"])
+    assert directory.devices() == {"PS0": "tcp://10.0.0.1:1", "PS2": "tcp://10.0.0.3:3"}
+
+
+def test_a_watch_event_older_than_the_cache_is_not_applied_again(
+    directory: rda.EtcdDirectory,
+) -> None:
+    directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
+    assert directory.resolve("PS1") == "tcp://10.0.0.1:1"
+    revision = directory.state().revision
+    key = f"{directory.prefix}devices/PS1"
+    stale = Event(deleted=True, kv=KeyValue(key, b"", 0, 0, revision - 1))
+    directory._apply(revision - 1, [stale])
+    assert directory.resolve("PS1") == "tcp://10.0.0.1:1"
+    newer = Event(deleted=True, kv=KeyValue(key, b"", 0, 0, revision + 1))
+    directory._apply(revision + 1, [newer])
+    assert "PS1" not in directory.devices()  # a newer one is
 
 
 def test_exact_name_wins_over_a_pattern(etcd: LocalEtcd, directory: rda.EtcdDirectory) -> None:

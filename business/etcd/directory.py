@@ -138,6 +138,7 @@ class EtcdDirectory:
 
     def resolve(self, device: str) -> str:
         self._ensure_watching()
+        self._catch_up_with_own_writes()
         found = self._lookup(device)
         if found is None and not self._synced:
             # Stale cache and an unknown device: ask etcd now, bounded by the timeout.
@@ -152,7 +153,7 @@ class EtcdDirectory:
 
     def devices(self) -> dict[str, str]:
         self._ensure_watching()
-        if not self._synced:
+        if not self._synced or self._behind_own_writes():
             self._load()
         with self._lock:
             return {name: d.endpoint for name, d in {**self._exact, **self._patterns}.items()}
@@ -270,6 +271,20 @@ class EtcdDirectory:
                     return candidate
         return None
 
+    def _behind_own_writes(self) -> bool:
+        with self._lock:
+            return self._revision < self._gateway.written_revision
+
+    def _catch_up_with_own_writes(self) -> None:
+        """Read your own writes: a device this process has just registered (or unregistered)
+        resolves so at once, though the watch delivers the change a moment later."""
+        if not self._behind_own_writes():
+            return
+        try:
+            self._load()
+        except RdaError as exc:
+            log.warning("%r: cannot read back this process's own registration: %s", self, exc)
+
     def _ensure_watching(self, required: bool = True) -> None:
         """Load the keys and start the watch on first use. ``required``: a failed first load
         raises (a resolve); otherwise the thread keeps trying (a watch callback)."""
@@ -319,6 +334,8 @@ class EtcdDirectory:
         with self._lock:
             patterns_changed = False
             for event in events:
+                if 0 < event.kv.mod_revision <= self._revision:
+                    continue  # a load read it already (the load may overtake the watch)
                 name = self._name(event.kv)
                 table = self._exact if _GLOB_CHARS.isdisjoint(name) else self._patterns
                 patterns_changed |= table is self._patterns

@@ -129,6 +129,9 @@ class EtcdGateway:
         self._client = self.http_client(httpx.Timeout(timeout))
         self._current = 0
         self._lock = threading.Lock()
+        # The store's revision after this process's latest write: a cache behind it has not
+        # seen our own registration yet (the watch delivers it a moment later).
+        self.written_revision = 0
 
     def __repr__(self) -> str:
         return f"EtcdGateway({','.join(self.endpoints)})"
@@ -175,10 +178,15 @@ class EtcdGateway:
         return revision, [_key_value(kv) for kv in answer.get("kvs", [])]
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
-        self.call("kv/put", put_op(key, value, lease)["request_put"])
+        self._wrote(self.call("kv/put", put_op(key, value, lease)["request_put"]))
 
     def delete(self, key: str) -> None:
-        self.call("kv/deleterange", {"key": _b64(key)})
+        self._wrote(self.call("kv/deleterange", {"key": _b64(key)}))
+
+    def _wrote(self, answer: dict[str, Any]) -> None:
+        revision = int(answer.get("header", {}).get("revision", 0))
+        with self._lock:
+            self.written_revision = max(self.written_revision, revision)
 
     def txn(
         self,
@@ -188,6 +196,7 @@ class EtcdGateway:
     ) -> tuple[bool, list[dict[str, Any]]]:
         """``(succeeded, responses)``; each response is the gateway's JSON of one operation."""
         answer = self.call("kv/txn", {"compare": compare, "success": success, "failure": failure})
+        self._wrote(answer)
         return bool(answer.get("succeeded", False)), list(answer.get("responses", []))
 
     # -- leases ------------------------------------------------------------------------------
@@ -204,7 +213,7 @@ class EtcdGateway:
     def revoke(self, lease: int) -> None:
         """Drop ``lease`` and every key attached to it; an unknown lease is no error."""
         try:
-            self.call("lease/revoke", {"ID": str(lease)})
+            self._wrote(self.call("lease/revoke", {"ID": str(lease)}))
         except EtcdRequestError as exc:
             if not exc.not_found:
                 raise
