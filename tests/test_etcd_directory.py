@@ -9,6 +9,7 @@ default chain. Several processes and ``kill -9``: tests/test_etcd_processes.py.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from rda._cli import build
 from rda.business.config import Config, ConfigError, etcd_endpoints
 from rda.business.directory import ChainDirectory, default_directory, default_registry
 from rda.business.etcd.gateway import EtcdGateway, Event, KeyValue
-from rda.testing import LocalEtcd
+from rda.testing import LocalEtcd, free_port
 
 TTL = 3.0
 
@@ -381,3 +382,32 @@ def test_curve_end_to_end_with_the_server_key_from_etcd(
         found.close()
         server.stop()
         registry.close()
+
+
+def test_local_etcd_chooses_other_ports_when_its_port_is_taken_before_it_binds(
+    tmp_path: Path, no_thread_leak: None
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        etcd = LocalEtcd(tmp_path / "etcd")
+        etcd.client_port = taken  # as if another test took it after free_port() chose it
+        with etcd:
+            assert etcd.client_port != taken
+            with rda.EtcdDirectory(etcd.url) as directory:
+                assert directory.devices() == {}
+            url = etcd.url
+            etcd.stop()
+            etcd.start()  # a restart keeps the url the test knows
+            assert etcd.url == url
+    assert "address already in use" in (tmp_path / "etcd" / "etcd.log").read_text()
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_bindable() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert 20000 <= port < low
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))

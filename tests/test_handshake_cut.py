@@ -10,12 +10,12 @@ refuses a keyless client; a NULL server, or one that cannot be asked, refused no
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 import zmq
 
+from rda.testing import free_port
 from rda.transport._handshake import HANDSHAKE_CUT, NO_KEY, NOT_CURVE, handshake_failure
 from rda.transport._peers import HANDSHAKE_REFUSED
 
@@ -39,9 +39,7 @@ def routers() -> Iterator[tuple[str, str]]:
 
 
 def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"  # nobody listens once closed
+    return f"tcp://127.0.0.1:{free_port()}"  # nobody listens there
 
 
 def test_a_cut_handshake_with_a_server_that_cannot_be_asked_is_retried() -> None:

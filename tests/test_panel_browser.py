@@ -15,7 +15,6 @@ import math
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from rda.testing import free_port
+
 CHROMIUM = Path("/usr/bin/chromium")
 # Fail, not skip, without the browser (as the etcd and Prometheus tests do without theirs):
 # `make install` installs it, and a silently skipped browser suite would hide a broken setup.
@@ -37,13 +38,6 @@ if not CHROMIUM.exists():
 
 SHOTS = os.environ.get("RDA_PANEL_SCREENSHOTS")
 WAIT = 15_000  # ms: generous bound for what a loaded 2-core machine needs to show something
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class _Lines:

@@ -17,7 +17,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -41,6 +40,7 @@ from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization.errors import RdaError
+from rda.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "ops" / "prometheus" / "rda-alerts.yml"
@@ -194,17 +194,11 @@ def test_promtool_accepts_the_recorder_exposition_under_load(tmp_path: Path) -> 
     _check_metrics(text)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Prometheus:
     """A Prometheus server of the test's own: config and data under ``folder``."""
 
     def __init__(self, folder: Path, targets: dict[str, str]) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # JSON is YAML: no YAML library needed to write the configuration.
         config = {

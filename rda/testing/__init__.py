@@ -6,6 +6,7 @@
 * :class:`OneServerDirectory`: every device at one endpoint (a memory network's ``mem://``);
 * :func:`check_transport`: the conformance suite every transport passes (in-memory and ZeroMQ);
 * :class:`LocalEtcd`: a real, throwaway etcd on free ports (for ``rda.EtcdDirectory`` tests);
+* :func:`free_port`: a port for a test's own server, outside the ephemeral range;
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
   and let a test wait for a condition with a bound.
 """
@@ -28,6 +29,7 @@ from rda.testing._memory import (
 )
 from rda.testing._memory_client import MemoryClientTransport
 from rda.testing._memory_server import MemoryServerTransport
+from rda.testing._ports import free_port
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "RecordingServerHandler",
     "TransportPair",
     "check_transport",
+    "free_port",
     "memory_pair",
     "transport_pair",
 ]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,13 +19,11 @@ from types import TracebackType
 
 import httpx
 
+from rda.testing._ports import free_port
+
 __all__ = ["LocalEtcd"]
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_BIND_TRIES = 3
 
 
 class LocalEtcd:
@@ -41,9 +38,10 @@ class LocalEtcd:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.log_path = self.folder / "etcd.log"
         self.ready_timeout = ready_timeout
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
+        self._started = False  # once healthy, restarts keep the ports
 
     @property
     def url(self) -> str:
@@ -72,6 +70,23 @@ class LocalEtcd:
         """Start (or start again, on the same ports and data) and wait until healthy."""
         if self._process is not None and self._process.poll() is None:
             return
+        for attempt in range(_BIND_TRIES):
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self._launch()
+            if self._wait_healthy():
+                self._started = True
+                return
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[log_start:][-2000:]
+            # A port taken between choosing it and etcd binding it: choose again, but only
+            # before the first success (a restart must keep the url the test knows).
+            if self._started or "address already in use" not in tail:
+                break
+            if attempt + 1 < _BIND_TRIES:
+                self.client_port, self.peer_port = free_port(), free_port()
+        raise RuntimeError(f"etcd at {self.url} did not become healthy; its log ends:\n{tail}")
+
+    def _launch(self) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
         command = [
             self.binary,
@@ -88,23 +103,20 @@ class LocalEtcd:
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        self._wait_healthy()
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self) -> bool:
         deadline = time.monotonic() + self.ready_timeout
         process = self._process
         assert process is not None
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 if process.poll() is not None:
-                    break
+                    return False
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     if client.get(f"{self.url}/health").json().get("health") == "true":
-                        return
+                        return True
                 time.sleep(0.05)
-        self.stop()
-        tail = self.log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"etcd at {self.url} did not become healthy; its log ends:\n{tail}")
+        return False
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; idempotent."""
