@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -268,6 +269,51 @@ def test_a_connect_records_the_connections_file_descriptor(ctx: Ctx) -> None:
     finally:
         d.close(0)
         srv.close()
+
+
+def test_a_new_connection_on_a_closed_peers_descriptor_has_that_peer_probed_and_dropped(
+    ctx: Ctx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the monitor's DISCONNECTED for a closed connection can be read after the
+    CONNECT of a new one that got the same descriptor; it then names the new peer. The
+    CONNECT itself proves the old connection closed: the old peer goes at once, not at its
+    next heartbeat (30 s here; a client's lane gets none, and went after its timeout)."""
+    settings = TransportSettings(heartbeat_interval=30.0, heartbeat_timeout=60.0)
+    srv, rec = start_server(settings=settings)
+
+    def unread(monitor: zmq.Socket[bytes]) -> None:  # DISCONNECTED comes too late to help
+        while monitor.poll(0):
+            monitor.recv_multipart()
+
+    monkeypatch.setattr(srv, "_on_monitor", unread)
+    peers = [raw_dealer(ctx, srv.endpoint, b"old-peer")]
+    try:
+        assert wait_for(lambda: b"old-peer" in rec.peers)
+        fd = srv._peers[b"old-peer"].fd
+        peers.pop().close(0)
+        # Wait until libzmq has closed the descriptor (the server runs in this process).
+        assert wait_for(lambda: not os.path.exists(f"/proc/self/fd/{fd}") or _other(fd))
+        for n in range(5):  # the lowest free descriptor is taken: almost always ``fd``
+            rid = b"new-peer-%d" % n
+            peers.append(raw_dealer(ctx, srv.endpoint, rid))
+            assert wait_for(lambda rid=rid: rid in srv._peers)  # type: ignore[misc]
+            if srv._peers[rid].fd == fd:
+                break
+        assert srv._by_fd[fd] == rid, "no new connection got the closed descriptor"
+        assert wait_for(lambda: rec.gone.get(b"old-peer") is not None, 5.0)
+        assert b"old-peer" not in srv._peers and rid in srv._peers
+    finally:
+        for sock in peers:
+            sock.close(0)
+        srv.close()
+
+
+def _other(fd: int) -> bool:
+    """``fd`` was closed and is reused already by something that is no TCP socket."""
+    try:
+        return not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    except OSError:
+        return True
 
 
 def test_small_messages_cross_as_one_frame_and_large_bodies_as_their_own(ctx: Ctx) -> None:

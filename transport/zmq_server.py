@@ -78,8 +78,8 @@ log = logging.getLogger("rda.transport.server")
 # (_PUBLISH, targets, tail, conflatable), (_DISCONNECT, routing id, None, None).
 _SEND, _PUBLISH, _DISCONNECT = 0, 1, 2
 _HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
-# Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 8 times.
-_PROBE_FIRST, _PROBES = 0.001, 8
+# Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 10 times.
+_PROBE_FIRST, _PROBES = 0.001, 10
 # Monitor events of a handshake that failed before ZAP could judge it (ZAP denials count there).
 _GARBAGE_HANDSHAKE = frozenset(
     {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
@@ -490,6 +490,12 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if p.lane:
             self._lanes += 1
         if fd >= 0:
+            previous = self._by_fd.get(fd)
+            if previous is not None and previous != rid and previous in self._peers:
+                # Open connections never share a descriptor: the one that had it is closed
+                # (its DISCONNECTED, read after this, would name the new peer).
+                self._suspects[previous] = 0
+                self._probe_suspects(now)
             self._by_fd[fd] = rid
         self._next_check = min(self._next_check, p.heartbeat.next_deadline())
         ack = encode_connect_ack(self._info)
@@ -524,11 +530,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _probe_suspects(self, now: float) -> None:
         """Confirm lost connections: the ROUTER refuses a send to a peer it has forgotten.
-
-        libzmq forgets the peer a little after the monitor event (the pipe's termination is
-        asynchronous), so a probe that still succeeds is repeated after 1, 2, 4 ... 128 ms;
-        if the peer is still routable after that, the heartbeat decides.
-        """
+        libzmq forgets it a little after the monitor event, so a probe that still succeeds is
+        repeated after 1, 2, 4 ... 512 ms; a peer still routable then is the heartbeat's."""
         probe = self._probe
         self._probe_at = probe_round(self._suspects, self._peers, probe, _PROBE_FIRST, _PROBES, now)
 
