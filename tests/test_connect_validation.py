@@ -59,7 +59,11 @@ class Recorder:
 @pytest.fixture
 def server() -> Iterator[tuple[ZmqServerTransport, Recorder, Ctx]]:
     recorder = Recorder()
-    srv = ZmqServerTransport("tcp://127.0.0.1:0", recorder, TransportSettings())
+    srv = ZmqServerTransport(
+        "tcp://127.0.0.1:0",
+        recorder,
+        TransportSettings(heartbeat_interval=30.0, heartbeat_timeout=60.0),
+    )
     srv.start()
     ctx: Ctx = zmq.Context()
     yield srv, recorder, ctx

@@ -70,7 +70,11 @@ class Echo:
 @pytest.fixture
 def env() -> Iterator[tuple[ZmqServerTransport, Echo, Ctx]]:
     handler = Echo()
-    srv = ZmqServerTransport("tcp://127.0.0.1:0", handler, TransportSettings(max_message_size=MAX))
+    srv = ZmqServerTransport(
+        "tcp://127.0.0.1:0",
+        handler,
+        TransportSettings(max_message_size=MAX, heartbeat_interval=30.0, heartbeat_timeout=60.0),
+    )
     handler.transport = srv
     srv.start()
     ctx: Ctx = zmq.Context()

@@ -42,6 +42,9 @@ from rda.transport.zmq_server import ZmqServerTransport
 WAIT = 10.0
 WAIT_MS = 10_000
 Ctx = zmq.Context[zmq.Socket[bytes]]
+# Raw dealers read "the next message": on a loaded machine a heartbeat (every 1 s by default)
+# could come first, so servers of tests that do not test heartbeats send none within a test.
+QUIET = TransportSettings(heartbeat_interval=30.0, heartbeat_timeout=60.0)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
@@ -107,7 +110,7 @@ def start_server(
     srv = ZmqServerTransport(
         endpoint,
         rec,
-        settings or TransportSettings(),
+        settings or QUIET,
         {"name": "TestServer"},
         context,
         sndhwm=sndhwm,
