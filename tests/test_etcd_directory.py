@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import rda
 from rda._cli import build
 from rda.business.config import Config, ConfigError, etcd_endpoints
 from rda.business.directory import ChainDirectory, default_directory, default_registry
-from rda.business.etcd.gateway import EtcdGateway, Event, KeyValue
+from rda.business.etcd.gateway import EtcdGateway, Event, KeyValue, WatchStream
 from rda.testing import LocalEtcd, free_port
 
 TTL = 3.0
@@ -72,7 +73,7 @@ def test_a_process_reads_its_own_registration_before_the_watch_delivers_it(
     directory.register("S0", "tcp://10.0.0.1:1", ["PS0"])
     assert directory.resolve("PS0") == "tcp://10.0.0.1:1"  # the watch runs from here on
     # The watch thread delivers nothing more: only reading back our own writes can help.
-    monkeypatch.setattr(directory, "_apply", lambda revision, events: None)
+    monkeypatch.setattr(directory, "_apply", lambda events: None)
     directory.register("S2", "tcp://10.0.0.2:2", ["PS2"])
     assert directory.resolve("PS2") == "tcp://10.0.0.2:2"
     directory.unregister("S2")
@@ -90,11 +91,42 @@ def test_a_watch_event_older_than_the_cache_is_not_applied_again(
     revision = directory.state().revision
     key = f"{directory.prefix}devices/PS1"
     stale = Event(deleted=True, kv=KeyValue(key, b"", 0, 0, revision - 1))
-    directory._apply(revision - 1, [stale])
+    directory._apply([stale])
     assert directory.resolve("PS1") == "tcp://10.0.0.1:1"
     newer = Event(deleted=True, kv=KeyValue(key, b"", 0, 0, revision + 1))
-    directory._apply(revision + 1, [newer])
+    directory._apply([newer])
     assert "PS1" not in directory.devices()  # a newer one is
+
+
+def test_a_change_made_while_the_watch_opens_is_replayed_not_skipped(
+    monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd, directory: rda.EtcdDirectory
+) -> None:
+    """The watch opens from the loaded revision; etcd first answers "created" with its current
+    revision, then replays the changes made since. Those must be applied (seen in a full run
+    under load: a removal made while the watch opened was never seen)."""
+    directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
+    with other(etcd) as reader:
+        go = threading.Event()
+        opening = reader._gateway.watch
+
+        def late_watch(prefix: str, start: int, idle: float) -> WatchStream:
+            stream = opening(prefix, start, idle)
+            events = stream.events
+
+            def late_events() -> Iterator[tuple[int, list[Event]]]:
+                go.wait(10)  # the stream opens only now, from the revision asked above
+                yield from events()
+
+            monkeypatch.setattr(stream, "events", late_events)
+            return stream
+
+        monkeypatch.setattr(reader._gateway, "watch", late_watch)
+        assert reader.resolve("PS1") == "tcp://10.0.0.1:1"  # loaded; the watch not open yet
+        directory.unregister("S")
+        go.set()
+        wait_for(lambda: "PS1" not in reader.devices(), 5.0, "the removal replayed")
+        with pytest.raises(rda.NoSuchDeviceError):
+            reader.resolve("PS1")
 
 
 def test_exact_name_wins_over_a_pattern(etcd: LocalEtcd, directory: rda.EtcdDirectory) -> None:

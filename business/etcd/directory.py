@@ -329,7 +329,7 @@ class EtcdDirectory:
     def _name(self, kv: KeyValue) -> str:
         return kv.key[len(self.prefix) + len("devices/") :]
 
-    def _apply(self, revision: int, events: list[Event]) -> None:
+    def _apply(self, events: list[Event]) -> None:
         changes: list[tuple[str, str | None]] = []
         with self._lock:
             patterns_changed = False
@@ -348,7 +348,11 @@ class EtcdDirectory:
                     changes.append((name, device.endpoint))
             if patterns_changed:
                 self._compile()
-            self._revision = max(self._revision, revision)
+            # The events' own revisions, not the message's header: a watch opened from an
+            # older revision first says "created" with the store's current revision, then
+            # replays what happened since, which must not count as seen already.
+            seen = max((e.kv.mod_revision for e in events), default=0)
+            self._revision = max(self._revision, seen)
         self._notify(changes)
 
     def _notify(self, changes: list[tuple[str, str | None]]) -> None:
@@ -380,9 +384,9 @@ class EtcdDirectory:
                     stream = self._gateway.watch(f"{self.prefix}devices/", start, _idle(self.ttl))
                     self._stream = stream
                 try:
-                    for revision, events in stream.events():
+                    for _, events in stream.events():
                         delay = _RETRY_MIN
-                        self._apply(revision, events)
+                        self._apply(events)
                 finally:
                     stream.close()
                 # Silent for the idle time (or stopped): watch again from where we are.
