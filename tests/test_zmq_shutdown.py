@@ -157,6 +157,22 @@ def test_close_from_handlers_does_not_deadlock() -> None:
     assert dispatcher_threads() == []
 
 
+def test_the_owners_close_after_a_handlers_close_returns_once_every_thread_ended() -> None:
+    """A handler's close cannot wait for its own thread; the owner's close() afterwards must
+    (seen under load: a standby still alive after it returned). A standby ticking every
+    0.5 s notices the end only at its next tick, so returning early is caught here."""
+    srv, sh, cl, _ = pair(TransportSettings(handover_after=1.0))
+    sh.close_on = 7
+    try:
+        cl.send(cl.connect(srv.endpoint), request(7))
+        assert wait_for(lambda: srv._closed)  # closed by its handler
+        srv.close()
+        assert [n for n in dispatcher_threads() if n.startswith("rda-server")] == []
+    finally:
+        cl.close()
+        srv.close()
+
+
 def test_close_under_traffic_is_bounded_and_releases_blocked_producers() -> None:
     srv, _, cl, ch = pair(TransportSettings(send_hwm=10, close_timeout=2.0))
     conn = cl.connect(srv.endpoint)

@@ -411,13 +411,12 @@ class DispatcherShell(Counters, abc.ABC):
 
     def close(self, timeout: float | None = None) -> None:
         with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
+            first, self._closed = not self._closed, True
         self._closing = True
         thread, mailbox = self._thread, self._mailbox
         if thread is None:  # never started
-            self._term_context()
+            if first:
+                self._term_context()
             return
         if self._on_dispatcher():
             # A handler asked: the dispatcher cannot join itself; it cleans up on its way out.
@@ -425,8 +424,11 @@ class DispatcherShell(Counters, abc.ABC):
         assert mailbox is not None
         limit = self._settings.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        mailbox.mark_closed()  # producers blocked on a full mailbox give up within 50 ms
-        mailbox.wake(min(limit, 0.1))
+        if first:
+            mailbox.mark_closed()  # producers blocked on a full mailbox give up within 50 ms
+            mailbox.wake(min(limit, 0.1))
+        # Joined on every call from outside: after a handler's close (which cannot wait for
+        # its own thread) the owner's close() still returns once the threads have ended.
         if not self._join_dispatcher(thread, deadline):
             self._log.warning(
                 "%s dispatcher did not stop within %.1f s (a handler blocks?)", self._side, limit
