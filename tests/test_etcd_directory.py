@@ -129,6 +129,20 @@ def test_a_change_made_while_the_watch_opens_is_replayed_not_skipped(
             reader.resolve("PS1")
 
 
+def test_a_snapshot_older_than_what_the_watch_applied_does_not_undo_it(
+    monkeypatch: pytest.MonkeyPatch, directory: rda.EtcdDirectory
+) -> None:
+    directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
+    assert directory.resolve("PS1") == "tcp://10.0.0.1:1"
+    newest = directory.state().revision
+    # A load whose range was answered before the newest change, finishing after the watch
+    # applied it: it must leave the cache as it is.
+    monkeypatch.setattr(directory._gateway, "range", lambda key, prefix=False: (newest - 1, []))
+    directory._load()
+    assert directory.resolve("PS1") == "tcp://10.0.0.1:1"
+    assert directory.state().revision == newest
+
+
 def test_exact_name_wins_over_a_pattern(etcd: LocalEtcd, directory: rda.EtcdDirectory) -> None:
     directory.register("WIDE", "tcp://10.0.0.1:1", ["PS*"])
     directory.register("ONE", "tcp://10.0.0.2:2", ["PS7"])

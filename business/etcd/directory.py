@@ -307,13 +307,18 @@ class EtcdDirectory:
         revision, kvs = self._gateway.range(f"{self.prefix}devices/", prefix=True)
         fresh = {self._name(kv): d for kv in kvs if (d := _device(kv)) is not None}
         with self._lock:
+            watching, self._synced = self._synced, True
+            self._last_error = ""
+            if watching and revision <= self._revision:
+                # The watch applied newer changes meanwhile, in order: this older snapshot
+                # would undo them (and they will not come again). After a lost watch the
+                # snapshot replaces all (etcd may even have been recreated, revisions anew).
+                return
             old = {**self._exact, **self._patterns}
             self._exact = {n: d for n, d in fresh.items() if _GLOB_CHARS.isdisjoint(n)}
             self._patterns = {n: d for n, d in fresh.items() if not _GLOB_CHARS.isdisjoint(n)}
             self._compile()
             self._revision = revision
-            self._synced = True
-            self._last_error = ""
         changes: list[tuple[str, str | None]] = [
             (n, d.endpoint) for n, d in fresh.items() if old.get(n, d_none) != d
         ]
