@@ -320,6 +320,26 @@ def test_a_segment_read_from_both_places_is_deduplicated(
     assert seen == list(range(300))
 
 
+def test_a_chunk_is_full_when_a_source_ends_right_after_the_rows_it_counts_at_the_cursor(
+    offline: tuple[Recorder, ClientService],
+) -> None:
+    """The row at the cursor is read again (rows may share its stamp) but not sent: a source
+    ending right after max_rows rows counted with it must not end the chunk one row short
+    (seen in a full run: 11 chunks for 1000 rows of 100, as flushes fell)."""
+    recorder, _ = offline
+    for first, count in ((0, 101), (101, 98), (199, 101)):  # one journal segment each
+        _offer(recorder, first, count)
+    assert len(recorder.journal.segments()) >= 3
+    reader = HistoryReader(recorder.store, recorder.journal, lambda: 0, recorder.recorder_id)
+    first_chunk = reader.chunk("DEV", "Prop", T0, T0 + 10**9, max_rows=100)
+    assert [int(r.data["i"]) for r in first_chunk.rows if r.data is not None] == list(range(100))
+    last = first_chunk.rows[-1]
+    after = Cursor(last.acq_stamp, last.recorder_id, last.seq)
+    second = reader.chunk("DEV", "Prop", T0, T0 + 10**9, after=after, max_rows=100)
+    assert [int(r.data["i"]) for r in second.rows if r.data is not None] == list(range(100, 200))
+    assert second.more
+
+
 def test_history_is_paced_by_the_consumer(offline: tuple[Recorder, ClientService]) -> None:
     recorder, client = offline
     _offer(recorder, 0, 1000)

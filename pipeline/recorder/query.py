@@ -315,7 +315,10 @@ class HistoryReader:
         for source in sources:
             if count >= max_rows:
                 joined = np.concatenate(stamps)
-                if source.first > np.partition(joined, max_rows - 1)[max_rows - 1]:
+                # Rows at the cursor's stamp may be delivered already: they do not count
+                # towards this chunk's max_rows (else it could end a row short).
+                wanted = max_rows + (int(np.count_nonzero(joined == low)) if after else 0)
+                if count >= wanted and source.first > np.partition(joined, wanted - 1)[wanted - 1]:
                     left_over = True  # unread sources: rows remain after this chunk
                     break
             try:
