@@ -11,9 +11,9 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Reinstall only when the package metadata or a compiled extension's source changes (the
-# editable install builds serialization/_cbinary.*.so, transport/_cframe.*.so and
-# transport/_czmq.*.so in place).
-$(STAMP): pyproject.toml setup.py serialization/_cbinary.pyx transport/_cframe.pyx transport/_czmq.pyx | $(BIN)/python
+# editable install builds rda/serialization/_cbinary.*.so, rda/transport/_cframe.*.so and
+# rda/transport/_czmq.*.so in place).
+$(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx | $(BIN)/python
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel]'
 	touch $(STAMP)
 
@@ -93,4 +93,4 @@ cluster-check: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
-	rm -f serialization/_cbinary.c serialization/_cbinary.*.so transport/_cframe.c transport/_cframe.*.so transport/_czmq.c transport/_czmq.*.so
+	rm -f rda/serialization/_cbinary.c rda/serialization/_cbinary.*.so rda/transport/_cframe.c rda/transport/_cframe.*.so rda/transport/_czmq.c rda/transport/_czmq.*.so

@@ -1,11 +1,10 @@
 """Build of the compiled extensions (everything else is in pyproject.toml): the binary codec,
 the REQUEST/REPLY frame parser and the dispatchers' direct libzmq calls.
 
-The layer folders are reached through the committed symlinks ``rda/<layer> -> ../<layer>``,
-so the extensions are named and built as ``rda.serialization._cbinary``,
+The extensions are named and built as ``rda.serialization._cbinary``,
 ``rda.transport._cframe`` and ``rda.transport._czmq``: ``build_ext`` puts them in
-``rda/serialization/`` (the real ``serialization/``) and ``rda/transport/`` for an editable
-install, and inside the wheel otherwise. When they are missing, rda runs the pure-Python codec
+``rda/serialization/`` and ``rda/transport/`` for an editable install, and inside the wheel
+otherwise. When they are missing, rda runs the pure-Python codec
 and frame parser and calls libzmq through pyzmq only
 (``rda.serialization.implementation == "python"``).
 """
