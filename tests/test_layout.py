@@ -25,7 +25,6 @@ import ast
 import os
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
