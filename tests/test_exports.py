@@ -30,6 +30,15 @@ def test_timeout_error_is_also_the_builtin() -> None:
     assert issubclass(rda.TimeoutError, rda.RdaError)
 
 
+def test_whose_fault_errors_are_caught_by_their_base_classes() -> None:
+    assert issubclass(rda.LocalDecodeError, rda.DecodeError)
+    assert issubclass(rda.RemoteDecodeError, rda.DecodeError)
+    assert issubclass(rda.LocalProtocolError, rda.ProtocolError)
+    assert issubclass(rda.RemoteProtocolError, rda.ProtocolError)
+    assert rda.RemoteDecodeError.origin == rda.RemoteProtocolError.origin == "remote"
+    assert rda.LocalDecodeError.origin == rda.LocalProtocolError.origin == "local"
+
+
 def test_core_never_imports_pyarrow_or_pyspark() -> None:
     for layer in ("serialization", "transport", "business", "admin"):
         for path in (ROOT / layer).rglob("*.py"):

@@ -1,5 +1,8 @@
 """A received message: the header parsed at once, the body decoded on first access.
 
+Its bytes came from the peer, so a body that does not decode is the peer's fault: the
+accessors raise ``RemoteDecodeError`` (the codec's ``DecodeError`` made remote).
+
 The dispatcher thread only ever builds a :class:`Message` (header parse + keeping the body
 frames as ``memoryview``); the worker that runs the task touches ``.data``, which is when the
 binary codec runs. A task dropped on overflow never decodes its body (RDA3 paper, "Header and
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from rda.serialization import _binary
 from rda.serialization._header import DataContext, Header, decode_context
-from rda.serialization.errors import DecodeError
+from rda.serialization.errors import DecodeError, as_remote
 
 if TYPE_CHECKING:
     from rda.serialization._data import Data
@@ -104,8 +107,8 @@ class Message:
     """Header plus lazily decoded body frames.
 
     ``body`` pairs each body frame with its :class:`BodyKind`. Accessors return ``None`` when
-    the message carries no frame of that kind; decoding errors surface as ``DecodeError`` on
-    first access, in the thread that asks.
+    the message carries no frame of that kind; decoding errors surface as
+    ``RemoteDecodeError`` on first access, in the thread that asks.
 
     A message the compiled frame parser built keeps its small bodies as offsets into the
     received frame (``_frame``, ``_spans``) until ``body`` is first read: the memoryview slices
@@ -174,10 +177,14 @@ class Message:
         frame = self.frame(BodyKind.DATA)
         if frame is None:
             return None
-        if self._body is None and BodyKind.ARRAY not in self._spans:
-            return _binary.decode(frame)  # the usual message: no out-of-band arrays
-        arrays = self.arrays()
-        return _binary.decode(frame, None, arrays) if arrays else _binary.decode(frame)
+        # A try costs nothing until something is raised (Python 3.11's zero-cost exceptions).
+        try:
+            if self._body is None and BodyKind.ARRAY not in self._spans:
+                return _binary.decode(frame)  # the usual message: no out-of-band arrays
+            arrays = self.arrays()
+            return _binary.decode(frame, None, arrays) if arrays else _binary.decode(frame)
+        except DecodeError as exc:
+            raise as_remote(exc) from None
 
     def arrays(self) -> list[Buffer]:
         """The ARRAY bodies, in order: the out-of-band arrays of the DATA body."""
@@ -198,7 +205,10 @@ class Message:
         """The REQUEST_CONTEXT frame: a Data with optional ``filters`` (Data) and
         ``timeout_ms`` (int64, the client's deadline for this request)."""
         frame = self.frame(BodyKind.REQUEST_CONTEXT)
-        return None if frame is None else _binary.decode(frame)
+        try:
+            return None if frame is None else _binary.decode(frame)
+        except DecodeError as exc:
+            raise as_remote(exc) from None
 
     @property
     def filters(self) -> Data | None:
@@ -221,7 +231,10 @@ class Message:
         frame = self.frame(BodyKind.DATA_CONTEXT)
         if frame is None:
             return DataContext(selector=self.header.selector), 0
-        return decode_context(frame, self.header.selector)
+        try:
+            return decode_context(frame, self.header.selector)
+        except DecodeError as exc:
+            raise as_remote(exc) from None
 
     @property
     def context(self) -> DataContext:
@@ -235,4 +248,7 @@ class Message:
     @_lazy
     def exception(self) -> tuple[str, str] | None:
         frame = self.frame(BodyKind.EXCEPTION)
-        return None if frame is None else decode_exception(frame)
+        try:
+            return None if frame is None else decode_exception(frame)
+        except DecodeError as exc:
+            raise as_remote(exc) from None

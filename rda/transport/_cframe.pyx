@@ -13,9 +13,10 @@ It *accepts* only: anything this parser does not take as it is (a short frame, a
 kind or version, an unknown request/update type, flags or body kind, a length that runs past
 the frame, a missing or extra frame, a message above ``max_size``, names that are not UTF-8)
 returns ``None``, and ``decode_frames`` parses the message again in Python, which raises the
-precise ``DecodeError`` (or ``UnsupportedVersion``). So the errors have one source, and
-bad bytes can never do more here than send a message down the slow path: every length read
-from the input is checked against the bytes left before it is used.
+precise ``RemoteDecodeError`` (or ``UnsupportedVersion``). So the errors have one source,
+the same classes and messages whichever parser saw the message first, and bad bytes can
+never do more here than send a message down the slow path: every length read from the input
+is checked against the bytes left before it is used.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer

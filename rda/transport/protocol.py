@@ -39,7 +39,7 @@ from rda.serialization._header import (
     encoded_names,
 )
 from rda.serialization._message import BodyKind, Message
-from rda.serialization.errors import DecodeError, ProtocolError
+from rda.serialization.errors import DecodeError, RemoteDecodeError, RemoteProtocolError, as_remote
 
 __all__ = [
     "CLIENT_KINDS",
@@ -123,8 +123,10 @@ _NAME_LENGTHS_AT = _HEADER_END - _NAME_LENGTHS.size
 _new = object.__new__
 
 
-class UnsupportedVersion(ProtocolError):
-    """The peer speaks another protocol version; ``request_id`` lets the server answer it."""
+class UnsupportedVersion(RemoteProtocolError):
+    """The peer speaks another protocol version; ``request_id`` lets the server answer it.
+
+    Remote: the peer sent what this side does not speak."""
 
     def __init__(self, version: int, request_id: int | None = None) -> None:
         self.version = version
@@ -309,17 +311,19 @@ def join_tail(header: Buffer, tail: Sequence[Buffer]) -> list[Buffer]:
 
 def _decode_handshake(frames: Sequence[Buffer], kind: Kind) -> dict[str, Any]:
     if len(frames) != 1:
-        raise DecodeError(f"{kind.name} has {len(frames)} frames, expected 1")
+        raise RemoteDecodeError(f"{kind.name} has {len(frames)} frames, expected 1")
     frame = frames[0]
     if len(frame) > _MAX_HANDSHAKE:
-        raise DecodeError(f"{kind.name} frame of {len(frame)} bytes exceeds {_MAX_HANDSHAKE}")
+        raise RemoteDecodeError(f"{kind.name} frame of {len(frame)} bytes exceeds {_MAX_HANDSHAKE}")
     try:
         info = json.loads(bytes(frame[2:]))
     # RecursionError: 64 KiB of "[[[[..." nests deeper than the JSON parser allows.
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise DecodeError(f"{kind.name} info is not a JSON object: {exc}", 2) from exc
+        raise RemoteDecodeError(f"{kind.name} info is not a JSON object: {exc}", 2) from exc
     if not isinstance(info, dict):
-        raise DecodeError(f"{kind.name} info is a JSON {type(info).__name__}, not an object", 2)
+        raise RemoteDecodeError(
+            f"{kind.name} info is a JSON {type(info).__name__}, not an object", 2
+        )
     return info
 
 
@@ -328,25 +332,28 @@ def _decode_message(frames: Sequence[Buffer]) -> Message:
     view = first if type(first) is memoryview else memoryview(first)
     size = len(view)
     if size < _HEADER_END:
-        raise DecodeError(
+        raise RemoteDecodeError(
             f"message of {size} bytes is shorter than kind + the {HEADER_FIXED.size}-byte header", 1
         )
     ld, lp, ls = _NAME_LENGTHS.unpack_from(view, _NAME_LENGTHS_AT)
     end = _HEADER_END + ld + lp + ls
     if end >= size:
-        raise DecodeError(
+        raise RemoteDecodeError(
             f"header names ({ld + lp + ls} bytes) and the body count run past the "
             f"{size}-byte frame",
             _HEADER_END,
         )
     # Only the fixed header and the body table are parsed here (dispatcher thread); the
     # bodies stay memoryview slices of the received frame, decoded by the worker.
-    header = decode_header(view[1:end])
+    try:
+        header = decode_header(view[1:end])
+    except DecodeError as exc:
+        raise as_remote(exc) from None
     n = view[end]
     layout = _BODY_LAYOUTS.get(n) or _body_layout(n)
     pos = end + layout.size
     if pos > size:
-        raise DecodeError(f"body table of {n} entries runs past the {size}-byte frame", end)
+        raise RemoteDecodeError(f"body table of {n} entries runs past the {size}-byte frame", end)
     fields = layout.unpack_from(view, end)
     body: list[tuple[BodyKind, Buffer]] = []
     n_frames = len(frames)
@@ -355,26 +362,26 @@ def _decode_message(frames: Sequence[Buffer]) -> Message:
         raw_kind, length = fields[1 + i], fields[1 + n + i]
         kind = _BODY_KINDS.get(raw_kind & ~EXTERNAL)
         if kind is None:
-            raise DecodeError(f"unknown body kind {raw_kind}", end + 1 + i)
+            raise RemoteDecodeError(f"unknown body kind {raw_kind}", end + 1 + i)
         if raw_kind & EXTERNAL:
             if next_frame >= n_frames:
-                raise DecodeError(f"body {i} is announced in its own frame but it is missing")
+                raise RemoteDecodeError(f"body {i} is announced in its own frame but it is missing")
             frame = frames[next_frame]
             next_frame += 1
             if _nbytes(frame) != length:
-                raise DecodeError(
+                raise RemoteDecodeError(
                     f"body {i} is announced as {length} bytes but its frame has {_nbytes(frame)}"
                 )
             body.append((kind, frame))
         else:
             if pos + length > size:
-                raise DecodeError(f"body {i} of {length} bytes runs past the frame", pos)
+                raise RemoteDecodeError(f"body {i} of {length} bytes runs past the frame", pos)
             body.append((kind, view[pos : pos + length]))
             pos += length
     if pos != size:
-        raise DecodeError(f"{size - pos} bytes after the last body", pos)
+        raise RemoteDecodeError(f"{size - pos} bytes after the last body", pos)
     if next_frame != n_frames:
-        raise DecodeError(
+        raise RemoteDecodeError(
             f"message has {n_frames} frames but its body table announces {next_frame}"
         )
     return Message(header, tuple(body))
@@ -396,8 +403,10 @@ def decode_frames(
     """Turn one received multipart message into an event.
 
     ``from_server`` says which side sent it (a client receives server kinds and vice versa).
-    Raises ``DecodeError`` for malformed input, ``UnsupportedVersion`` for another protocol
-    version and ``ProtocolError`` for a kind the receiving side must not get.
+    Every error is the sender's fault: ``RemoteDecodeError`` for malformed input,
+    ``UnsupportedVersion`` (a ``RemoteProtocolError``) for another protocol version and
+    ``RemoteProtocolError`` for a kind the receiving side must not get. A message's bodies are
+    decoded later (:class:`Message`), and their errors are remote too.
     """
     # The message path first, compiled: it returns None for anything it does not accept as
     # it is, and the Python parser below takes the message again and names what is wrong.
@@ -406,14 +415,14 @@ def decode_frames(
         if message is not None:
             return _incoming(message)
     if not frames:
-        raise DecodeError("empty message (0 frames)")
+        raise RemoteDecodeError("empty message (0 frames)")
     size = sum(map(len, frames))
     if size > max_size:
-        raise DecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
+        raise RemoteDecodeError(f"message of {size} bytes exceeds the maximum of {max_size}")
     first = frames[0]
     kind = _KINDS.get(first[0]) if len(first) else None
     if kind is None:
-        raise DecodeError(f"unknown kind byte {bytes(first[:1])!r}", 0)
+        raise RemoteDecodeError(f"unknown kind byte {bytes(first[:1])!r}", 0)
     if len(first) == 1:
         raise _version_one(kind, frames)
     # Every kind carries the version right after the kind byte (the header's first byte for
@@ -430,11 +439,13 @@ def decode_frames(
     allowed = SERVER_KINDS if from_server else CLIENT_KINDS
     if kind not in allowed:
         side = "a server" if from_server else "a client"
-        raise ProtocolError(f"{kind.name} may not be sent by {side}")
+        raise RemoteProtocolError(f"{kind.name} may not be sent by {side}")
     if kind in _BARE:
         if len(frames) != 1 or len(first) != 2:
             name = "RECONNECT" if kind is Kind.RECONNECT else "HEARTBEAT"
-            raise DecodeError(f"{name} is {len(frames)} frame(s) of {size} bytes, expected 1 of 2")
+            raise RemoteDecodeError(
+                f"{name} is {len(frames)} frame(s) of {size} bytes, expected 1 of 2"
+            )
         return Reconnect() if kind is Kind.RECONNECT else Heartbeat()
     if kind is Kind.CONNECT:
         return Connect(_decode_handshake(frames, kind))

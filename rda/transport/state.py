@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from rda.serialization.errors import ProtocolError
+from rda.serialization.errors import LocalProtocolError
 
 __all__ = [
     "TRANSITIONS",
@@ -59,11 +59,16 @@ TRANSITIONS: dict[tuple[ConnState, ConnEvent], ConnState] = {
 
 
 def next_state(state: ConnState, event: ConnEvent) -> ConnState:
-    """The state after ``event``; an event the table does not allow is a protocol error."""
+    """The state after ``event``; an event the table does not allow is a ``LocalProtocolError``.
+
+    Local: the transports check what a peer sent before they ask for a transition (a second
+    CONNECT_ACK is ignored, not passed here), so a forbidden one is a bug of this side."""
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise ProtocolError(f"'{event.value}' is not allowed in state {state.value}") from None
+        raise LocalProtocolError(
+            f"'{event.value}' is not allowed in state {state.value} (a bug of this side)"
+        ) from None
 
 
 def state_diagram() -> str:

@@ -24,7 +24,7 @@ from rda.business.common import AcquiredData, new_acquired
 from rda.serialization._data import Data
 from rda.serialization._header import RequestType
 from rda.serialization._message import Message
-from rda.serialization.errors import ProtocolError
+from rda.serialization.errors import RemoteProtocolError
 from rda.transport._mailbox import Wakeup
 
 __all__ = [
@@ -210,7 +210,7 @@ def _raise_if_exception(message: Message) -> None:
     if header.request_type is RequestType.EXCEPTION:
         exc = message.exception
         if exc is None:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{header.device}/{header.property}: EXCEPTION reply without an EXCEPTION frame"
             )
         raise remote_error(header.device, header.property, exc[0], exc[1])
@@ -221,7 +221,9 @@ def get_result(message: Message) -> AcquiredData:
     data = message.data
     if data is None:
         header = message.header
-        raise ProtocolError(f"{header.device}/{header.property}: get reply without a DATA frame")
+        raise RemoteProtocolError(
+            f"{header.device}/{header.property}: get reply without a DATA frame"
+        )
     return new_acquired(data, message.context)
 
 

@@ -27,7 +27,12 @@ from rda.business.client.statistics import ClientCounters
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, RequestType, UpdateType
 from rda.serialization._message import Message
-from rda.serialization.errors import ProtocolError, RdaError, error_from_remote
+from rda.serialization.errors import (
+    LocalProtocolError,
+    RdaError,
+    RemoteProtocolError,
+    error_from_remote,
+)
 
 __all__ = ["Notification", "Subscription", "remote_error"]
 
@@ -119,7 +124,7 @@ class Notification:
                 device, prop = self._name
                 exc = message.exception
                 if exc is None:
-                    error = ProtocolError(
+                    error = RemoteProtocolError(
                         f"{device}/{prop}: {message.header.request_type.name} without an "
                         "EXCEPTION frame"
                     )
@@ -141,10 +146,10 @@ class Notification:
             data = message.data
             if data is None:
                 device, prop = self._name
-                raise ProtocolError(f"{device}/{prop}: notification without a DATA frame")
+                raise RemoteProtocolError(f"{device}/{prop}: notification without a DATA frame")
             object.__setattr__(self, "_data", data)
         if data is None:
-            raise ProtocolError("notification carries no data")
+            raise LocalProtocolError("notification carries no data")
         return data  # type: ignore[no-any-return]
 
     @property

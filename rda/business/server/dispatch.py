@@ -65,8 +65,8 @@ from rda.serialization.errors import (
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
-    ProtocolError,
     RdaError,
+    RemoteProtocolError,
     TimeoutError,
 )
 from rda.transport._ratelog import RateLimitedLog
@@ -238,7 +238,7 @@ class Dispatch:
         elif rtype is RequestType.UNSUBSCRIBE:
             self._unsubscribe(peer, header, client)
         else:
-            error = ProtocolError(f"{rtype.name} is not a request a client may send")
+            error = RemoteProtocolError(f"{rtype.name} is not a request a client may send")
             self._send_error(peer, header, RequestType.EXCEPTION, error)
 
     def _authorized(

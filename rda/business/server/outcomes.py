@@ -4,9 +4,12 @@ An operator alarms on these, so they must say whose fault a failure is (STYLE.md
 typo (``not_found``), a value the schema refused (``bad_request``), a policy refusal
 (``denied``), a full queue (``overload``), a passed deadline (``timeout``), a lost client
 (``disconnected``), and only what is left, an exception nobody typed, is the server's fault
-(``handler_error``). :func:`outcome_of` maps an exception to one of them; the mapping follows
-the exception's class hierarchy, and applications (or rda.admin) add their own typed errors
-with :func:`register_client_error`.
+(``handler_error``). A decode or protocol error is the client's (``bad_request``) only when it
+is remote (``RemoteDecodeError``: the request's own bytes do not decode); a local one, or one
+of unknown origin (a handler that fed the codec bytes of its own), is the server's
+``handler_error`` (docs/protocol.md, "Whose fault"). :func:`outcome_of` maps an exception to
+one of them; the mapping follows the exception's class hierarchy, and applications (or
+rda.admin) add their own typed errors with :func:`register_client_error`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from rda.business.server.devices import PropertyValidationError, ReadOnlyPropert
 from rda.business.server.requests import SubscriptionRejected
 from rda.business.server.statistics import FAILURES, OUTCOMES, REQUEST_TYPES
 from rda.serialization.errors import (
-    DecodeError,
     DisconnectedError,
     NoSuchDeviceError,
     NotAuthorizedError,
     OverloadError,
-    ProtocolError,
+    RemoteDecodeError,
+    RemoteProtocolError,
     TimeoutError,
 )
 
@@ -47,9 +50,10 @@ _KINDS: dict[type[BaseException], str] = {
     DisconnectedError: "disconnected",
     # What the client sent was refused as it stands: a body or header that does not decode, a
     # value a property's schema rejects, a set of a read-only property, a subscription the
-    # handler rejected with a reason.
-    DecodeError: "bad_request",
-    ProtocolError: "bad_request",
+    # handler rejected with a reason. Only the remote decode and protocol errors: the base
+    # classes and the local ones fall through to handler_error, the server's fault.
+    RemoteDecodeError: "bad_request",
+    RemoteProtocolError: "bad_request",
     PropertyValidationError: "bad_request",
     ReadOnlyPropertyError: "bad_request",
     ValidationError: "bad_request",

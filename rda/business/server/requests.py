@@ -24,7 +24,7 @@ from rda.business.policy import ANONYMOUS
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
-from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError
+from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError, wire_type
 from rda.transport._ratelog import RateLimitedLog
 
 __all__ = [
@@ -335,11 +335,12 @@ class RequestReplyCallback:
 
 def describe_error(error: BaseException) -> tuple[str, str]:
     """(type name, message) for an EXCEPTION frame. rda error types travel under their own
-    name so the client re-creates them; a ``RemoteError`` (say, relayed from another server)
-    keeps the type it carries."""
+    name so the client re-creates them, decode and protocol errors under the name that says
+    whose fault (``wire_type``); a ``RemoteError`` (say, relayed from another server) keeps the
+    type it carries."""
     if isinstance(error, RemoteError):
         return error.type, error.message
-    return type(error).__name__, str(error)
+    return wire_type(error), str(error)
 
 
 def new_request(
