@@ -76,8 +76,8 @@ class LocalDecodeError(DecodeError):
 class ProtocolError(RdaError):
     """The wire protocol was broken (wrong kind byte, version mismatch, missing frames).
 
-    :class:`RemoteProtocolError` and :class:`LocalProtocolError` say by whom; rda raises
-    those, the base class catches both.
+    :class:`RemoteProtocolError` and :class:`LocalProtocolError` say by whom; the base class
+    catches both, and raised as such (``origin`` None) it does not say.
     """
 
     #: "remote" (the peer broke it), "local" (this process did) or None (not known).
