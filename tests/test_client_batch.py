@@ -37,7 +37,9 @@ from rda.transport.api import (
     Buffer,
     ClientHandler,
     ClientTransportStatistics,
+    DirectLane,
     TransportSettings,
+    Waker,
     batch_receiver,
 )
 from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
@@ -172,6 +174,12 @@ class FakeTransport:
     def __init__(self, handler: ClientHandler, settings: TransportSettings, info: Any) -> None:
         self.handler = handler
         self.sent: list[Sequence[Buffer]] = []
+
+    def lane(self, connection: int) -> DirectLane | None:
+        return None  # no lanes: blocking calls take the shared connection
+
+    def wake_later(self, waker: Waker) -> None:
+        waker.set()
 
     def start(self) -> None:
         pass

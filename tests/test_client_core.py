@@ -32,7 +32,14 @@ from rda.serialization._header import (
 )
 from rda.serialization._message import BodyKind, Message, encode_exception
 from rda.testing._clock import FakeClock
-from rda.transport.api import Buffer, ClientHandler, ClientTransportStatistics, TransportSettings
+from rda.transport.api import (
+    Buffer,
+    ClientHandler,
+    ClientTransportStatistics,
+    DirectLane,
+    TransportSettings,
+    Waker,
+)
 from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
 
 ENDPOINT = "tcp://127.0.0.1:7001"
@@ -49,6 +56,12 @@ class ScriptedTransport:
         self.disconnects: list[int] = []
         self.closed = False
         self._next = 0
+
+    def lane(self, connection: int) -> DirectLane | None:
+        return None  # no lanes: blocking calls take the shared connection
+
+    def wake_later(self, waker: Waker) -> None:
+        waker.set()
 
     def start(self) -> None:
         pass

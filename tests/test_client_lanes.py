@@ -27,8 +27,6 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRe
 from rda.serialization._data import Data
 from rda.serialization.errors import DisconnectedError, TimeoutError
 from rda.testing import FakeClock
-from rda.transport._peers import LANE_IDLE, Peer, ServerCounters, heartbeat_round
-from rda.transport.state import HeartbeatTracker
 
 
 @dataclass
@@ -256,38 +254,6 @@ def test_an_idle_lane_is_forgotten_quietly_and_introduces_itself_again(handler: 
             assert stats.peers == 1
     finally:
         server.stop()
-
-
-# ------------------------------------------------------------------ server heartbeats, unit
-
-
-class _Counters(ServerCounters):
-    pass
-
-
-def test_heartbeat_round_neither_pings_nor_counts_lanes() -> None:
-    counters = _Counters()
-    peers = {
-        b"lane": Peer(b"lane", {}, HeartbeatTracker.start(1.0, 5.0, 0.0), lane=True),
-        b"main": Peer(b"main", {}, HeartbeatTracker.start(1.0, 5.0, 0.0)),
-    }
-    pinged: list[bytes] = []
-    dropped: list[tuple[bytes, str]] = []
-
-    def ping(p: Peer) -> bool:
-        pinged.append(p.rid)
-        return True
-
-    def drop(p: Peer, reason: str, event: object) -> None:
-        dropped.append((p.rid, reason))
-        del peers[p.rid]
-
-    heartbeat_round(peers, 2.0, counters, ping, drop)  # idle: the main session is pinged
-    assert pinged == [b"main"]
-    peers[b"main"].heartbeat.last_received = 5.5
-    heartbeat_round(peers, 6.0, counters, ping, drop)  # the lane was silent past 5 s
-    assert dropped == [(b"lane", LANE_IDLE)]
-    assert counters._heartbeat_timeouts == 0
 
 
 def test_a_restarted_server_gets_a_new_lane_once_the_connection_is_back(

@@ -1,7 +1,7 @@
 """Issue 27 (5): the client information of CONNECT is validated, not taken as sent.
 
 Before, ``pid: "x"``, ``application: 5`` and a 60 kB string were accepted, kept for the
-connection's life and shown by ``rda admin SERVER clients``. Now ``_peers.ClientInfoModel``
+connection's life and shown by ``rda admin SERVER clients``. Now ``peer_info.ClientInfoModel``
 (pydantic, strict) checks types, string lengths and the number of extra keys; a CONNECT that
 fails gets a refusing CONNECT_ACK naming the fields at fault, is counted, and no peer is made.
 """
@@ -25,8 +25,8 @@ from rda.business.server.requests import GetRequest
 from rda.serialization._data import Data
 from rda.serialization._message import Message
 from rda.serialization.errors import DisconnectedError
-from rda.transport._peers import connect_info, rda_version
 from rda.transport.api import TransportSettings
+from rda.transport.peer_info import connect_info, rda_version
 from rda.transport.protocol import ConnectAck, decode_frames, encode_connect
 from rda.transport.zmq_server import ZmqServerTransport
 

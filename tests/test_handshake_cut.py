@@ -17,7 +17,7 @@ import zmq
 
 from rda.testing import free_port
 from rda.transport._handshake import HANDSHAKE_CUT, NO_KEY, NOT_CURVE, handshake_failure
-from rda.transport._peers import HANDSHAKE_REFUSED
+from rda.transport.reasons import HANDSHAKE_REFUSED
 
 NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 

@@ -26,12 +26,13 @@ from rda.testing import (
     memory_pair,
     transport_pair,
 )
-from rda.transport._peers import FORGOTTEN
 from rda.transport.api import (
     Buffer,
     ClientTransport,
     ClientTransportStatistics,
+    DirectLane,
     TransportSettings,
+    Waker,
 )
 from rda.transport.protocol import (
     Incoming,
@@ -43,6 +44,7 @@ from rda.transport.protocol import (
     encode_message,
     encode_tail,
 )
+from rda.transport.reasons import FORGOTTEN
 
 
 @pytest.mark.parametrize("check", CONFORMANCE_CHECKS)
@@ -55,6 +57,12 @@ class _ClientWithoutStatistics:
 
     def __init__(self, inner: ClientTransport) -> None:
         self._inner = inner
+
+    def lane(self, connection: int) -> DirectLane | None:
+        return self._inner.lane(connection)
+
+    def wake_later(self, waker: Waker) -> None:
+        self._inner.wake_later(waker)
 
     def start(self) -> None:
         self._inner.start()

@@ -77,6 +77,10 @@ class RecordingTransport:
         self._cond = threading.Condition()
 
     @property
+    def hands_over(self) -> bool:
+        return False
+
+    @property
     def endpoint(self) -> str:
         return "memory://recording"
 

@@ -22,7 +22,6 @@ from rda.serialization._header import (
 from rda.serialization._message import BodyKind, Message
 from rda.testing import FakeClock
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
-from rda.transport._peers import PEER_GONE
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     LARGE_BODY,
@@ -35,6 +34,7 @@ from rda.transport.protocol import (
     encode_message,
     encode_tail,
 )
+from rda.transport.reasons import PEER_GONE
 from rda.transport.state import ConnEvent
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
@@ -267,8 +267,8 @@ def test_a_connect_records_the_connections_file_descriptor(ctx: Ctx) -> None:
     d = raw_dealer(ctx, srv.endpoint, b"fd-peer")
     try:
         assert wait_for(lambda: b"fd-peer" in rec.peers)
-        peer = srv._peers[b"fd-peer"]
-        assert peer.fd >= 0 and srv._by_fd[peer.fd] == b"fd-peer"
+        peer = srv._table.peers[b"fd-peer"]
+        assert peer.fd >= 0 and srv._wire.by_fd[peer.fd] == b"fd-peer"
     finally:
         d.close(0)
         srv.close()
@@ -288,27 +288,29 @@ def test_a_new_connection_on_a_closed_peers_descriptor_has_that_peer_probed_and_
         while monitor.poll(0):
             monitor.recv_multipart()
 
-    monkeypatch.setattr(srv, "_on_monitor", unread)
+    monkeypatch.setattr(srv._wire, "on_monitor", unread)
     peers = [raw_dealer(ctx, srv.endpoint, b"old-peer")]
     try:
         assert wait_for(lambda: b"old-peer" in rec.peers)
-        fd = srv._peers[b"old-peer"].fd
+        fd = srv._table.peers[b"old-peer"].fd
         peers.pop().close(0)
         # Wait until libzmq has closed the descriptor (the server runs in this process).
         assert wait_for(lambda: not os.path.exists(f"/proc/self/fd/{fd}") or _other(fd))
         # The kernel gives the next connection the lowest free descriptor, often ``fd`` but
         # not always in a full run: the new peer is told it got ``fd``, as it would have.
-        connect = srv._on_connect
+        connect = srv._table._connect
 
-        def on_descriptor_reused(rid: bytes, info: dict[str, Any], _: int, now: float) -> None:
-            connect(rid, info, fd, now)
+        def on_descriptor_reused(
+            rid: bytes, io: Any, info: dict[str, Any], _: int, now: float
+        ) -> None:
+            connect(rid, io, info, fd, now)
 
-        monkeypatch.setattr(srv, "_on_connect", on_descriptor_reused)
+        monkeypatch.setattr(srv._table, "_connect", on_descriptor_reused)
         peers.append(raw_dealer(ctx, srv.endpoint, b"new-peer"))
-        assert wait_for(lambda: b"new-peer" in srv._peers)
-        assert srv._by_fd[fd] == b"new-peer"
+        assert wait_for(lambda: b"new-peer" in srv._table.peers)
+        assert srv._wire.by_fd[fd] == b"new-peer"
         assert wait_for(lambda: rec.gone.get(b"old-peer") is not None, 5.0)
-        assert rec.gone[b"old-peer"] == PEER_GONE and b"new-peer" in srv._peers
+        assert rec.gone[b"old-peer"] == PEER_GONE and b"new-peer" in srv._table.peers
     finally:
         for sock in peers:
             sock.close(0)
@@ -550,7 +552,7 @@ def test_messages_read_after_the_peer_was_found_gone_are_dropped_not_answered(ct
     def first_then_gone(peer: bytes, message: Message) -> None:
         plain_on_message(peer, message)
         if message.header.id == 1:  # as the monitor probe would, on the dispatcher
-            srv._drop(srv._peers[peer], PEER_GONE, ConnEvent.PEER_GONE)
+            srv._table.drop(srv._table.peers[peer], PEER_GONE, ConnEvent.PEER_GONE)
 
     rec.on_message = first_then_gone  # type: ignore[method-assign]
     d = raw_dealer(ctx, srv.endpoint, b"leaver")

@@ -490,6 +490,113 @@ def check_heartbeat_keepalive(pair: TransportPair) -> None:
     _round_trip(client, crec, conn, 1)
 
 
+def check_lanes(pair: TransportPair) -> None:
+    """A blocking caller's own lane: only while the connection is acknowledged; a session of
+    its own at the server (a lane, counted apart from peers); the reply to its request comes
+    back on the calling thread; a request whose owner ends it returns None."""
+    silent: set[int] = set()
+
+    holder: list[ServerTransport] = []
+
+    def echo(peer: bytes, message: Message) -> None:
+        h = message.header
+        if h.device == "SILENT":
+            silent.add(h.id)
+            return
+        reply = Header(RequestType.REPLY, h.id, h.device, h.property, h.selector)
+        holder[0].send(peer, encode_message(Kind.REPLY, reply, message.body))
+
+    srec = RecordingServerHandler(on_message=echo)
+    holder.append(pair.make_server(srec, SETTINGS, dict(SERVER_INFO)))
+    server = holder[0]
+    client, crec = _client(pair)
+    assert client.lane(12345) is None, "a lane for an unknown connection"
+    conn = _connect(client, crec, server)
+    lane = client.lane(conn)
+    assert lane is not None, "no lane on an acknowledged connection"
+    assert client.lane(conn) is lane, "a thread has one lane per server"
+    body: list[tuple[BodyKind, Buffer]] = [(BodyKind.DATA, b"on the lane")]
+    reply = lane.call(_request(7, body), 7, lambda: False, time.monotonic())
+    assert reply is not None and reply.header.id == 7 and _body(reply) == body, reply
+    srec.wait_for(lambda: len(srec.connected) == 2, WAIT, "the lane's own session")
+    lane_info = [info for _, info in srec.connected if info.get("lane") is True]
+    assert len(lane_info) == 1, srec.connected
+    assert server.statistics().lanes == 1 and server.statistics().peers == 1
+    assert client.statistics().lanes == 1
+    assert not crec.messages_on(conn), "a lane's reply went through the dispatcher"
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(client.lane(conn)))
+    thread.start()
+    thread.join(WAIT)
+    assert other and other[0] is not None and other[0] is not lane, "lanes are per thread"
+    ended = threading.Event()
+    calls = 0
+
+    def ended_after_a_wait() -> bool:
+        nonlocal calls
+        calls += 1
+        return ended.is_set() or calls > 2
+
+    header = Header(RequestType.GET, 8, "SILENT", "Acquisition", "")
+    assert lane.call(encode_message(Kind.REQUEST, header), 8, ended_after_a_wait, 0.0) is None
+    assert 8 in silent and calls > 2
+
+
+def check_wake_later(pair: TransportPair) -> None:
+    """``wake_later`` sets at once off the dispatcher; on it (a handler completing a blocking
+    request), only once the handler returned."""
+    server, _ = _echo_server(pair)
+    seen: list[bool] = []
+    waker = threading.Event()
+
+    def hook(conn: int, message: Message) -> None:
+        client.wake_later(waker)
+        seen.append(waker.is_set())  # still on the dispatcher: not yet
+
+    client, crec = _client(pair, hook=hook)
+    now = threading.Event()
+    client.wake_later(now)
+    assert now.is_set(), "wake_later from another thread must set at once"
+    conn = _connect(client, crec, server)
+    client.send(conn, _request(1))
+    assert waker.wait(WAIT), "the deferred wake-up never came"
+    assert seen == [False], f"set while the handler still ran: {seen}"
+
+
+def check_hand_over(pair: TransportPair) -> None:
+    """A server that hands over (``hands_over``): a handler blocking on the dispatcher does
+    not stop the server; another client's request is answered meanwhile."""
+    release = threading.Event()
+    holder: list[ServerTransport] = []
+
+    def blocking_echo(peer: bytes, message: Message) -> None:
+        h = message.header
+        if h.device == "SLOW":
+            release.wait(WAIT)
+        reply = Header(RequestType.REPLY, h.id, h.device, h.property, h.selector)
+        holder[0].send(peer, encode_message(Kind.REPLY, reply, message.body))
+
+    srec = RecordingServerHandler(on_message=blocking_echo)
+    settings = TransportSettings(handover_after=0.002, close_timeout=WAIT)
+    holder.append(pair.make_server(srec, settings, dict(SERVER_INFO)))
+    server = holder[0]
+    if not server.hands_over:
+        return  # the contract allows a transport that never hands over
+    slow, srec_slow = _client(pair)
+    fast, frec = _client(pair)
+    slow_conn = _connect(slow, srec_slow, server)
+    fast_conn = _connect(fast, frec, server)
+    try:
+        slow.send(slow_conn, _request(1, device="SLOW"))
+        srec.wait_for(lambda: len(srec.messages) == 1, WAIT, "the slow request")
+        _round_trip(fast, frec, fast_conn, 2)  # answered while the slow handler blocks
+        assert not srec_slow.messages_on(slow_conn), "the slow reply came before its release"
+        assert server.statistics().handovers >= 1
+    finally:
+        release.set()
+    srec_slow.wait_for(_has(srec_slow, slow_conn, 1), WAIT, "the slow reply")
+
+
 _CHECKS: dict[str, Callable[[TransportPair], None]] = {
     "handshake": check_handshake,
     "echo": check_echo,
@@ -506,6 +613,9 @@ _CHECKS: dict[str, Callable[[TransportPair], None]] = {
     "close_from_handler": check_close_from_handler,
     "server_close_noticed": check_server_close_noticed,
     "heartbeat_keepalive": check_heartbeat_keepalive,
+    "lanes": check_lanes,
+    "wake_later": check_wake_later,
+    "hand_over": check_hand_over,
 }
 CONFORMANCE_CHECKS: tuple[str, ...] = tuple(_CHECKS)
 

@@ -1,16 +1,20 @@
 """The in-memory transports' plumbing: an inbox, a dispatcher thread, and the link records.
 
 Each in-memory transport copies the real one's threading contract (``rda.transport.api``):
-ONE named dispatcher thread calls every handler; other threads reach it only through its
+ONE dispatcher at a time calls every handler; other threads reach it only through its
 :class:`Inbox` (user commands bounded by ``send_hwm`` so a flooding sender blocks, network
 deliveries unbounded); a call made on the dispatcher thread itself (from a handler) is queued
-locally and run right after the current item, never re-entrantly and never blocking.
+locally and run right after the current item, never re-entrantly and never blocking. A server
+dispatcher hands over as the ZeroMQ one does (``rda.transport._relay``: leader/followers):
+when a handler runs longer than ``handover_after``, a standby thread takes the lead and the
+handler finishes on its own thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rda.testing._clock import FakeClock
+from rda.transport._relay import Relay
 from rda.transport.api import Buffer
 
 __all__ = ["Barrier", "ClientEnd", "Dispatcher", "Inbox", "Link", "frames_size", "wire_copy"]
@@ -87,6 +92,8 @@ class Inbox:
         self._hwm = max(1, hwm)
         self._on_put = on_put
         self._woken = False
+        # Back-pressure (``pause_commands``): while set, only network items are taken.
+        self._paused = False
         self.closed = False
 
     def put_command(self, item: object, wait: bool = True) -> bool:
@@ -130,6 +137,13 @@ class Inbox:
             self._cond.notify_all()
         return True
 
+    def pause_commands(self, paused: bool) -> None:
+        """Stop (or resume) taking user commands; senders block once ``hwm`` of them wait,
+        as on a ZeroMQ transport whose dispatcher stopped reading its mailbox."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
     def wake(self) -> None:
         """Make the dispatcher re-check its timers (the fake clock moved)."""
         with self._cond:
@@ -147,13 +161,22 @@ class Inbox:
                 self._commands = 0
             self._cond.notify_all()
 
-    def take(self, timeout: float | None) -> list[tuple[bool, object]]:
+    def take(self, timeout: float | None, limit: int = _BATCH) -> list[tuple[bool, object]]:
         with self._cond:
-            if not (self._items or self._woken or self.closed):
+            if not (self._ready_locked() or self._woken or self.closed):
                 self._cond.wait(timeout)
             self._woken = False
             batch: list[tuple[bool, object]] = []
-            while self._items and len(batch) < _BATCH:
+            if self._paused and not self.closed:
+                # Network items only; the commands keep their order for later.
+                kept: deque[tuple[bool, object]] = deque()
+                while self._items and len(batch) < limit:
+                    entry = self._items.popleft()
+                    (kept if entry[0] else batch).append(entry)
+                kept.extend(self._items)
+                self._items = kept
+                return batch
+            while self._items and len(batch) < limit:
                 entry = self._items.popleft()
                 if entry[0]:
                     self._commands -= 1
@@ -162,15 +185,32 @@ class Inbox:
                 self._cond.notify_all()  # senders blocked at the high-water mark
             return batch
 
+    def _ready_locked(self) -> bool:
+        if not self._paused:
+            return bool(self._items)
+        return any(not is_command for is_command, _ in self._items)
+
     def empty(self) -> bool:
         with self._cond:
             return not self._items
 
 
 class Dispatcher(ABC):
-    """A named thread that owns one transport's state; subclasses supply the handling."""
+    """A named dispatcher that owns one transport's state; subclasses supply the handling.
 
-    def __init__(self, name: str, clock: Callable[[], float], hwm: int, on_put: Callable[[], None]):
+    With ``handover_after`` > 0 the dispatcher is a pool of threads (``Relay``): whichever
+    leads runs the loop, and a handler that runs long (between ``_begin_handler`` and
+    ``_end_handler``) is left to finish on its thread while a standby takes the lead.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        clock: Callable[[], float],
+        hwm: int,
+        on_put: Callable[[], None],
+        handover_after: float = 0.0,
+    ):
         self._name = name
         self._clock = clock
         self._inbox = Inbox(hwm, on_put)
@@ -180,6 +220,7 @@ class Dispatcher(ABC):
         self._closed = False
         self._killed = False
         self._stop_clock: Callable[[], None] | None = None
+        self._relay = Relay(self._lead, name, handover_after) if handover_after > 0 else None
 
     # --- lifecycle (any thread) ---
 
@@ -193,6 +234,9 @@ class Dispatcher(ABC):
             self._thread.start()
 
     def _on_dispatcher(self) -> bool:
+        relay = self._relay
+        if relay is not None:
+            return threading.get_ident() == relay.leader
         return threading.current_thread() is self._thread
 
     def _stop(self, timeout: float, kill: bool) -> None:
@@ -210,15 +254,26 @@ class Dispatcher(ABC):
             return
         if self._on_dispatcher():
             return  # it cannot join itself; it cleans up on its way out
-        thread.join(timeout)
-        if thread.is_alive():
+        if self._relay is not None:
+            stopped = self._relay.join(time.monotonic() + timeout)
+        else:
+            thread.join(timeout)
+            stopped = not thread.is_alive()
+        if not stopped:
             log.warning("%s did not stop within %.1f s (a handler blocks?)", self._name, timeout)
 
     def _post(self, item: object, wait: bool = True) -> None:
-        if self._on_dispatcher():
+        relay = self._relay
+        if relay is not None and self._on_dispatcher():
+            # A handler on the dispatcher: a standby may take the lead at any moment.
+            with relay.lock:
+                if self._on_dispatcher():
+                    self._local.append(item)
+                    return
+        elif self._on_dispatcher():
             self._local.append(item)
-        else:
-            self._inbox.put_command(item, wait)
+            return
+        self._inbox.put_command(item, wait)
 
     def wait_for_room(self) -> None:
         """As ``ZmqServerTransport.wait_for_room``: block while the inbox is full."""
@@ -229,12 +284,40 @@ class Dispatcher(ABC):
         barrier = Barrier()
         return barrier if self._inbox.put_barrier(barrier) else None
 
-    # --- the loop (dispatcher thread) ---
+    @property
+    def handovers(self) -> int:
+        """How often a standby took the lead from a long handler."""
+        return 0 if self._relay is None else self._relay.handovers
+
+    def _begin_handler(self) -> None:
+        """The dispatcher enters the business layer (a handler may run long)."""
+        if self._relay is not None:
+            self._relay.begin()
+
+    def _end_handler(self) -> bool:
+        """Back from the business layer; False when this thread lost the lead meanwhile."""
+        return self._relay is None or self._relay.end()
+
+    # --- the loop (whichever thread leads) ---
 
     def _run(self) -> None:
+        if self._relay is not None:
+            self._relay.serve_first()
+        else:
+            self._lead()
+
+    def _lead(self) -> bool:
+        """The dispatcher loop: True once the transport closed (after the shutdown), False
+        when a standby took the lead while this thread ran a handler."""
+        relay = self._relay
+        me = threading.get_ident()
+        # A leader takes one item at a time: what it took is its own to finish, so a lead
+        # lost in a handler leaves nothing taken behind (as messages stay in a socket).
+        limit = 1 if relay is not None else _BATCH
         try:
             while True:
-                batch = self._inbox.take(self._wait_timeout())
+                self._run_local()  # what a previous leader's handler queued
+                batch = self._inbox.take(self._wait_timeout(), limit)
                 barriers = [item for _, item in batch if isinstance(item, Barrier)]
                 for is_command, item in batch:
                     if self._killed:
@@ -242,22 +325,27 @@ class Dispatcher(ABC):
                     # After close(), queued commands (replies) still go out; arrivals do not.
                     if not isinstance(item, Barrier) and (is_command or not self._inbox.closed):
                         self._handle(item)
+                        if relay is not None and relay.leader != me:
+                            return False
                         self._run_local()
                 self._end_batch()
                 self._run_local()
                 if not self._inbox.closed:
                     self._check_timers(self._clock())
                     self._run_local()
+                self._after_batch()
                 for barrier in barriers:
                     barrier.event.set()
                 if self._inbox.closed and self._inbox.empty():
                     break
         except Exception:  # a bug here must not leave a zombie transport behind silently
+            if relay is not None and relay.leader != me:
+                return False
             log.exception("%s crashed", self._name)
-        finally:
-            # Refuse further work, so that no sender blocks forever on a dead dispatcher.
-            self._inbox.close(discard=True)
-            self._shutdown()
+        # Refuse further work, so that no sender blocks forever on a dead dispatcher.
+        self._inbox.close(discard=True)
+        self._shutdown()
+        return True
 
     def _run_local(self) -> None:
         while self._local:
@@ -285,6 +373,10 @@ class Dispatcher(ABC):
     def _end_batch(self) -> None:
         """Every item of the batch taken from the inbox was handled (a client delivers the
         replies it held back for a batch-taking handler here)."""
+        return
+
+    def _after_batch(self) -> None:
+        """The dispatcher is about to wait for more (a client sets deferred wake-ups here)."""
         return
 
     @abstractmethod

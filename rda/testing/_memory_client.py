@@ -1,55 +1,45 @@
 """The in-memory client transport: ``rda.transport.api.ClientTransport`` without sockets.
 
-It speaks the real wire protocol (``rda.transport.protocol``) over :class:`~rda.testing._dispatch.
-Link` objects instead of DEALER sockets, and reports what the ZeroMQ client reports, with the
-same reasons: "closed locally", "heartbeat timeout", "server closed the connection" (the socket
-monitor's prompt notice), "connection refused or closed" (lost before the ACK), "no CONNECT_ACK
-within connect_timeout" and "refused by the server: ...".
+It runs the client protocol's rules of the ZeroMQ transport itself
+(``rda.transport.client_session.ClientSessions``: handshake, heartbeats, RECONNECT, what
+waits for the ACK, back-pressure, bad input, the reasons it reports) over
+:class:`~rda.testing._dispatch.Link` objects instead of DEALER sockets, and offers direct lanes
+and deferred wake-ups as the ZeroMQ client does (``lane``, ``wake_later``), so a business
+layer on a ``MemoryNetwork`` takes the same paths as in production.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import queue
+import threading
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rda.serialization._message import Message
-from rda.serialization.errors import DecodeError, ProtocolError
-from rda.testing._dispatch import Dispatcher, Link, frames_size
-from rda.transport._peers import (
-    CLOSED_LOCALLY,
-    FORGOTTEN,
-    HEARTBEAT_TIMEOUT,
-    NO_CONNECT_ACK,
-    ClientCounters,
-    connect_info,
-    lost_reason,
-    refused_reason,
-)
+from rda.serialization.errors import TransportError
+from rda.testing._dispatch import Dispatcher, Link
 from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
     ClientTransportStatistics,
     TransportSettings,
-    batch_receiver,
+    Waker,
 )
-from rda.transport.protocol import (
-    ConnectAck,
-    Heartbeat,
-    Incoming,
-    Reconnect,
-    decode_frames,
-    encode_connect,
-    encode_heartbeat,
-)
-from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
+from rda.transport.client_session import ClientSession, ClientSessions, LaneSession
+from rda.transport.lanes import REFRESH_SHARE, WAIT_SLICE, LanePool, PooledLane
+from rda.transport.peer_info import connect_info
+from rda.transport.protocol import encode_connect
+from rda.transport.state import ConnState
 
 __all__ = ["MemoryClientTransport"]
 
 log = logging.getLogger("rda.testing")
+_lane_log = RateLimitedLog(log)
 
 
 class Network(Protocol):
@@ -69,7 +59,6 @@ class Network(Protocol):
     def _client_send(self, link: Link, frames: Sequence[Buffer]) -> None: ...
 
 
-_HEARTBEAT = encode_heartbeat(from_server=False)
 _instances = itertools.count(1)
 
 
@@ -102,17 +91,7 @@ class _Gone:
     conn: int
 
 
-@dataclass(slots=True, eq=False)
-class _Connection:
-    id: int
-    link: Link
-    connect_deadline: float
-    state: ConnState = ConnState.CONNECTING
-    heartbeat: HeartbeatTracker | None = None
-    pending: list[list[Buffer]] = field(default_factory=list)
-
-
-class MemoryClientTransport(Dispatcher, ClientCounters):
+class MemoryClientTransport(Dispatcher):
     """A client transport on a :class:`~rda.testing.MemoryNetwork`; see ``rda.transport.api``.
 
     Build it with ``network.client(handler, settings, client_info)``, then ``start()``.
@@ -130,22 +109,20 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
             f"rda-memory-client-{next(_instances)}", network.clock, settings.send_hwm, network._bump
         )
         self._network = network
-        self._handler = handler
-        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
-        self._info = connect_info("memory")
-        self._info.update(client_info or {})
+        info = connect_info("memory")
+        info.update(client_info or {})
         # Plays ZAP's role: the memory server hands this to its handler as the transport's
         # ``authenticated_principal``, whatever the CONNECT info says.
         self.authenticated_principal = authenticated_principal
         self._ids = itertools.count(1)
-        self._conns: dict[int, _Connection] = {}
         self._routing: dict[int, bytes] = {}
-        self._on_messages = batch_receiver(handler)
-        # Replies held back for ``on_messages`` until the end of the batch (one connection).
-        self._arrived: list[Message] = []
-        self._arrived_conn = 0
-        ClientCounters.__init__(self)
+        self._sessions = ClientSessions(
+            handler, settings, info, _LinkWire(network, self._inbox), network.clock, log
+        )
+        self._wakes: list[Waker] = []
+        hello = encode_connect({**info, "lane": True})
+        self._lanes = LanePool(self._lane_opener(hello))
 
     # --- api.ClientTransport (any thread) ---
 
@@ -167,7 +144,40 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
         self._stop(self._settings.close_timeout if timeout is None else timeout, kill=False)
 
     def statistics(self) -> ClientTransportStatistics:
-        return self._statistics(len(self._conns))
+        lanes, (m_in, m_out, b_in, b_out, errors, stale) = self._lanes.counts()
+        s = self._sessions
+        stats = s.statistics(lanes, stale)
+        return ClientTransportStatistics(
+            messages_in=stats.messages_in + m_in,
+            messages_out=stats.messages_out + m_out,
+            bytes_in=stats.bytes_in + b_in,
+            bytes_out=stats.bytes_out + b_out,
+            connections=stats.connections,
+            heartbeat_timeouts=stats.heartbeat_timeouts,
+            decode_errors=stats.decode_errors + errors,
+            disconnects=stats.disconnects,
+            queued_until_connected=stats.queued_until_connected,
+            handler_errors=stats.handler_errors,
+            lanes=lanes,
+            lane_stale_replies=stale,
+        )
+
+    def lane(self, connection: int) -> PooledLane | None:
+        """The calling thread's own lane to the server of ``connection`` (a link of its
+        own), while that connection is established; None otherwise."""
+        session = self._sessions.sessions.get(connection)  # a dict read: safe under the GIL
+        if session is None or session.state is not ConnState.CONNECTED or self._closed:
+            return None
+        refresh = session.server_timeout * REFRESH_SHARE
+        return self._lanes.of_thread(session.endpoint, connection, refresh)
+
+    def wake_later(self, waker: Waker) -> None:
+        """Set ``waker`` once the dispatcher is done with its batch (on the dispatcher), at
+        once from any other thread; as the ZeroMQ client."""
+        if self._on_dispatcher() and not self._closed:
+            self._wakes.append(waker)
+        else:
+            waker.set()
 
     def routing_id(self, connection: int) -> bytes | None:
         """The peer id the server sees for ``connection`` (None before the dispatcher opened it)."""
@@ -184,158 +194,185 @@ class MemoryClientTransport(Dispatcher, ClientCounters):
     # --- dispatcher thread ---
 
     def _handle(self, item: object) -> None:
+        sessions = self._sessions
         if isinstance(item, _Arrival):
-            self._on_arrival(item)
-        elif isinstance(item, _Send):
-            c = self._conns.get(item.conn)
-            if c is None:
-                return  # a dead connection: its on_disconnected was or will be delivered
-            if c.state is ConnState.CONNECTING:
-                c.pending.append(item.frames)
-                self._queued += 1
-            else:
-                self._transmit(c, item.frames)
-        elif isinstance(item, _Open):
-            self._open(item)
-        elif isinstance(item, _Disconnect):
-            c = self._conns.get(item.conn)
-            if c is not None:
-                self._drop(c, CLOSED_LOCALLY)
-        elif isinstance(item, _Gone):
-            c = self._conns.get(item.conn)
-            if c is not None:
-                self._drop(c, lost_reason(c.state), ConnEvent.PEER_GONE)
-
-    def _open(self, item: _Open) -> None:
-        link = self._network._open_link(item.endpoint, self, item.conn)
-        now = self._clock()
-        c = _Connection(item.conn, link, now + self._settings.connect_timeout)
-        self._conns[c.id] = c
-        self._routing[c.id] = link.peer
-        self._transmit(c, encode_connect(self._info))
-
-    def _on_arrival(self, item: _Arrival) -> None:
-        c = self._conns.get(item.conn)
-        if c is None:
-            return  # arrived after we dropped the connection
-        self._messages_in += 1
-        self._bytes_in += frames_size(item.frames)
-        try:
-            event = decode_frames(
-                item.frames, from_server=True, max_size=self._settings.max_message_size
-            )
-        except (DecodeError, ProtocolError) as exc:
-            self._decode_errors += 1
-            self._peer_log.log(
-                "bad messages", "dropped a bad message on connection %d: %s", c.id, exc
-            )
-            return
-        if c.heartbeat is not None:
-            c.heartbeat.received(item.stamp)
-        if isinstance(event, Incoming):
-            if c.state is not ConnState.CONNECTED:
-                self._decode_errors += 1
-                self._peer_log.log(
-                    "early replies", "REPLY before CONNECT_ACK on connection %d dropped", c.id
-                )
-                return
-            if self._on_messages is not None:
+            session = sessions.sessions.get(item.conn)
+            if session is None:
+                return  # arrived after we dropped the connection
+            message = sessions.received(session, item.frames, item.stamp)
+            if message is not None:
                 # As the ZeroMQ client: a batch-taking handler gets the replies of one batch
                 # (of one connection) in one call, after the batch.
-                if self._arrived_conn != c.id:
-                    self._end_batch()
-                    self._arrived_conn = c.id
-                self._arrived.append(event.message)
-                return
-            try:
-                self._handler.on_message(c.id, event.message)
-            except Exception:
-                self._handler_failed("on_message")
-        elif isinstance(event, ConnectAck):
-            self._on_ack(c, event.info, item.stamp)
-        elif isinstance(event, Reconnect) and c.state is ConnState.CONNECTED:
-            self._drop(c, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)  # as the ZeroMQ client
-        elif not isinstance(event, Heartbeat) or c.state is not ConnState.CONNECTED:
-            self._decode_errors += 1
+                sessions.hold(session, message)
+        elif isinstance(item, _Send):
+            sessions.send(item.conn, item.frames)
+        elif isinstance(item, _Open):
+            link = self._network._open_link(item.endpoint, self, item.conn)
+            self._routing[item.conn] = link.peer
+            sessions.open(item.conn, item.endpoint, link)
+        elif isinstance(item, _Disconnect):
+            sessions.disconnect(item.conn)
+        elif isinstance(item, _Gone):
+            session = sessions.sessions.get(item.conn)
+            if session is not None:
+                sessions.gone(session)
 
     def _end_batch(self) -> None:
-        arrived = self._arrived
-        if not arrived:
-            return
-        self._arrived = []
-        assert self._on_messages is not None
-        try:
-            self._on_messages(self._arrived_conn, arrived)
-        except Exception:
-            self._handler_failed("on_messages")
+        self._sessions.end_batch()
 
-    def _on_ack(self, c: _Connection, info: dict[str, Any], stamp: float) -> None:
-        self._end_batch()  # replies held back are older than this connection event
-        if c.state is not ConnState.CONNECTING:
-            self._decode_errors += 1  # a second ACK: ignore it
-            return
-        if "error" in info:
-            self._drop(c, refused_reason(info["error"]), ConnEvent.ACK_REFUSED)
-            return
-        c.state = next_state(c.state, ConnEvent.ACK_RECEIVED)
-        s = self._settings
-        c.heartbeat = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, stamp)
-        pending, c.pending = c.pending, []
-        for frames in pending:
-            self._transmit(c, frames)
-        try:
-            self._handler.on_connected(c.id, info)
-        except Exception:
-            self._handler_failed("on_connected")
-
-    def _transmit(self, c: _Connection, frames: Sequence[Buffer]) -> None:
-        self._network._client_send(c.link, frames)
-        self._messages_out += 1
-        self._bytes_out += frames_size(frames)
-        if c.heartbeat is not None:
-            c.heartbeat.sent(self._clock())
+    def _after_batch(self) -> None:
+        if self._wakes:
+            wakes, self._wakes = self._wakes, []
+            for waker in wakes:
+                waker.set()
 
     def _check_timers(self, now: float) -> None:
-        for c in list(self._conns.values()):
-            if c.heartbeat is None:
-                if now >= c.connect_deadline:
-                    self._drop(c, NO_CONNECT_ACK, ConnEvent.HEARTBEAT_TIMEOUT)
-                continue
-            action = c.heartbeat.check(now)
-            if action is HeartbeatAction.EXPIRED:
-                self._heartbeat_timeouts += 1
-                self._drop(c, HEARTBEAT_TIMEOUT, ConnEvent.HEARTBEAT_TIMEOUT)
-            elif action is HeartbeatAction.SEND:
-                self._transmit(c, _HEARTBEAT)
+        self._sessions.check_timers(now)
 
     def _next_deadline(self) -> float | None:
-        deadlines = [
-            c.connect_deadline if c.heartbeat is None else c.heartbeat.next_deadline()
-            for c in self._conns.values()
-        ]
-        return min(deadlines, default=None)
-
-    def _drop(self, c: _Connection, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
-        self._end_batch()  # replies held back arrived before the connection was lost
-        del self._conns[c.id]
-        self._routing.pop(c.id, None)
-        c.state = next_state(c.state, event)
-        self._network._close_link(c.link)
-        self._disconnects += 1
-        try:
-            self._handler.on_disconnected(c.id, reason)
-        except Exception:
-            self._handler_failed("on_disconnected")
-
-    def _handler_failed(self, what: str) -> None:
-        self._handler_errors += 1
-        log.exception("client handler %s raised; the transport carries on", what)
+        if not self._sessions.sessions:
+            return None
+        deadline = self._sessions.next_timer
+        return None if deadline == float("inf") else deadline
 
     def _teardown(self, report: bool) -> None:
-        for c in list(self._conns.values()):
-            if report:
-                self._drop(c, CLOSED_LOCALLY)
-            else:
-                self._conns.pop(c.id)
-                self._network._close_link(c.link)
+        sessions = self._sessions
+        if report:
+            sessions.close_all()
+        else:
+            sessions.discard_all()  # a killed process tells nobody
+        self._routing.clear()
+        self._after_batch()
+        self._lanes.close(self._settings.close_timeout)
         self._network._forget(self)
+
+    # --- lanes ---
+
+    def _lane_opener(self, hello: list[bytes]) -> Callable[[str, int, float], PooledLane | None]:
+        network = self._network
+        max_size = self._settings.max_message_size
+
+        def open_lane(address: str, connection: int, refresh_after: float) -> PooledLane | None:
+            session = LaneSession(address, hello, refresh_after, max_size)
+            return _MemoryLane(network, session, connection, self.authenticated_principal)
+
+        return open_lane
+
+
+class _LinkWire:
+    """The links of a :class:`MemoryClientTransport` as the session rules see them."""
+
+    __slots__ = ("_inbox", "_network")
+
+    def __init__(self, network: Network, inbox: Any) -> None:
+        self._network = network
+        self._inbox = inbox
+
+    def write(self, session: ClientSession, frames: Sequence[Any]) -> bool | None:
+        self._network._client_send(session.io, frames)  # a client's link is never full
+        return True
+
+    def want_writable(self, session: ClientSession, on: bool) -> None:
+        return  # never full: nothing to wait for
+
+    def release(self, session: ClientSession) -> None:
+        self._network._close_link(session.io)
+
+    def pause_intake(self, paused: bool) -> None:
+        self._inbox.pause_commands(paused)
+
+
+class _MemoryLane:
+    """A calling thread's own link to one server (``api.DirectLane``), as ``zmq_lane.Lane``
+    is its own DEALER: it sends and waits for the reply on the calling thread."""
+
+    __slots__ = (
+        "__weakref__",
+        "_gone",
+        "_link",
+        "_lock",
+        "_network",
+        "_orphaned",
+        "_replies",
+        "authenticated_principal",
+        "connection",
+        "session",
+        "thread",
+    )
+
+    def __init__(
+        self, network: Network, session: LaneSession, connection: int, principal: str | None
+    ) -> None:
+        self._network = network
+        # The same identity as the transport's connections, as a ZeroMQ lane has the same
+        # CURVE keys: the server reads it here (``MemoryServerTransport``).
+        self.authenticated_principal = principal
+        self.session = session
+        self.connection = connection
+        self.thread = weakref.ref(threading.current_thread())
+        self._replies: queue.SimpleQueue[list[memoryview] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._gone = False
+        # Set by a close that found the lane in use: the owner closes it on its way out.
+        self._orphaned = False
+        self._link: Link | None = network._open_link(session.address, self, 0)
+
+    @property
+    def closed(self) -> bool:
+        return self._link is None or self._gone
+
+    def call(
+        self, frames: Sequence[Buffer], request_id: int, ended: Callable[[], bool], now: float
+    ) -> Message | None:
+        session = self.session
+        with self._lock:
+            link = self._link
+            if link is None or self._gone:
+                raise TransportError(f"the lane to {session.address} is closed")
+            hello = session.needs_hello(now)
+            if hello:
+                self._network._client_send(link, session.hello)
+            self._network._client_send(link, frames)
+            session.sent(frames, now, hello)
+            try:
+                return self._wait(request_id, ended)
+            finally:
+                if self._orphaned and self._link is not None:
+                    self._network._close_link(self._link)
+                    self._link = None
+
+    def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
+        session = self.session
+        while True:
+            try:
+                got = self._replies.get(timeout=WAIT_SLICE)
+            except queue.Empty:
+                if ended():
+                    return None
+                continue
+            if got is None:
+                raise TransportError(f"the lane to {session.address} was closed by the server")
+            message = session.received(got, request_id, _lane_log)
+            if message is not None:
+                return message
+
+    def close(self, timeout: float) -> bool:
+        if not self._lock.acquire(timeout=timeout):
+            self._orphaned = True
+            return False
+        try:
+            if self._link is not None:
+                self._network._close_link(self._link)
+                self._link = None
+        finally:
+            self._lock.release()
+        return True
+
+    # --- called by the network (any thread) ---
+
+    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
+        self._replies.put(frames)
+
+    def _link_gone(self, conn: int) -> None:
+        self._gone = True
+        self._replies.put(None)

@@ -1,11 +1,12 @@
 """The in-memory server transport: ``rda.transport.api.ServerTransport`` without sockets.
 
-Same behaviour as the ZeroMQ server, same counters and reasons: a peer is dropped with
-"heartbeat timeout", "peer gone" (the client's connection closed), "closed locally" or
-"reconnected"; every bad message counts in ``decode_errors`` and protocol violations also in
-``protocol_errors``; a version mismatch and a REQUEST before CONNECT are answered explicitly.
-A peer whose pipe is full (``MemoryNetwork.stall_client``) gets its own bounded queue in which
-a message with a conflation key replaces an older one with the same key (latest wins, counted).
+It runs the server protocol's rules of the ZeroMQ transport itself
+(``rda.transport.server_session.PeerTable``: validation and its answers, the handshake,
+heartbeats, per-peer outboxes with conflation, the counters and reasons) over links instead of
+a ROUTER, and hands a long handler over to a standby thread as the ZeroMQ server does
+(``hands_over``), so a business layer on a ``MemoryNetwork`` runs its handlers inline as in
+production. A peer whose pipe is full (``MemoryNetwork.stall_client``) gets its own bounded
+queue in which a message with a conflation key replaces an older one with the same key.
 """
 
 from __future__ import annotations
@@ -13,28 +14,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rda.serialization.errors import DecodeError, ProtocolError
-from rda.testing._dispatch import Dispatcher, Link, frames_size
-from rda.transport._peers import (
-    CLOSED_LOCALLY,
-    HEARTBEAT_BEFORE_CONNECT,
-    PEER_GONE,
-    RECONNECT_FRAMES,
-    RECONNECTED,
-    BadInput,
-    Peer,
-    ServerCounters,
-    connect_ack_info,
-    heartbeat_round,
-    peer_statistics,
-    reject_connect_info,
-    reject_request_before_connect,
-    reject_undecodable,
-)
-from rda.transport._ratelog import RateLimitedLog
+from rda.testing._dispatch import Dispatcher, Link
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -42,22 +25,12 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import (
-    Connect,
-    Heartbeat,
-    Incoming,
-    decode_frames,
-    encode_connect_ack,
-    encode_heartbeat,
-    join_tail,
-)
-from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
+from rda.transport.peer_info import AUTHENTICATED_PRINCIPAL, connect_ack_info
+from rda.transport.reasons import PEER_GONE
+from rda.transport.server_session import Peer, PeerTable
+from rda.transport.state import ConnEvent
 
-__all__ = ["MemoryServerTransport"]
-
-# The client-info key of the identity a transport authenticated (the business layer's
-# rda.business.server.requests.AUTHENTICATED_PRINCIPAL; spelt here, transports sit below it).
-AUTHENTICATED_PRINCIPAL = "authenticated_principal"
+__all__ = ["AUTHENTICATED_PRINCIPAL", "MemoryServerTransport"]
 
 log = logging.getLogger("rda.testing")
 
@@ -79,7 +52,6 @@ class Network(Protocol):
     def _server_send(self, link: Link, frames: Sequence[Buffer]) -> bool: ...
 
 
-_HEARTBEAT = encode_heartbeat(from_server=True)
 _instances = itertools.count(1)
 
 
@@ -119,14 +91,7 @@ class _Writable:
     peer: bytes
 
 
-@dataclass(slots=True, eq=False)
-class _Peer(Peer):
-    """The shared peer record (outbox, heartbeat, state) plus the connection it came on."""
-
-    link: Link = field(kw_only=True)
-
-
-class MemoryServerTransport(Dispatcher, ServerCounters):
+class MemoryServerTransport(Dispatcher):
     """A server transport on a :class:`~rda.testing.MemoryNetwork`; see ``rda.transport.api``.
 
     Build it with ``network.server(name, handler, settings, server_info)``, then ``start()``;
@@ -142,23 +107,31 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         server_info: dict[str, Any] | None,
     ) -> None:
         super().__init__(
-            f"rda-memory-server-{next(_instances)}", network.clock, settings.send_hwm, network._bump
+            f"rda-memory-server-{next(_instances)}",
+            network.clock,
+            settings.send_hwm,
+            network._bump,
+            settings.handover_after,
         )
         self._network = network
         self._endpoint = endpoint
         self._handler = handler
-        self._peer_log = RateLimitedLog(log, clock=network.clock)
         self._settings = settings
         name = endpoint.removeprefix("mem://")
         self._info = connect_ack_info(name, "memory", settings, server_info)
-        self._peers: dict[bytes, _Peer] = {}
-        ServerCounters.__init__(self)
+        self._wire = _LinkWire(network)
+        self._table = PeerTable(handler, settings, self._info, self._wire, network.clock, log)
 
     # --- api.ServerTransport (any thread) ---
 
     @property
     def endpoint(self) -> str:
         return self._endpoint
+
+    @property
+    def hands_over(self) -> bool:
+        """True: a long handler is handed over to a standby thread, as on ZeroMQ."""
+        return self._settings.handover_after > 0
 
     @property
     def handler(self) -> ServerHandler:
@@ -199,10 +172,10 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
         self._stop(self._settings.close_timeout, kill=True)
 
     def statistics(self) -> ServerTransportStatistics:
-        return self._statistics(len(self._peers))
+        return self._table.statistics(handovers=self.handovers)
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:
-        return peer_statistics(self._peers)
+        return self._table.peer_statistics()
 
     # --- called by the network (any thread) ---
 
@@ -218,149 +191,70 @@ class MemoryServerTransport(Dispatcher, ServerCounters):
     # --- dispatcher thread ---
 
     def _handle(self, item: object) -> None:
+        table = self._table
         if isinstance(item, _Arrival):
-            self._on_arrival(item)
+            link = item.link
+            if link.closed:
+                return  # the connection closed while this was queued
+            # As a CURVE transport does: the authenticated identity comes from the transport
+            # (here the client transport object's attribute), never from what the client wrote.
+            principal = getattr(link.client, AUTHENTICATED_PRINCIPAL, None)
+            if not isinstance(principal, str) or not principal:
+                principal = None
+            message = table.received(link.peer, link, item.frames, item.stamp, -1, principal)
+            if message is not None:
+                self._begin_handler()
+                table.deliver(link.peer, message)
+                self._end_handler()
         elif isinstance(item, _Out):
-            self._send_to(item.peer, item.frames, item.key)
+            table.send(item.peer, item.frames, item.key)
         elif isinstance(item, _Publish):
-            for peer, sub, header in item.targets:
-                key = sub if item.conflatable else None
-                self._send_to(peer, join_tail(header, item.tail), key)
+            table.publish(item.targets, item.tail, item.conflatable)
         elif isinstance(item, _Kick):
-            p = self._peers.get(item.peer)
-            if p is not None:
-                self._drop(p, CLOSED_LOCALLY)
+            table.disconnect(item.peer)
         elif isinstance(item, _PeerGone):
-            p = self._peers.get(item.peer)
+            p = table.peers.get(item.peer)
             if p is not None:
-                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
+                table.drop(p, PEER_GONE, ConnEvent.PEER_GONE)
         elif isinstance(item, _Writable):
-            p = self._peers.get(item.peer)
+            p = table.peers.get(item.peer)
             if p is not None:
-                self._flush(p)
-
-    def _on_arrival(self, item: _Arrival) -> None:
-        link = item.link
-        if link.closed:
-            return  # the connection closed while this was queued
-        self._messages_in += 1
-        self._bytes_in += frames_size(item.frames)
-        p = self._peers.get(link.peer)
-        try:
-            event = decode_frames(
-                item.frames, from_server=False, max_size=self._settings.max_message_size
-            )
-        except (DecodeError, ProtocolError) as exc:
-            self._reject(link, reject_undecodable(exc, item.frames))
-            return
-        if p is not None:
-            p.heartbeat.received(item.stamp)
-        if isinstance(event, Incoming):
-            if p is None:
-                self._reject(link, reject_request_before_connect(event.message.header.id))
-                return
-            try:
-                self._handler.on_message(p.rid, event.message)
-            except Exception:
-                self._handler_failed("on_message")
-        elif isinstance(event, Connect):
-            refused = reject_connect_info(event.info)
-            if refused is not None:
-                self._reject(link, refused)
-                return
-            self._on_connect(link, event.info, item.stamp)
-        elif isinstance(event, Heartbeat) and p is None:
-            self._reject(link, HEARTBEAT_BEFORE_CONNECT)
-
-    def _on_connect(self, link: Link, info: dict[str, Any], stamp: float) -> None:
-        old = self._peers.get(link.peer)
-        if old is not None:
-            self._drop(old, RECONNECTED)  # the same routing id introduced itself again
-        s = self._settings
-        hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, stamp)
-        p = _Peer(link.peer, info, hb, link=link, announced=True)
-        p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
-        self._peers[p.rid] = p
-        self._send(p, encode_connect_ack(self._info), None)
-        # As a CURVE transport does: the authenticated identity comes from the transport (here
-        # the client transport object's attribute), never from what the client wrote.
-        info = dict(info)
-        info.pop(AUTHENTICATED_PRINCIPAL, None)
-        principal = getattr(link.client, "authenticated_principal", None)
-        if isinstance(principal, str) and principal:
-            info[AUTHENTICATED_PRINCIPAL] = principal
-        try:
-            self._handler.on_peer_connected(p.rid, info)
-        except Exception:
-            self._handler_failed("on_peer_connected")
-
-    def _reject(self, link: Link, bad: BadInput) -> None:
-        """Drop a bad message as the ZeroMQ server does: count, log, answer if due."""
-        self._count_bad_input(bad)
-        self._peer_log.log(bad.kind, "dropped a bad message from peer %r: %s", link.peer, bad.error)
-        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
-            if answer is None:
-                continue
-            # The sender may not be registered: best effort, never queued.
-            if self._network._server_send(link, answer):
-                self._messages_out += 1
-                self._bytes_out += frames_size(answer)
-            else:
-                self._dropped += 1
-
-    def _send_to(self, peer: bytes, frames: Sequence[Buffer], key: int | None) -> None:
-        p = self._peers.get(peer)
-        if p is None:
-            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
-            return
-        self._send(p, frames, key)
-
-    def _send(self, p: _Peer, frames: Sequence[Buffer], key: int | None) -> None:
-        # Once something waits in the peer's outbox, newer messages queue behind it (order).
-        if p.outbox or not self._write(p, frames):
-            self._count_put(p.outbox.put(frames, key, self._settings.peer_queue_limit))
-
-    def _write(self, p: _Peer, frames: Sequence[Buffer]) -> bool:
-        if not self._network._server_send(p.link, frames):
-            return False  # the pipe is full
-        self._messages_out += 1
-        self._bytes_out += frames_size(frames)
-        p.heartbeat.sent(self._clock())
-        return True
-
-    def _flush(self, p: _Peer) -> None:
-        while p.outbox and self._write(p, p.outbox.head()):
-            p.outbox.pop()
-            self._queue_depth -= 1
+                table.flush(p)
 
     def _check_timers(self, now: float) -> None:
-        heartbeat_round(self._peers, now, self, self._ping, self._drop)
-
-    def _ping(self, p: _Peer) -> bool:
-        return self._write(p, _HEARTBEAT)
+        self._table.heartbeat_round(now)
 
     def _next_deadline(self) -> float | None:
-        return min((p.heartbeat.next_deadline() for p in self._peers.values()), default=None)
-
-    def _drop(self, p: _Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
-        del self._peers[p.rid]
-        p.state = next_state(p.state, event)
-        # Unlike the ZeroMQ server, what waited for this peer also counts as dropped.
-        lost = p.outbox.clear()
-        self._dropped += lost
-        self._queue_depth -= lost
-        try:
-            self._handler.on_peer_disconnected(p.rid, reason)
-        except Exception:
-            self._handler_failed("on_peer_disconnected")
-
-    def _handler_failed(self, what: str) -> None:
-        self._handler_errors += 1
-        log.exception("server handler %s raised; the transport carries on", what)
+        deadline = self._table.next_check
+        return None if deadline == float("inf") or not self._table.peers else deadline
 
     def _teardown(self, report: bool) -> None:
         if report:
-            for p in list(self._peers.values()):
-                self._drop(p, CLOSED_LOCALLY)
-        self._peers.clear()
+            self._table.close_all()
+        self._table.peers.clear()
         self._network._unbind(self)
+
+
+class _LinkWire:
+    """The links of a :class:`MemoryServerTransport` as the session rules see them."""
+
+    __slots__ = ("_network",)
+
+    def __init__(self, network: Network) -> None:
+        self._network = network
+
+    def write(self, peer: Peer, frames: Sequence[Any]) -> bool | None:
+        return self._network._server_send(peer.io, frames)  # False: stalled, the pipe is full
+
+    def answer(self, rid: bytes, io: Any, frames: Sequence[Any]) -> bool:
+        # The sender may not be registered: best effort, never queued.
+        return self._network._server_send(io, frames)
+
+    def want_writable(self) -> None:
+        return  # the network reports a stalled pipe's room itself (``_link_writable``)
+
+    def admitted(self, peer: Peer) -> None:
+        return
+
+    def forget(self, peer: Peer) -> None:
+        return

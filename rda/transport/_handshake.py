@@ -21,7 +21,7 @@ import time
 
 import zmq
 
-from rda.transport._peers import HANDSHAKE_REFUSED, NOT_RDA
+from rda.transport.reasons import HANDSHAKE_REFUSED, NOT_RDA
 
 __all__ = ["HANDSHAKE_CUT", "PROBE_TIMEOUT", "handshake_failure", "speaks_zmtp"]
 

@@ -2,7 +2,7 @@
 
 No zmq here: the dispatchers (``zmq_server``, the in-memory server) do the sending; this module
 decides what waits, what replaces what (conflation: latest wins) and what is dropped, so the
-policy can be tested with plain lists. The peer record itself is ``_peers.Peer``.
+policy can be tested with plain lists. The peer record itself is ``server_session.Peer``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ import zmq
 from rda.serialization.errors import TransportError
 from rda.transport import _direct_zmq
 from rda.transport._mailbox import Mailbox
-from rda.transport._peers import Counters
 from rda.transport.api import TransportSettings
 
 __all__ = [
@@ -247,6 +246,11 @@ class Selector:
         else:
             self._poll.unregister(mailbox.fd)
 
+    @property
+    def watching_mailbox(self) -> bool:
+        """False while the producers are held back (``watch_mailbox(False)``)."""
+        return self._mailbox_on
+
     def register(self, sock: zmq.Socket[bytes], flags: int) -> None:
         fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # an int for FD
         self._fd[sock] = fd
@@ -378,12 +382,12 @@ def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
         log.debug("closing a socket failed: %s", exc)
 
 
-class DispatcherShell(Counters, abc.ABC):
+class DispatcherShell(abc.ABC):
     """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
 
     A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
-    :meth:`_close_mailbox` and :meth:`_term_context` on its way out) and its counters (it also
-    derives from ``ServerCounters`` or ``ClientCounters`` and initialises them). ``side`` is
+    :meth:`_close_mailbox` and :meth:`_term_context` on its way out); its protocol rules and
+    counters are a session core's (``client_session`` / ``server_session``). ``side`` is
     "client" or "server": it names the thread ``rda-<side>-dispatcher`` and the log messages.
     """
 
@@ -408,6 +412,8 @@ class DispatcherShell(Counters, abc.ABC):
         self._closing = False
         self._closed = False
         self._close_lock = threading.Lock()
+        # Unexpected exceptions the dispatcher survived (logged; not in the statistics).
+        self._internal_errors = 0
 
     def close(self, timeout: float | None = None) -> None:
         with self._close_lock:
@@ -482,11 +488,6 @@ class DispatcherShell(Counters, abc.ABC):
             return -1
         # Round up so that the wake-up finds the deadline passed, not 1 ms short of it.
         return max(0, int((deadline - self._clock()) * 1000.0) + 1)
-
-    def _handler_failed(self, what: str) -> None:
-        # The dispatcher must survive any business-layer bug: log, count, carry on.
-        self._handler_errors += 1
-        self._log.exception("%s handler %s raised; the dispatcher carries on", self._side, what)
 
     def _close_mailbox(self) -> None:
         if self._mailbox is not None:

@@ -1,8 +1,9 @@
 """The contract between the transport and the business layer.
 
 Two implementations honour it: the ZeroMQ transports (``rda.transport.zmq_client`` /
-``rda.transport.zmq_server``) and the in-memory pair in ``rda.testing``; the conformance suite
-(``rda.testing.check_transport``) runs against both.
+``rda.transport.zmq_server``) and the in-memory pair in ``rda.testing``; both run the same
+protocol rules (``client_session``, ``server_session``) and the conformance suite
+(``rda.testing.check_transport``) runs against both, lanes, wake-ups and hand-over included.
 
 Threading contract (RDA3 paper, "Transport layer"): every handler method is called on the
 transport's dispatcher thread. It must be fast and must never block: hand the message to a
@@ -30,6 +31,7 @@ __all__ = [
     "ServerTransport",
     "ServerTransportStatistics",
     "TransportSettings",
+    "Waker",
     "batch_receiver",
 ]
 
@@ -162,6 +164,30 @@ def batch_receiver(
     return on_messages if callable(on_messages) else None
 
 
+class Waker(Protocol):
+    """What a blocked caller waits on (``rda.transport._mailbox.Wakeup``): set once the
+    reply it waits for is there."""
+
+    def set(self) -> None: ...
+
+
+class DirectLane(Protocol):
+    """A calling thread's own connection to one server (``ClientTransport.lane``): its
+    request and reply never pass through the dispatcher. Only the thread that got it calls
+    :meth:`call`."""
+
+    def call(
+        self,
+        frames: Sequence[Buffer],
+        request_id: int,
+        ended: Callable[[], bool],
+        now: float,
+    ) -> Message | None:
+        """Send one REQUEST and wait on this thread for the REPLY with ``request_id``; None
+        once ``ended()`` is true first. Raises ``TransportError`` when the lane failed."""
+        ...
+
+
 class ClientTransport(Protocol):
     def start(self) -> None: ...
 
@@ -189,21 +215,18 @@ class ClientTransport(Protocol):
 
     def statistics(self) -> ClientTransportStatistics: ...
 
+    def lane(self, connection: int) -> DirectLane | None:
+        """The calling thread's own lane to the server of ``connection`` while that
+        connection is established (CONNECT_ACK received); None otherwise, or when no lane can
+        be made: then use :meth:`send`. A lane is a session of its own at the server (a
+        CONNECT with ``"lane": True``): not heartbeated, forgotten quietly when idle, replaced
+        when ``connection`` is."""
+        ...
 
-class DirectLane(Protocol):
-    """A calling thread's own connection to one server (``rda.transport.zmq_lane.Lane``),
-    offered by a client transport that has a ``lane(connection) -> DirectLane | None``
-    method (optional: the in-memory transport has none)."""
-
-    def call(
-        self,
-        frames: Sequence[Buffer],
-        request_id: int,
-        ended: Callable[[], bool],
-        now: float,
-    ) -> Message | None:
-        """Send one REQUEST and wait on this thread for the REPLY with ``request_id``; None
-        once ``ended()`` is true first. Raises ``TransportError`` when the lane failed."""
+    def wake_later(self, waker: Waker) -> None:
+        """Set ``waker`` once the dispatcher is done with what is ready, right before it
+        waits again, when called on the dispatcher (a handler completing a blocking
+        request); at once from any other thread."""
         ...
 
 
@@ -222,6 +245,15 @@ class ServerTransport(Protocol):
     @property
     def endpoint(self) -> str:
         """The bound endpoint, with the real port when bound to port 0."""
+        ...
+
+    @property
+    def hands_over(self) -> bool:
+        """True when a handler that runs long on the dispatcher (``on_message``) is handed
+        over: after ``settings.handover_after`` a standby thread takes the lead of the
+        sockets and the handler finishes on its own thread (leader/followers), so the
+        business layer may run any handler inline. False: an inline handler blocks the
+        dispatcher."""
         ...
 
     def start(self) -> None: ...

@@ -3,7 +3,9 @@
 The dispatcher (first the thread ``rda-server-dispatcher``; a standby takes the lead when a
 handler it runs takes long: ``_relay``) owns the ROUTER and its monitor, and takes replies and
 notifications from other threads out of its bounded mailbox (``_mailbox``; a producer blocks
-at 2 x ``send_hwm`` messages). docs/transport.md has the details:
+at 2 x ``send_hwm`` messages). The protocol's rules (validation, handshake, heartbeats, the
+per-peer outboxes, what is counted) are ``server_session.PeerTable``'s; this module moves
+frames between it and the ROUTER and runs its timers. docs/transport.md has the details:
 
 * slow clients: non-blocking sends with ``ROUTER_MANDATORY``; on EAGAIN a message waits in that
   peer's bounded, conflating outbox (``_outbox``) and is retried on POLLOUT, with a backoff
@@ -24,30 +26,11 @@ from typing import Any
 
 import zmq
 
-from rda.serialization.errors import DecodeError, ProtocolError, TransportError
+from rda.serialization.errors import TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ServerCurve, ZapHandler, apply_server, authenticated_info
+from rda.transport._curve import ServerCurve, ZapHandler, apply_server
 from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
-from rda.transport._peers import (
-    CLOSED_LOCALLY,
-    HEARTBEAT_BEFORE_CONNECT,
-    PEER_GONE,
-    RECONNECT_FRAMES,
-    RECONNECTED,
-    BadInput,
-    Peer,
-    ServerCounters,
-    connect_ack_info,
-    heartbeat_round,
-    peer_statistics,
-    probe_round,
-    rda_version,
-    reject_connect_info,
-    reject_request_before_connect,
-    reject_undecodable,
-)
-from rda.transport._ratelog import RateLimitedLog
 from rda.transport._relay import Relay
 from rda.transport.api import (
     Buffer,
@@ -56,17 +39,11 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
-from rda.transport.protocol import (
-    Connect,
-    Heartbeat,
-    Incoming,
-    Kind,
-    decode_frames,
-    encode_connect_ack,
-    encode_heartbeat,
-    join_tail,
-)
-from rda.transport.state import ConnEvent, ConnState, HeartbeatTracker, next_state
+from rda.transport.peer_info import connect_ack_info, rda_version
+from rda.transport.protocol import Kind, join_tail
+from rda.transport.reasons import PEER_GONE
+from rda.transport.server_session import HEARTBEAT_FRAMES, Peer, PeerTable
+from rda.transport.state import ConnEvent
 
 _DEFAULT_SETTINGS = TransportSettings()
 
@@ -77,7 +54,6 @@ log = logging.getLogger("rda.transport.server")
 # Mailbox items: (_SEND, routing id, frames, conflation key or None),
 # (_PUBLISH, targets, tail, conflatable), (_DISCONNECT, routing id, None, None).
 _SEND, _PUBLISH, _DISCONNECT = 0, 1, 2
-_HEARTBEAT_FRAMES = encode_heartbeat(from_server=True)
 # Re-probes of a peer whose connection the monitor reported closed: 1 ms doubling, 10 times.
 _PROBE_FIRST, _PROBES = 0.001, 10
 # Monitor events of a handshake that failed before ZAP could judge it (ZAP denials count there).
@@ -86,15 +62,11 @@ _GARBAGE_HANDSHAKE = frozenset(
 )
 # Replies already handed to libzmq get this long to leave at close.
 _CLOSE_LINGER_MS = 100
-# Routing ids of peers whose connection was confirmed closed, remembered (oldest forgotten
-# first) so that their last messages, still in the ROUTER when the monitor's verdict came
-# first, are dropped and counted instead of answered as "REQUEST before CONNECT".
-_GONE_REMEMBERED = 4096
 _CONNECT = int(Kind.CONNECT)
 _NO_PROPERTIES: tuple[int, str | None] = (-1, None)
 
 
-class ZmqServerTransport(common.DispatcherShell, ServerCounters):
+class ZmqServerTransport(common.DispatcherShell):
     """:class:`rda.transport.api.ServerTransport` over one ZeroMQ ROUTER.
 
     ``sndhwm`` is the ROUTER's per-peer ZeroMQ send high-water mark (messages libzmq buffers
@@ -118,28 +90,16 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         super().__init__("server", settings, context, clock, log)
         self._requested = endpoint
         self._endpoint = endpoint
-        self._handler = handler
-        self._info = connect_ack_info(socket.gethostname(), rda_version(), settings, server_info)
+        info = connect_ack_info(socket.gethostname(), rda_version(), settings, server_info)
         self._sndhwm = sndhwm
         self._router: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
-        self._peers: dict[bytes, Peer] = {}
-        self._lanes = 0  # peers that are clients' direct lanes
-        self._by_fd: dict[int, bytes] = {}
-        self._blocked: dict[bytes, Peer] = {}
-        self._pollout = False
-        self._retry_at: float | None = None
-        self._backoff = RetryBackoff()
-        self._next_check = float("inf")
-        self._suspects: dict[bytes, int] = {}
-        self._gone: dict[bytes, None] = {}  # insertion-ordered: see _GONE_REMEMBERED
-        self._probe_at: float | None = None
+        self._wire = _Wire(self._poller, clock)
+        self._table = PeerTable(handler, settings, info, self._wire, clock, log)
+        self._wire.table = self._table
         self._curve = curve
         self._zap: ZapHandler | None = None
         self._relay = Relay(self._lead, "rda-server-dispatcher", settings.handover_after)
-        # Every line a remote peer can cause goes through it: one per kind per second.
-        self._peer_log = RateLimitedLog(log, clock=clock)
-        ServerCounters.__init__(self)
 
     # ----------------------------------------------------------------- public, any thread
 
@@ -149,7 +109,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     @property
     def hands_over(self) -> bool:
-        """True: a long handler on the dispatcher is handed over (``_relay``, Dispatch.attach)."""
+        """True: a long handler on the dispatcher is handed over (``_relay``)."""
         return self._settings.handover_after > 0
 
     def start(self) -> None:
@@ -176,6 +136,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             raise TransportError(f"cannot bind {self._requested}: {exc}", exc.errno) from exc
         self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = router
+        self._wire.router = router
         self._monitor = (
             None if self._endpoint.startswith("inproc://") else common.open_monitor(router)
         )
@@ -192,7 +153,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             # A handler on the dispatcher: a standby may take the lead at any moment (_relay).
             with self._relay.lock:
                 if self._on_dispatcher():
-                    self._deliver(peer, frames, conflate_key)
+                    self._table.send(peer, frames, conflate_key)
                     return
         mailbox = self._mailbox
         if mailbox is not None:
@@ -209,8 +170,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if self._on_dispatcher():
             with self._relay.lock:
                 if self._on_dispatcher():
-                    for peer, sub, header in targets:
-                        self._deliver(peer, join_tail(header, tail), sub if conflatable else None)
+                    self._table.publish(targets, tail, conflatable)
                     return
         mailbox = self._mailbox
         if mailbox is not None:
@@ -221,19 +181,17 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         if self._on_dispatcher():
             with self._relay.lock:
                 if self._on_dispatcher():
-                    self._drop_rid(peer, CLOSED_LOCALLY)
+                    self._table.disconnect(peer)
                     return
         if self._mailbox is not None:
             self._mailbox.put((_DISCONNECT, peer, None, None))
 
     def statistics(self) -> ServerTransportStatistics:
         denied = 0 if self._zap is None else self._zap.denied
-        self._auth_failures = denied + self._handshake_failures
-        lanes = self._lanes
-        return self._statistics(len(self._peers) - lanes, lanes, self._relay.handovers)
+        return self._table.statistics(denied + self._wire.handshake_failures, self._relay.handovers)
 
     def peer_statistics(self) -> dict[bytes, PeerStatistics]:
-        return peer_statistics(self._peers)
+        return self._table.peer_statistics()
 
     # --------------------------------------------------------------- dispatcher thread
 
@@ -255,6 +213,7 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         zap = None if self._zap is None else self._zap.socket
         assert mailbox is not None and router is not None
         poll = self._poller.poll
+        wire, table = self._wire, self._table
         try:
             while not self._closing:
                 ready = poll(self._poll_timeout_ms())
@@ -270,11 +229,11 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                             if event & common.POLLIN:
                                 self._drain_router(router)
                             if event & common.POLLOUT:
-                                self._retry_blocked()
+                                wire.retry_blocked()
                         elif sock is mailbox:
                             self._drain_mailbox(mailbox)
                         elif sock is monitor and monitor is not None:
-                            self._on_monitor(monitor)
+                            wire.on_monitor(monitor)
                         elif sock is zap and self._zap is not None:
                             self._zap.drain()
                             self._poller.touch(self._zap.socket)  # replies may eat a wake-up
@@ -289,13 +248,13 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                     if self._closing:
                         break
                 now = self._clock()
-                if now >= self._next_check:
-                    self._check_heartbeats(now)
-                if self._retry_at is not None and now >= self._retry_at:
-                    self._retry_at = None
-                    self._retry_blocked()
-                if self._probe_at is not None and now >= self._probe_at:
-                    self._probe_suspects(now)
+                if now >= table.next_check:
+                    table.heartbeat_round(now)
+                if wire.retry_at is not None and now >= wire.retry_at:
+                    wire.retry_at = None
+                    wire.retry_blocked()
+                if wire.probe_at is not None and now >= wire.probe_at:
+                    wire.probe_suspects(now)
         except Exception:
             if relay.leader != me:
                 return False
@@ -304,11 +263,12 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
         return True
 
     def _poll_timeout_ms(self) -> int:
-        deadline = self._next_check
-        if self._retry_at is not None:
-            deadline = min(deadline, self._retry_at)
-        if self._probe_at is not None:
-            deadline = min(deadline, self._probe_at)
+        deadline = self._table.next_check
+        wire = self._wire
+        if wire.retry_at is not None:
+            deadline = min(deadline, wire.retry_at)
+        if wire.probe_at is not None:
+            deadline = min(deadline, wire.probe_at)
         if deadline == float("inf"):
             return -1
         # As DispatcherShell._timeout_ms, inlined: one call less per wake-up.
@@ -316,6 +276,8 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
 
     def _drain_mailbox(self, mailbox: Mailbox) -> None:
         take = mailbox.items.popleft
+        table = self._table
+        send = table.send
         try:
             for _ in range(common.BATCH):
                 try:
@@ -323,89 +285,28 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 except IndexError:
                     return
                 if op == _SEND:
-                    self._deliver(target, frames, key)
+                    send(target, frames, key)
                 elif op == _PUBLISH:
                     for peer, sub, header in target:
-                        self._deliver(peer, join_tail(header, frames), sub if key else None)
+                        send(peer, join_tail(header, frames), sub if key else None)
                 elif op == _DISCONNECT:
-                    self._drop_rid(target, CLOSED_LOCALLY)
+                    table.disconnect(target)
                 if self._closing:
                     return
         finally:
             mailbox.taken()
 
-    def _deliver(self, rid: bytes, frames: Sequence[Any], key: int | None) -> None:
-        """Send now, or queue behind the peer's full pipe; never blocks."""
-        p = self._peers.get(rid)
-        if p is None:
-            self._dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
-            return
-        if p.outbox or not self._write(p, frames):
-            self._enqueue(p, frames, key)
-
-    def _write(self, p: Peer, frames: Sequence[Any]) -> bool:
-        """True when sent (or when the peer turned out gone); False on a full pipe."""
-        assert self._router is not None
-        self._poller.touch(self._router)  # even a failed send may consume a wake-up signal
-        try:
-            common.send_routed(self._router, p.rid, frames)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
-            else:
-                self._peer_log.log("failed sends", "send to a peer failed: %s", exc)
-                self._dropped += 1
-            return True
-        self._messages_out += 1
-        self._bytes_out += sum(map(len, frames))
-        p.heartbeat.last_sent = self._clock()
-        return True
-
-    def _enqueue(self, p: Peer, frames: Sequence[Any], key: int | None) -> None:
-        result = p.outbox.put(frames, key, self._settings.peer_queue_limit)
-        if self._count_put(result) and p.rid not in self._blocked:
-            self._blocked[p.rid] = p
-            if not self._pollout and self._retry_at is None:
-                self._set_pollout(True)
-
-    def _set_pollout(self, on: bool) -> None:
-        assert self._router is not None
-        self._pollout = on
-        self._poller.modify(self._router, zmq.POLLIN | (zmq.POLLOUT if on else 0))
-
-    def _retry_blocked(self) -> None:
-        moved = False
-        for p in list(self._blocked.values()):
-            outbox = p.outbox
-            while outbox and p.rid in self._peers:
-                if not self._write(p, outbox.head()) or p.rid not in self._peers:
-                    break  # still full, or the peer turned out gone (outbox already freed)
-                outbox.pop()
-                self._queue_depth -= 1
-                moved = True
-            if not outbox:
-                self._blocked.pop(p.rid, None)
-        if not self._blocked or moved:
-            self._backoff.reset()
-            if self._pollout != bool(self._blocked):
-                self._set_pollout(bool(self._blocked))
-        else:
-            # Nothing moved although the ROUTER said writable (another peer's pipe has room):
-            # wait a little before trying again instead of spinning.
-            if self._pollout:
-                self._set_pollout(False)
-            self._retry_at = self._clock() + self._backoff.next_delay()
-
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
-        max_size = self._settings.max_message_size
         now = self._clock()
+        table = self._table
+        received = table.received
+        relay = self._relay
+        curve = self._curve is not None
         # The direct receive keeps the GIL and builds no zmq.Frame (small frames are copied,
-        # big ones kept zero-copy) and says "nothing waiting" without an exception: 0.5
-        # instead of 2.1 us per message, 0.7 instead of 3.5 us for the receive that ends a
-        # drain. A CONNECT comes with the message properties _on_connect needs (SRCFD, ZAP
-        # User-Id). On an error other than "nothing waiting" pyzmq receives again and raises.
+        # big ones kept zero-copy) and says "nothing waiting" without an exception
+        # (docs/performance.md). A CONNECT comes with the message properties the handshake
+        # needs (SRCFD, ZAP User-Id). On an error other than "nothing waiting" pyzmq receives
+        # again and raises.
         direct, handle = common.direct_recv_routed, router.underlying
         for _ in range(common.BATCH):
             got: Any = None if direct is None else direct(handle, common.COPY_BELOW, _CONNECT)
@@ -415,100 +316,134 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
                 self._poller.settle(router)
                 return
             # (srcfd, User-Id) of a CONNECT, which comes as (frames, srcfd, user_id).
-            handshake: tuple[int, str | None] = _NO_PROPERTIES
+            fd, user_id = _NO_PROPERTIES
             if type(got) is tuple:
-                got, handshake = got[0], got[1:]
+                got, fd, user_id = got
             rid = got[0]
-            frames = got[1:]
-            self._messages_in += 1
-            self._bytes_in += sum(map(len, frames))
-            p = self._peers.get(rid)
-            if p is not None:
-                p.heartbeat.last_received = now
-            try:
-                event = decode_frames(frames, from_server=False, max_size=max_size)
-            except (DecodeError, ProtocolError) as exc:
-                self._reject(rid, reject_undecodable(exc, frames))
-                continue
-            if p is None and type(event) is not Connect and rid in self._gone:
-                # A message the peer sent before its connection closed, read after the
-                # monitor had us drop it: nobody is there to answer; not the peer's fault.
-                self._dropped += 1
-                continue
-            if type(event) is Incoming:
-                if p is None:
-                    self._reject(rid, reject_request_before_connect(event.message.header.id))
-                    continue
-                self._relay.begin()
-                try:
-                    self._handler.on_message(rid, event.message)
-                except Exception:
-                    self._handler_failed("on_message")
-                if not self._relay.end():
+            message = received(rid, None, got[1:], now, fd, user_id if curve else None)
+            if message is not None:
+                relay.begin()
+                table.deliver(rid, message)
+                if not relay.end():
                     return
-            elif type(event) is Connect:
-                refused = reject_connect_info(event.info)
-                if refused is not None:
-                    self._reject(rid, refused)
-                    continue
-                fd, user_id = handshake
-                info = event.info
-                if "authenticated_principal" in info or self._curve is not None:
-                    info = authenticated_info(info, user_id, self._curve is not None)
-                self._on_connect(rid, info, fd, now)
-            elif type(event) is Heartbeat and p is None:
-                self._reject(rid, HEARTBEAT_BEFORE_CONNECT)
             if self._closing:
                 return
 
-    def _reject(self, rid: bytes, bad: BadInput) -> None:
-        """Drop a bad message: count, log, answer (best effort, never queued) if due."""
-        self._count_bad_input(bad)
-        self._peer_log.log(bad.kind, "dropped a bad message from peer %s: %s", rid.hex(), bad.error)
-        for answer in (RECONNECT_FRAMES if bad.reconnect else None, bad.answer):
-            if answer is None:
-                continue
-            assert self._router is not None
-            self._poller.touch(self._router)
-            try:
-                common.send_routed(self._router, rid, answer)
-                self._messages_out += 1
-            except zmq.ZMQError:
-                self._dropped += 1
+    def _shutdown(self) -> None:
+        """Runs last on the dispatcher: report, close every socket, terminate our context."""
+        self._closing = True
+        self._table.close_all()
+        self._close_mailbox()
+        if self._zap is not None:
+            self._zap.close()
+        if self._router is not None:
+            linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))
+            common.close_monitored(self._router, self._monitor, linger)
+        self._term_context()
 
-    def _on_connect(self, rid: bytes, info: dict[str, Any], fd: int, now: float) -> None:
-        self._gone.pop(rid, None)  # a client with a fixed routing id, back on a new connection
-        old = self._peers.get(rid)
-        if old is not None:
-            # The same routing id introduced itself again: report the old session over.
-            self._drop(old, RECONNECTED)
-        s = self._settings
-        hb = HeartbeatTracker.start(s.heartbeat_interval, s.heartbeat_timeout, now)
-        p = Peer(rid, info, hb, fd, lane=info.get("lane") is True)
-        p.state = next_state(ConnState.CONNECTING, ConnEvent.CONNECT_RECEIVED)
-        self._peers[rid] = p
-        if p.lane:
-            self._lanes += 1
-        if fd >= 0:
-            previous = self._by_fd.get(fd)
-            if previous is not None and previous != rid and previous in self._peers:
-                # Open connections never share a descriptor: the one that had it is closed
-                # (its DISCONNECTED, read after this, would name the new peer).
-                self._suspects[previous] = 0
-                self._probe_suspects(now)
-            self._by_fd[fd] = rid
-        self._next_check = min(self._next_check, p.heartbeat.next_deadline())
-        ack = encode_connect_ack(self._info)
-        if not self._write(p, ack):
-            self._enqueue(p, ack, None)
-        if rid in self._peers:
-            p.announced = True
-            try:
-                self._handler.on_peer_connected(rid, info)
-            except Exception:
-                self._handler_failed("on_peer_connected")
 
-    def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+class _Wire:
+    """The ROUTER of a :class:`ZmqServerTransport` as the session rules see it, with what
+    only a ROUTER needs (the leading dispatcher only):
+
+    * slow peers: non-blocking sends with ``ROUTER_MANDATORY``; a full pipe leaves the
+      message in the peer's outbox (the table's), retried on POLLOUT with a backoff, because
+      a ROUTER with healthy peers is nearly always writable;
+    * lost peers: the monitor's DISCONNECTED carries the file descriptor a peer's CONNECT
+      came from (``SRCFD``); probe sends that ``ROUTER_MANDATORY`` refuses confirm that libzmq
+      forgot the peer; otherwise (inproc, unconfirmed) the heartbeat decides;
+    * handshakes that failed before ZAP could judge them, counted.
+    """
+
+    def __init__(self, poller: common.Selector, clock: Callable[[], float]) -> None:
+        self.poller = poller
+        self._clock = clock
+        self.router: zmq.Socket[bytes] | None = None  # set at start
+        self.table: PeerTable | None = None  # set once, right after it is made
+        self.by_fd: dict[int, bytes] = {}
+        self._pollout = False
+        self.retry_at: float | None = None
+        self._backoff = RetryBackoff()
+        self._suspects: dict[bytes, int] = {}
+        self.probe_at: float | None = None
+        self.handshake_failures = 0
+
+    # --- ServerWire ---
+
+    def write(self, peer: Peer, frames: Sequence[Any]) -> bool | None:
+        router = self.router
+        assert router is not None and self.table is not None
+        self.poller.touch(router)  # even a failed send may consume a wake-up signal
+        try:
+            common.send_routed(router, peer.rid, frames)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self.table.drop(peer, PEER_GONE, ConnEvent.PEER_GONE)
+            else:
+                self.table.peer_log.log("failed sends", "send to a peer failed: %s", exc)
+            return None
+        return True
+
+    def answer(self, rid: bytes, io: Any, frames: Sequence[Any]) -> bool:
+        router = self.router
+        assert router is not None
+        self.poller.touch(router)
+        try:
+            common.send_routed(router, rid, frames)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def want_writable(self) -> None:
+        if not self._pollout and self.retry_at is None:
+            self._set_pollout(True)
+
+    def admitted(self, peer: Peer) -> None:
+        fd = peer.fd
+        if fd < 0:
+            return
+        assert self.table is not None
+        previous = self.by_fd.get(fd)
+        if previous is not None and previous != peer.rid and previous in self.table.peers:
+            # Open connections never share a descriptor: the one that had it is closed (its
+            # DISCONNECTED, read after this, would name the new peer).
+            self._suspects[previous] = 0
+            self.probe_suspects(self._clock())
+        self.by_fd[fd] = peer.rid
+
+    def forget(self, peer: Peer) -> None:
+        if self.by_fd.get(peer.fd) == peer.rid:
+            del self.by_fd[peer.fd]
+
+    # --- what only a ROUTER needs ---
+
+    def _set_pollout(self, on: bool) -> None:
+        assert self.router is not None
+        self._pollout = on
+        self.poller.modify(self.router, zmq.POLLIN | (zmq.POLLOUT if on else 0))
+
+    def retry_blocked(self) -> None:
+        """Flush the blocked peers; back off when the ROUTER said writable but nothing moved."""
+        table = self.table
+        assert table is not None
+        moved = table.retry_blocked()
+        blocked = bool(table.blocked)
+        if not blocked or moved:
+            self._backoff.reset()
+            if self._pollout != blocked:
+                self._set_pollout(blocked)
+        else:
+            # Nothing moved although the ROUTER said writable (another peer's pipe has room):
+            # wait a little before trying again instead of spinning.
+            if self._pollout:
+                self._set_pollout(False)
+            self.retry_at = self._clock() + self._backoff.next_delay()
+
+    def on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        table = self.table
+        assert table is not None
         while True:
             try:
                 raw = monitor.recv_multipart(zmq.NOBLOCK)
@@ -518,83 +453,41 @@ class ZmqServerTransport(common.DispatcherShell, ServerCounters):
             if event in _GARBAGE_HANDSHAKE:
                 # A peer that is not a CURVE client of ours (plain, garbage, wrong server key);
                 # libzmq dropped it already, so it is only counted.
-                self._handshake_failures += 1
+                self.handshake_failures += 1
                 continue
             if event != zmq.EVENT_DISCONNECTED:
                 continue
-            rid = self._by_fd.get(fd)
-            p = None if rid is None else self._peers.get(rid)
+            rid = self.by_fd.get(fd)
+            p = None if rid is None else table.peers.get(rid)
             if p is not None and p.fd == fd:
                 self._suspects[p.rid] = 0
-                self._probe_suspects(self._clock())
+                self.probe_suspects(self._clock())
 
-    def _probe_suspects(self, now: float) -> None:
+    def probe_suspects(self, now: float) -> None:
         """Confirm lost connections: the ROUTER refuses a send to a peer it has forgotten.
         libzmq forgets it a little after the monitor event, so a probe that still succeeds is
         repeated after 1, 2, 4 ... 512 ms; a peer still routable then is the heartbeat's."""
-        probe = self._probe
-        self._probe_at = probe_round(self._suspects, self._peers, probe, _PROBE_FIRST, _PROBES, now)
+        table = self.table
+        assert table is not None
+        suspects = self._suspects
+        for rid, attempt in list(suspects.items()):
+            p = table.peers.get(rid)
+            if p is None or not self._probe(p, now) or attempt >= _PROBES:
+                del suspects[rid]
+            else:
+                suspects[rid] = attempt + 1
+        self.probe_at = now + _PROBE_FIRST * 2 ** min(suspects.values()) if suspects else None
 
     def _probe(self, p: Peer, now: float) -> bool:
         """A heartbeat to a suspect; False when the ROUTER forgot it (then dropped)."""
-        assert self._router is not None
-        self._poller.touch(self._router)
+        router = self.router
+        assert router is not None and self.table is not None
+        self.poller.touch(router)
         try:
-            common.send_routed(self._router, p.rid, _HEARTBEAT_FRAMES)
+            common.send_routed(router, p.rid, HEARTBEAT_FRAMES)
             p.heartbeat.last_sent = now
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                self._drop(p, PEER_GONE, ConnEvent.PEER_GONE)
+                self.table.drop(p, PEER_GONE, ConnEvent.PEER_GONE)
                 return False
         return True
-
-    def _check_heartbeats(self, now: float) -> None:
-        self._next_check = heartbeat_round(self._peers, now, self, self._ping, self._drop)
-        self._peer_log.flush()
-
-    def _ping(self, p: Peer) -> bool:
-        return self._write(p, _HEARTBEAT_FRAMES)
-
-    def _drop_rid(self, rid: bytes, reason: str) -> None:
-        p = self._peers.get(rid)
-        if p is not None:
-            self._drop(p, reason)
-
-    def _drop(self, p: Peer, reason: str, event: ConnEvent = ConnEvent.LOCAL_CLOSE) -> None:
-        if self._peers.get(p.rid) is not p:
-            return
-        del self._peers[p.rid]
-        if event is ConnEvent.PEER_GONE:
-            self._gone[p.rid] = None
-            if len(self._gone) > _GONE_REMEMBERED:
-                del self._gone[next(iter(self._gone))]
-        if p.lane:
-            self._lanes -= 1
-        p.state = next_state(p.state, event)
-        if self._by_fd.get(p.fd) == p.rid:
-            del self._by_fd[p.fd]
-        # What was still queued for the peer is lost with it: count it, never lose silently.
-        lost = p.outbox.clear()
-        self._queue_depth -= lost
-        self._dropped += lost
-        self._blocked.pop(p.rid, None)
-        if not p.announced:
-            return
-        try:
-            self._handler.on_peer_disconnected(p.rid, reason)
-        except Exception:
-            self._handler_failed("on_peer_disconnected")
-
-    def _shutdown(self) -> None:
-        """Runs last on the dispatcher: report, close every socket, terminate our context."""
-        self._closing = True
-        for p in list(self._peers.values()):
-            self._drop(p, CLOSED_LOCALLY)
-        self._close_mailbox()
-        self._peer_log.flush()
-        if self._zap is not None:
-            self._zap.close()
-        if self._router is not None:
-            linger = min(_CLOSE_LINGER_MS, int(self._settings.close_timeout * 1000))
-            common.close_monitored(self._router, self._monitor, linger)
-        self._term_context()

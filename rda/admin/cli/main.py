@@ -46,7 +46,7 @@ from rda.business.etcd.directory import EtcdDirectory
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import NotAuthorizedError, RdaError
-from rda.transport._peers import HANDSHAKE_REFUSED
+from rda.transport.reasons import HANDSHAKE_REFUSED
 
 __all__ = ["cli", "main"]
 

@@ -26,8 +26,8 @@ from rda.business.client.subscriptions import Subscription
 from rda.business.client.timer import Timer
 from rda.business.directory import Directory, covers, etcd_of, watch_of
 from rda.serialization.errors import DisconnectedError, NotAuthorizedError, TransportError
-from rda.transport._peers import HANDSHAKE_REFUSED
 from rda.transport.api import ClientTransport
+from rda.transport.reasons import HANDSHAKE_REFUSED
 
 __all__ = ["ClientConnections"]
 

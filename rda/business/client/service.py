@@ -64,9 +64,9 @@ from rda.serialization.errors import (
     TransportError,
 )
 from rda.transport._mailbox import Wakeup
-from rda.transport._peers import HANDSHAKE_REFUSED, NOT_RDA
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_routed
+from rda.transport.reasons import HANDSHAKE_REFUSED, NOT_RDA
 
 if TYPE_CHECKING:  # zmq stays unloaded for clients on the in-memory transport
     from rda.business.security import ClientSecurity

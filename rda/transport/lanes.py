@@ -1,0 +1,144 @@
+"""Every direct lane of one client transport, whatever carries them.
+
+A lane (``rda.transport.api.DirectLane``) is a blocking caller's own connection to one
+server; its rules are ``client_session.LaneSession``'s, its I/O the transport's
+(``zmq_lane.Lane`` over a DEALER, the in-memory transport's over a link). What every
+transport does with its lanes is here, once: one lane per (thread, server), made on demand and
+replaced when the shared connection it was opened under is; at most ``limit`` of them; those
+of ended threads closed; their counters summed for ``statistics()`` so that they never go
+backwards; all closed with the transport.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from rda.serialization._message import Message
+from rda.transport.api import Buffer
+from rda.transport.client_session import LaneSession
+
+__all__ = ["LANE_LIMIT", "REFRESH_SHARE", "WAIT_SLICE", "LanePool", "PooledLane"]
+
+log = logging.getLogger("rda.transport.lane")
+
+# How often a waiting caller checks whether its request was ended by someone else. A reply
+# that comes in time never waits for it; a deadline or a disconnection is noticed this late.
+WAIT_SLICE = 0.05
+# A server forgets a silent lane after its heartbeat timeout: a lane idle for this share of it
+# introduces itself again (a CONNECT just before the request, so no extra round trip).
+REFRESH_SHARE = 0.5
+LANE_LIMIT = 64
+
+
+class PooledLane(Protocol):
+    """What the pool needs of a lane (it is also an ``api.DirectLane``)."""
+
+    session: LaneSession
+    connection: int  # the shared connection this lane was opened under
+    thread: weakref.ref[threading.Thread]  # its owner
+
+    @property
+    def closed(self) -> bool: ...
+
+    def call(
+        self, frames: Sequence[Buffer], request_id: int, ended: Callable[[], bool], now: float
+    ) -> Message | None: ...
+
+    def close(self, timeout: float) -> bool:
+        """Close once no call uses it (any thread); False if it stayed in use."""
+        ...
+
+
+class LanePool:
+    """The lanes of one client transport. ``open(address, connection, refresh_after)`` makes a
+    lane for the calling thread (None when it cannot)."""
+
+    def __init__(
+        self,
+        open_lane: Callable[[str, int, float], PooledLane | None],
+        limit: int = LANE_LIMIT,
+    ) -> None:
+        self._open_lane = open_lane
+        self._limit = limit
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[PooledLane] = []
+        self._closed = False
+        # Counts of lanes already closed, so statistics never go backwards.
+        self._retired = [0, 0, 0, 0, 0, 0]
+
+    def of_thread(self, address: str, connection: int, refresh_after: float) -> PooledLane | None:
+        """The calling thread's lane to ``address`` under the shared ``connection``; None
+        when there can be none (transport closing, too many lanes, connection refused)."""
+        mine: dict[str, PooledLane] | None = getattr(self._local, "lanes", None)
+        if mine is None:
+            mine = self._local.lanes = {}
+        lane = mine.get(address)
+        if lane is not None and lane.connection == connection and not lane.closed:
+            return lane
+        if lane is not None:
+            # The shared connection was replaced (server restarted, moved): so is the lane.
+            del mine[address]
+            self._retire(lane)
+        lane = self._open(address, connection, refresh_after)
+        if lane is not None:
+            mine[address] = lane
+        return lane
+
+    def _open(self, address: str, connection: int, refresh_after: float) -> PooledLane | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._prune_locked()
+            if len(self._all) >= self._limit:
+                return None
+            lane = self._open_lane(address, connection, refresh_after)
+            if lane is not None:
+                self._all.append(lane)
+            return lane
+
+    def _prune_locked(self) -> None:
+        """Close the lanes of threads that have ended (their connections are idle for good)."""
+        dead = [lane for lane in self._all if not _alive(lane)]
+        for lane in dead:
+            self._all.remove(lane)
+            self._count_retired(lane)
+            lane.close(0.0)
+
+    def _retire(self, lane: PooledLane) -> None:
+        with self._lock:
+            if lane in self._all:
+                self._all.remove(lane)
+                self._count_retired(lane)
+        lane.close(0.0)  # the owner (this thread) is not in a call
+
+    def _count_retired(self, lane: PooledLane) -> None:
+        for i, value in enumerate(lane.session.counts()):
+            self._retired[i] += value
+
+    def counts(self) -> tuple[int, list[int]]:
+        """(open lanes, [messages in, out, bytes in, out, decode errors, stale replies])."""
+        with self._lock:
+            totals = list(self._retired)
+            for lane in self._all:
+                for i, value in enumerate(lane.session.counts()):
+                    totals[i] += value
+            return len(self._all), totals
+
+    def close(self, timeout: float) -> None:
+        """Close every lane; a caller still waiting gives its lane up within WAIT_SLICE."""
+        with self._lock:
+            self._closed = True
+            lanes, self._all = self._all, []
+        for lane in lanes:
+            if not lane.close(timeout):
+                log.warning("a lane was still in use at close")
+
+
+def _alive(lane: PooledLane) -> bool:
+    thread = lane.thread()
+    return thread is not None and thread.is_alive()
