@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message, encode_exception
-from rda.serialization.errors import DecodeError, ProtocolError
+from rda.serialization.errors import DecodeError, ProtocolError, RemoteProtocolError
 from rda.transport._outbox import Outbox, PutResult
 from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
@@ -105,7 +105,8 @@ class BadInput:
 
 
 def _exception_reply(request_id: int, exc: ProtocolError) -> list[Buffer]:
-    # Always "ProtocolError": the client re-creates rda's own error types by name.
+    # "ProtocolError" on the wire: the client's fault, as the server names it (docs/protocol.md,
+    # "Whose fault"); the client re-creates rda's own error types by name.
     body = [(BodyKind.EXCEPTION, encode_exception("ProtocolError", str(exc)))]
     return encode_message(Kind.REPLY, Header(RequestType.EXCEPTION, request_id), body)
 
@@ -135,17 +136,17 @@ _BEFORE_CONNECT = "messages before CONNECT"
 
 def reject_request_before_connect(request_id: int) -> BadInput:
     """A REQUEST from a peer that never sent CONNECT: answered, so its caller fails fast."""
-    err = ProtocolError("REQUEST before CONNECT: send CONNECT first")
+    err = RemoteProtocolError("REQUEST before CONNECT: send CONNECT first")
     return BadInput(err, True, _exception_reply(request_id, err), _BEFORE_CONNECT, True)
 
 
 HEARTBEAT_BEFORE_CONNECT = BadInput(
-    ProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT, True
+    RemoteProtocolError("HEARTBEAT before CONNECT"), True, None, _BEFORE_CONNECT, True
 )
 
 
 def _reject_connect(problems: str) -> BadInput:
-    err = ProtocolError(f"CONNECT refused: invalid client info: {problems}")
+    err = RemoteProtocolError(f"CONNECT refused: invalid client info: {problems}")
     refusal: list[Buffer] = list(encode_connect_ack({"error": str(err)}))
     return BadInput(err, True, refusal, "invalid CONNECTs")
 
