@@ -37,8 +37,8 @@ prometheus:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			prometheus >/dev/null; }
 
-# The etcd directory's tests start a real etcd (tests/etcd_fixture.py): install Debian's
-# etcd-server only when `etcd` is missing, as for Java.
+# The etcd directory's tests start a real etcd (rda.testing.LocalEtcd, rda/testing/_etcd.py):
+# install Debian's etcd-server only when `etcd` is missing, as for Java.
 etcd:
 	@command -v etcd >/dev/null 2>&1 || { \
 		echo "etcd not found: installing etcd-server"; \

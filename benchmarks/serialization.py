@@ -1,6 +1,6 @@
 """Serialization benchmark: the RDA3 paper's object through rda, msgpack and pickle.
 
-The paper (seed 002, "Serialization") times encode + decode of an object holding an int
+The paper (its "Serialization" section) times encode + decode of an object holding an int
 array, a double array and a string array of 40 elements each, 100,000 cycles: 4.22 us per
 cycle for CMW's C++ serializer, 13.4 us for msgpack. Here the same object is a
 ``Data(a=int32[40], b=float64[40], c=string[40])`` and goes through:

@@ -1,6 +1,6 @@
 """The asyncio flavour of the client: the same names, as coroutines and async iterators.
 
-A thin layer over the blocking client's core (STYLE.md 9; pyzmq's ``_future.py``): requests
+A thin layer over the blocking client's core (as pyzmq's ``_future.py`` is): requests
 are the core's ``concurrent.futures`` futures wrapped with ``asyncio.wrap_future`` (their
 result is decoded in the event loop's thread, not on the dispatcher), and subscriptions are
 the core's queues, with the dispatcher waking the loop through ``call_soon_threadsafe`` when a

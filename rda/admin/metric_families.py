@@ -1,7 +1,7 @@
 """Helpers the collectors share: one-sample families, histograms, the transport's counters.
 
 Every helper builds prometheus_client metric families from plain numbers of a statistics
-snapshot (STYLE.md 12); none keeps state.
+snapshot, at scrape time; none keeps state.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Prometheus endpoint: custom collectors that read ``statistics()`` at scrape time.
 
-No metric object is touched on the message path (STYLE.md 12): the server counts with plain
+No metric object is touched on the message path: the server counts with plain
 integers in its own snapshots, and a scrape converts the latest snapshot into metric families.
 A scrape therefore costs one ``statistics()`` call per server, whatever the traffic.
 

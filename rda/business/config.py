@@ -1,8 +1,8 @@
 """Settings for servers and clients: defaults < TOML file < ``RDA_*`` environment < arguments.
 
-pydantic validates what comes from outside (STYLE.md 5); its errors are turned into one
-:class:`ConfigError` whose message names each bad setting, where it came from (the environment
-variable to fix) and why it is wrong. The reference table is ``docs/config.md``.
+pydantic validates what comes from outside (files, the environment, arguments); its errors are
+turned into one :class:`ConfigError` whose message names each bad setting, where it came from
+(the environment variable to fix) and why it is wrong. The reference table is ``docs/config.md``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A Prometheus histogram needs per-bucket counts, a sum and a count; keeping them in a list and
 two numbers costs one ``bisect`` and three increments per observation, with no metrics library
-on the message path (STYLE.md 12). The owner guards a :class:`Histogram` with its own lock;
+on the message path. The owner guards a :class:`Histogram` with its own lock;
 :class:`HistogramSnapshot` is the frozen copy the collectors read. :class:`CappedHistograms`
 keeps one histogram per label value for at most ``limit`` values, then an ``other`` one.
 """

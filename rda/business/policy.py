@@ -10,8 +10,9 @@ against the server name and its property glob against the command name.
 each principal meets for each operation joined into one regular expression on first use, and a
 bounded cache of decisions per (principal, device, property, operation), so a steady stream of
 requests costs one dict lookup each. A cache miss costs one regular-expression match: the rules
-a principal meets for an operation are joined into one pattern (see ``_Plan``). Swapping policies is a single reference assignment of a new
-Authorizer (its caches start empty), which is what makes a reload atomic for the dispatcher.
+a principal meets for an operation are joined into one pattern (see ``_Plan``). Swapping
+policies is a single reference assignment of a new Authorizer (its caches start empty), which
+is what makes a reload atomic for the dispatcher.
 
 The principal ``""`` is the anonymous client (shown as ``anonymous``): it has the policy's
 ``anonymous_roles``. A principal the policy does not list has ``default_roles``. A rule whose
@@ -53,7 +54,7 @@ _denial_log = logging.getLogger("rda.server")
 
 #: How the anonymous principal ("") is shown in messages, statistics and metrics.
 ANONYMOUS = "anonymous"
-#: The metric label of every principal the policy does not list (Authorizer.labels).
+#: The metric label of every principal the policy does not list (Authorizer.principal_label).
 OTHER_PRINCIPAL = "other"
 
 # Decisions kept per Authorizer. Cleared wholesale when full: a client cycling through endless

@@ -5,7 +5,7 @@ for check, so any input gives the same Data or the same ``DecodeError`` in both.
 are read-only views over the received buffer (zero-copy); an entry sent out of band is viewed
 in place over its array in ``arrays``.
 
-Speed matters here (the RDA3 paper's 4.22 us per encode+decode cycle), so the hot loop is
+Speed matters here (docs/performance.md, "The binary codec's budget"), so the hot loop is
 written flat: precompiled structs, locals for globals, no per-entry function calls for the
 common types. Every declared length is checked against the bytes remaining *before* anything
 is sliced or allocated, so hostile input costs at most what it weighs; ``DecodeLimits`` bound

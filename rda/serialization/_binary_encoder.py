@@ -11,7 +11,7 @@ always was. ``writable_arrays_python`` counts the big writable arrays that would
 band if they were read-only: a server asks it to know when a reply is worth handing over
 zero-copy (``rda.business.server.replies``; docs/serialization.md, "Out of band").
 
-Speed matters here (the RDA3 paper's 4.22 us per encode+decode cycle), so the hot loop is
+Speed matters here (docs/performance.md, "The binary codec's budget"), so the hot loop is
 written flat: precompiled structs, locals for globals, no per-entry function calls for the
 common types.
 """

@@ -149,7 +149,7 @@ def _encode_names(device: str, prop: str, selector: str) -> tuple[int, int, int,
 
 
 # Every message's header passes through decode_header on a dispatcher thread, so the parse is
-# kept to one unpack, dictionary lookups and no Python-level constructor (STYLE.md 15):
+# kept to one unpack, dictionary lookups and no Python-level constructor:
 # - the names part (its three lengths and the UTF-8 bytes) maps to the decoded strings in a
 #   bounded cache (entries and key size, so a peer sending ever new or huge names costs at most
 #   about 1 MiB): a process talks to few (device, property, selector) triples;

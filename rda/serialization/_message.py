@@ -114,8 +114,9 @@ class Message:
     received frame (``_frame``, ``_spans``) until ``body`` is first read: the memoryview slices
     (and the pair tuples around them) are made then. A notification waits in its
     subscription's queue with no objects of its own for the garbage collector to walk but this
-    one (timed with ``gc.callbacks``: the collector's passes over queued messages' views and
-    tuples were 3.5 us of a client's ~8 us per notification).
+    one (timed with ``gc.callbacks``, the collector's passes over queued messages' views and
+    tuples were measured close to half of a client's time per notification: docs/performance.md,
+    "Body views made on first read").
     """
 
     # __dict__: the ``_lazy`` attributes below cache their decoded value there.

@@ -3,7 +3,7 @@
 Code that takes ``clock: Callable[[], float]`` (the transports, the heartbeat tracker, the
 schedulers) reads time through it; with a :class:`FakeClock` a test decides when ten seconds
 have passed, without sleeping, and can assert what happens just before and just after a
-deadline (STYLE.md 10; trio's ``MockClock``).
+deadline (as trio's ``MockClock`` does).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ release buys nothing, and it costs a GIL hand-over per message: when another thr
 process wants the GIL (a consumer woken by the previous message, a worker), the dispatcher
 gives it up inside the receive and waits to get it back, up to the switch interval. That
 convoy, not libzmq, was half of the client dispatcher's time per notification (py-spy:
-``recv_frames``' receive line). Seed 000 on the critical path: do not hand the CPU over on
+``recv_frames``' receive line). The critical path's rule: do not hand the CPU over on
 every message.
 
 libzmq is the library pyzmq loaded (``bind``: the addresses of its functions, found through

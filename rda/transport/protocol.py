@@ -266,9 +266,9 @@ def encode_routed(
     without the Header: the same bytes, for the senders of every request and every reply.
 
     A frozen dataclass costs an ``object.__setattr__`` per field to build, and the header it
-    would describe is packed once and thrown away: building it and packing it took 2.3 us of a
-    request's path, this takes under 1 (the common bodies, one or two small ones, skip the
-    general table loop as ``encode_tail`` does)."""
+    would describe is packed once and thrown away: this measured about a third of building and
+    packing it (docs/performance.md, "Routed encoding without a Header"; the common bodies, one
+    or two small ones, skip the general table loop as ``encode_tail`` does)."""
     ld, lp, ls, names = encoded_names(device, prop, selector)
     fixed = _ROUTED.pack(kind, PROTOCOL_VERSION, request_type, 0, 0, rid, ld, lp, ls)
     n = len(body)

@@ -1,6 +1,6 @@
 """How a request ended, as a closed set of outcomes: the ``outcome`` label of the metrics.
 
-An operator alarms on these, so they must say whose fault a failure is (STYLE.md 4): a client's
+An operator alarms on these, so they must say whose fault a failure is: a client's
 typo (``not_found``), a value the schema refused (``bad_request``), a policy refusal
 (``denied``), a full queue (``overload``), a passed deadline (``timeout``), a lost client
 (``disconnected``), and only what is left, an exception nobody typed, is the server's fault

@@ -1,6 +1,6 @@
 """Snapshots of a running server, and the cheap counters behind them.
 
-Every snapshot is a frozen dataclass (STYLE.md 12): the admin commands and the Prometheus
+Every snapshot is a frozen dataclass: the admin commands and the Prometheus
 collector read these, the hot path never calls a metrics library. Counting takes one lock and a
 few integer increments per answered request (:class:`RequestCounters`).
 """

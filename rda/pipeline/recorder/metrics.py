@@ -1,6 +1,6 @@
 """Prometheus metrics of a recorder, read from ``Recorder.statistics()`` at scrape time.
 
-Nothing is counted through prometheus_client on the recording path (STYLE.md 12): a scrape
+Nothing is counted through prometheus_client on the recording path: a scrape
 turns one statistics snapshot into metric families. Every family carries a ``recorder`` label
 so several recorders in one process can share a registry.
 """
