@@ -814,12 +814,6 @@ PENDING: dict[str, set[str]] = {
     "rda/business/client/replies.py": {"outside"},
     "rda/business/client/service.py": {"outside"},
     "rda/business/client/timer.py": {"outside"},
-    "rda/transport/_peers.py": {"outside"},
-    "rda/transport/zmq_client.py": {"outside"},
-    "rda/transport/api.py": {"outside"},
-    "rda/transport/_mailbox.py": {"outside"},
-    "rda/transport/_zmq_common.py": {"figure"},
-    "rda/transport/zmq_server.py": {"figure"},
     "rda/business/server/subscriptions.py": {"figure"},
 }
 

@@ -1,6 +1,6 @@
 """The hand-off from user and worker threads to a transport's dispatcher: a mailbox.
 
-Seed 000 ("lock-free pipes ... a signal only when the reader sleeps"): a producer appends a
+As libzmq's own pipes (lock-free, a signal only when the reader sleeps): a producer appends a
 Python object to a ``deque`` and writes one byte-sized signal on an ``eventfd`` (a pipe where
 there is none) ONLY when the dispatcher said it is about to sleep. The dispatcher's poll set
 watches that descriptor beside its ZeroMQ sockets. Compared with the inproc PUSH/PULL pipe this

@@ -78,8 +78,9 @@ _MONITORED = (
 
 
 # The critical path calls libzmq through pyzmq's backend socket methods with plain-int flags:
-# pyzmq's ``send_multipart``/``recv_multipart`` wrappers cost 3-4 us per message in Python
-# (IntFlag arithmetic, a getsockopt per frame), about half of a whole round trip's budget.
+# pyzmq's ``send_multipart``/``recv_multipart`` wrappers cost about half of a whole round
+# trip's budget in Python (IntFlag arithmetic, a getsockopt per frame; docs/performance.md,
+# "pyzmq's multipart wrappers").
 _backend_send = zmq.backend.Socket.send
 _backend_recv = zmq.backend.Socket.recv
 # Typed once here: a ``typing.cast`` at each call was a Python-level call per check.

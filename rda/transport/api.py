@@ -144,7 +144,7 @@ class ClientHandler(Protocol):
 class BatchClientHandler(ClientHandler, Protocol):
     """A :class:`ClientHandler` that takes the replies of one drained batch at once.
 
-    Seed 000, "Batching": when messages arrive faster than they are handled, the transport
+    ZeroMQ's batching rule: when messages arrive faster than they are handled, the transport
     receives every waiting message first (up to its batch size) and then calls
     ``on_messages`` once, so the business layer can wake each waiting consumer once per batch
     instead of once per message, and no consumer thread competes for the GIL with the

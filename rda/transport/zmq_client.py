@@ -293,7 +293,7 @@ class ZmqClientTransport(common.DispatcherShell):
         A handler that takes batches (api.BatchClientHandler) gets every REPLY of this
         drain in one call after the last receive: consumers are woken once per batch, and
         not while this thread still makes GIL-releasing receive calls. Only while messages
-        come faster than they are handled (seed 000, "Batching"): after a drain that found
+        come faster than they are handled (ZeroMQ's batching rule): after a drain that found
         one message, the first reply of the next is handed over at once, before the receive
         that ends the drain, so a caller woken by it can send its next request meanwhile
         (with the reply held back, the dispatcher went to sleep first: 2 polls per get, not 1).
