@@ -45,20 +45,20 @@ def frames_size(frames: Sequence[Buffer]) -> int:
 class ClientEnd(Protocol):
     """The client side of a :class:`Link`: a client transport or a raw test peer."""
 
-    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None: ...
+    def link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None: ...
 
-    def _link_gone(self, conn: int) -> None: ...
+    def link_gone(self, conn: int) -> None: ...
 
 
 class ServerEnd(Protocol):
     """The server side of a :class:`Link`: a ``MemoryServerTransport``. A protocol, so that
     this module does not import _memory_server.py, which imports it."""
 
-    def _link_arrival(self, link: Link, frames: list[memoryview], stamp: float) -> None: ...
+    def link_arrival(self, link: Link, frames: list[memoryview], stamp: float) -> None: ...
 
-    def _link_closed(self, peer: bytes) -> None: ...
+    def link_closed(self, peer: bytes) -> None: ...
 
-    def _link_writable(self, peer: bytes) -> None: ...
+    def link_writable(self, peer: bytes) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -280,7 +280,8 @@ class Dispatcher(ABC):
         if not self._on_dispatcher():
             self._inbox.wait_for_room()
 
-    def _barrier(self) -> Barrier | None:
+    def barrier(self) -> Barrier | None:
+        """A marker set once everything queued before it was handled (``MemoryNetwork.settle``)."""
         barrier = Barrier()
         return barrier if self._inbox.put_barrier(barrier) else None
 

@@ -152,7 +152,7 @@ class MemoryNetwork:
             self._stalled.discard(peer)
             link = self._links.get(peer)
             if link is not None and link.server is not None:
-                link.server._link_writable(peer)
+                link.server.link_writable(peer)
 
     def restart_server(
         self, endpoint: str, handler: ServerHandler | None = None
@@ -180,7 +180,7 @@ class MemoryNetwork:
             with self._lock:
                 before = self._last_activity
                 dispatchers = list(self._dispatchers)
-            barriers = [b for b in (d._barrier() for d in dispatchers) if b is not None]
+            barriers = [b for b in (d.barrier() for d in dispatchers) if b is not None]
             for barrier in barriers:
                 if not barrier.event.wait(max(0.0, deadline - time.monotonic())):
                     raise TimeoutError(f"the memory network did not settle within {timeout} s")
@@ -199,17 +199,18 @@ class MemoryNetwork:
             if isinstance(d, MemoryClientTransport | MemoryServerTransport):
                 d.close()
 
-    # --- used by the transports ---
+    # --- used by the transports (public so that the transports need no private access;
+    # a test has no reason to call them) ---
 
-    def _bump(self) -> None:
+    def bump(self) -> None:
         with self._lock:
             self._last_activity = next(self._activity)
 
-    def _forget(self, d: Dispatcher) -> None:
+    def forget(self, d: Dispatcher) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._dispatchers.remove(d)
 
-    def _bind(self, server: MemoryServerTransport) -> None:
+    def bind(self, server: MemoryServerTransport) -> None:
         with self._lock:
             if server.endpoint in self._bound:
                 raise TransportError(f"cannot bind {server.endpoint}: address already in use")
@@ -219,9 +220,9 @@ class MemoryNetwork:
                 frames_list, link.waiting = link.waiting, []
                 if server.endpoint not in self._partitioned:
                     for frames in frames_list:
-                        server._link_arrival(link, frames, self.clock())
+                        server.link_arrival(link, frames, self.clock())
 
-    def _unbind(self, server: MemoryServerTransport) -> None:
+    def unbind(self, server: MemoryServerTransport) -> None:
         with self._lock:
             if self._bound.get(server.endpoint) is server:
                 del self._bound[server.endpoint]
@@ -231,11 +232,11 @@ class MemoryNetwork:
                     link.closed = True
                     del self._links[peer]
                     if not lost:
-                        link.client._link_gone(link.conn)
+                        link.client.link_gone(link.conn)
             if self._dispatchers.count(server):
                 self._dispatchers.remove(server)
 
-    def _open_link(self, endpoint: str, client: Any, conn: int) -> Link:
+    def open_link(self, endpoint: str, client: Any, conn: int) -> Link:
         endpoint = _endpoint(endpoint)
         link = Link(endpoint, b"mem-%d" % next(self._peer_ids), client, conn)
         with self._lock:
@@ -247,7 +248,7 @@ class MemoryNetwork:
                 link.server = server
         return link
 
-    def _close_link(self, link: Link) -> None:
+    def close_link(self, link: Link) -> None:
         with self._lock:
             if link.closed:
                 return
@@ -259,24 +260,24 @@ class MemoryNetwork:
                 if link in waiting:
                     waiting.remove(link)
             elif link.endpoint not in self._partitioned:
-                link.server._link_closed(link.peer)
+                link.server.link_closed(link.peer)
 
-    def _client_send(self, link: Link, frames: Sequence[Buffer]) -> None:
+    def client_send(self, link: Link, frames: Sequence[Buffer]) -> None:
         with self._lock:
             if link.closed or link.endpoint in self._partitioned:
                 return  # lost, as on a broken network
             if link.server is None:
                 link.waiting.append(wire_copy(frames))
             else:
-                link.server._link_arrival(link, wire_copy(frames), self.clock())
+                link.server.link_arrival(link, wire_copy(frames), self.clock())
 
-    def _server_send(self, link: Link, frames: Sequence[Buffer]) -> bool:
+    def server_send(self, link: Link, frames: Sequence[Buffer]) -> bool:
         """Deliver to the client; False when its pipe is full (stalled)."""
         with self._lock:
             if link.peer in self._stalled and not link.closed:
                 return False
             if not link.closed and link.endpoint not in self._partitioned:
-                link.client._link_receive(link.conn, wire_copy(frames), self.clock())
+                link.client.link_receive(link.conn, wire_copy(frames), self.clock())
             return True
 
 
@@ -302,7 +303,7 @@ class RawPeer:
         self._network = network
         self._received: queue.Queue[list[bytes]] = queue.Queue()
         self._gone = threading.Event()
-        self._link = network._open_link(endpoint, self, 0)
+        self._link = network.open_link(endpoint, self, 0)
 
     @property
     def peer(self) -> bytes:
@@ -315,7 +316,7 @@ class RawPeer:
         return self._gone.is_set()
 
     def send(self, frames: Sequence[Buffer]) -> None:
-        self._network._client_send(self._link, frames)
+        self._network.client_send(self._link, frames)
 
     def recv(self, timeout: float = 10.0) -> list[bytes]:
         """The next message the server sent; ``TimeoutError`` when none comes in time."""
@@ -328,12 +329,12 @@ class RawPeer:
         return self._gone.wait(timeout)
 
     def close(self) -> None:
-        self._network._close_link(self._link)
+        self._network.close_link(self._link)
 
-    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
+    def link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
         self._received.put([bytes(f) for f in frames])
 
-    def _link_gone(self, conn: int) -> None:
+    def link_gone(self, conn: int) -> None:
         self._gone.set()
 
 

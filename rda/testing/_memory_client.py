@@ -48,15 +48,15 @@ class Network(Protocol):
 
     clock: Callable[[], float]
 
-    def _bump(self) -> None: ...
+    def bump(self) -> None: ...
 
-    def _forget(self, d: Dispatcher) -> None: ...
+    def forget(self, d: Dispatcher) -> None: ...
 
-    def _open_link(self, endpoint: str, client: Any, conn: int) -> Link: ...
+    def open_link(self, endpoint: str, client: Any, conn: int) -> Link: ...
 
-    def _close_link(self, link: Link) -> None: ...
+    def close_link(self, link: Link) -> None: ...
 
-    def _client_send(self, link: Link, frames: Sequence[Buffer]) -> None: ...
+    def client_send(self, link: Link, frames: Sequence[Buffer]) -> None: ...
 
 
 _instances = itertools.count(1)
@@ -106,7 +106,7 @@ class MemoryClientTransport(Dispatcher):
         authenticated_principal: str | None = None,
     ) -> None:
         super().__init__(
-            f"rda-memory-client-{next(_instances)}", network.clock, settings.send_hwm, network._bump
+            f"rda-memory-client-{next(_instances)}", network.clock, settings.send_hwm, network.bump
         )
         self._network = network
         self._settings = settings
@@ -185,10 +185,10 @@ class MemoryClientTransport(Dispatcher):
 
     # --- called by the network (any thread) ---
 
-    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
+    def link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
         self._inbox.put_network(_Arrival(conn, frames, stamp))
 
-    def _link_gone(self, conn: int) -> None:
+    def link_gone(self, conn: int) -> None:
         self._inbox.put_network(_Gone(conn))
 
     # --- dispatcher thread ---
@@ -207,7 +207,7 @@ class MemoryClientTransport(Dispatcher):
         elif isinstance(item, _Send):
             sessions.send(item.conn, item.frames)
         elif isinstance(item, _Open):
-            link = self._network._open_link(item.endpoint, self, item.conn)
+            link = self._network.open_link(item.endpoint, self, item.conn)
             self._routing[item.conn] = link.peer
             sessions.open(item.conn, item.endpoint, link)
         elif isinstance(item, _Disconnect):
@@ -244,7 +244,7 @@ class MemoryClientTransport(Dispatcher):
         self._routing.clear()
         self._after_batch()
         self._lanes.close(self._settings.close_timeout)
-        self._network._forget(self)
+        self._network.forget(self)
 
     # --- lanes ---
 
@@ -269,14 +269,14 @@ class _LinkWire:
         self._inbox = inbox
 
     def write(self, session: ClientSession, frames: Sequence[Any]) -> bool | None:
-        self._network._client_send(session.io, frames)  # a client's link is never full
+        self._network.client_send(session.io, frames)  # a client's link is never full
         return True
 
     def want_writable(self, session: ClientSession, on: bool) -> None:
         return  # never full: nothing to wait for
 
     def release(self, session: ClientSession) -> None:
-        self._network._close_link(session.io)
+        self._network.close_link(session.io)
 
     def pause_intake(self, paused: bool) -> None:
         self._inbox.pause_commands(paused)
@@ -315,7 +315,7 @@ class _MemoryLane:
         self._gone = False
         # Set by a close that found the lane in use: the owner closes it on its way out.
         self._orphaned = False
-        self._link: Link | None = network._open_link(session.address, self, 0)
+        self._link: Link | None = network.open_link(session.address, self, 0)
 
     @property
     def closed(self) -> bool:
@@ -331,14 +331,14 @@ class _MemoryLane:
                 raise TransportError(f"the lane to {session.address} is closed")
             hello = session.needs_hello(now)
             if hello:
-                self._network._client_send(link, session.hello)
-            self._network._client_send(link, frames)
+                self._network.client_send(link, session.hello)
+            self._network.client_send(link, frames)
             session.sent(frames, now, hello)
             try:
                 return self._wait(request_id, ended)
             finally:
                 if self._orphaned and self._link is not None:
-                    self._network._close_link(self._link)
+                    self._network.close_link(self._link)
                     self._link = None
 
     def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
@@ -362,7 +362,7 @@ class _MemoryLane:
             return False
         try:
             if self._link is not None:
-                self._network._close_link(self._link)
+                self._network.close_link(self._link)
                 self._link = None
         finally:
             self._lock.release()
@@ -370,9 +370,9 @@ class _MemoryLane:
 
     # --- called by the network (any thread) ---
 
-    def _link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
+    def link_receive(self, conn: int, frames: list[memoryview], stamp: float) -> None:
         self._replies.put(frames)
 
-    def _link_gone(self, conn: int) -> None:
+    def link_gone(self, conn: int) -> None:
         self._gone = True
         self._replies.put(None)

@@ -41,15 +41,15 @@ class Network(Protocol):
 
     clock: Callable[[], float]
 
-    def _bump(self) -> None: ...
+    def bump(self) -> None: ...
 
-    def _forget(self, d: Dispatcher) -> None: ...
+    def forget(self, d: Dispatcher) -> None: ...
 
-    def _bind(self, server: MemoryServerTransport) -> None: ...
+    def bind(self, server: MemoryServerTransport) -> None: ...
 
-    def _unbind(self, server: MemoryServerTransport) -> None: ...
+    def unbind(self, server: MemoryServerTransport) -> None: ...
 
-    def _server_send(self, link: Link, frames: Sequence[Buffer]) -> bool: ...
+    def server_send(self, link: Link, frames: Sequence[Buffer]) -> bool: ...
 
 
 _instances = itertools.count(1)
@@ -110,7 +110,7 @@ class MemoryServerTransport(Dispatcher):
             f"rda-memory-server-{next(_instances)}",
             network.clock,
             settings.send_hwm,
-            network._bump,
+            network.bump,
             settings.handover_after,
         )
         self._network = network
@@ -146,7 +146,7 @@ class MemoryServerTransport(Dispatcher):
         return dict(self._info)
 
     def start(self) -> None:
-        self._network._bind(self)
+        self._network.bind(self)
         self._start_thread()
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
@@ -179,13 +179,13 @@ class MemoryServerTransport(Dispatcher):
 
     # --- called by the network (any thread) ---
 
-    def _link_arrival(self, link: Link, frames: list[memoryview], stamp: float) -> None:
+    def link_arrival(self, link: Link, frames: list[memoryview], stamp: float) -> None:
         self._inbox.put_network(_Arrival(link, frames, stamp))
 
-    def _link_closed(self, peer: bytes) -> None:
+    def link_closed(self, peer: bytes) -> None:
         self._inbox.put_network(_PeerGone(peer))
 
-    def _link_writable(self, peer: bytes) -> None:
+    def link_writable(self, peer: bytes) -> None:
         self._inbox.put_network(_Writable(peer))
 
     # --- dispatcher thread ---
@@ -232,7 +232,7 @@ class MemoryServerTransport(Dispatcher):
         if report:
             self._table.close_all()
         self._table.peers.clear()
-        self._network._unbind(self)
+        self._network.unbind(self)
 
 
 class _LinkWire:
@@ -244,14 +244,14 @@ class _LinkWire:
         self._network = network
 
     def write(self, peer: Peer, frames: Sequence[Any]) -> bool | None:
-        return self._network._server_send(peer.io, frames)  # False: stalled, the pipe is full
+        return self._network.server_send(peer.io, frames)  # False: stalled, the pipe is full
 
     def answer(self, rid: bytes, io: Any, frames: Sequence[Any]) -> bool:
         # The sender may not be registered: best effort, never queued.
-        return self._network._server_send(io, frames)
+        return self._network.server_send(io, frames)
 
     def want_writable(self) -> None:
-        return  # the network reports a stalled pipe's room itself (``_link_writable``)
+        return  # the network reports a stalled pipe's room itself (``link_writable``)
 
     def admitted(self, peer: Peer) -> None:
         return
