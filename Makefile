@@ -64,6 +64,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The whole tree (pyproject.toml's [tool.mypy] files: package, tests, benchmarks, examples).
 typecheck: install
 	$(BIN)/mypy --strict
 
