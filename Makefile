@@ -6,9 +6,11 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: test lint typecheck unit install java etcd prometheus chromium bench clean demo cluster-check panel-screenshots
 
+# A venv's bundled setuptools may predate the SPDX `license` string pyproject.toml uses
+# (setuptools >= 77), which `setup.py build_ext --inplace` and `python -m build` read.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip 'setuptools>=77'
 
 # Reinstall only when the package metadata or a compiled extension's source changes (the
 # editable install builds rda/serialization/_cbinary.*.so, rda/transport/_cframe.*.so and
@@ -62,6 +64,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The whole tree (pyproject.toml's [tool.mypy] files: package, tests, benchmarks, examples).
 typecheck: install
 	$(BIN)/mypy --strict
 

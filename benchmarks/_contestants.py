@@ -110,7 +110,7 @@ class RawServer:
                         sock.send_multipart([sub, seq, payload])
             elif head == b"MIBFRESH":  # the work rda's handler does, sent at raw's best
                 sock.send_multipart(
-                    [peer, frames[-1], fresh_mib(int(frames[-1].bytes))], copy=False
+                    [peer, frames[-1], fresh_mib(int(frames[-1].bytes)).data], copy=False
                 )
             else:
                 sock.send_multipart([peer, frames[-1], RAW_PAYLOADS[head.decode()]], copy=False)

@@ -140,7 +140,7 @@ class _RdaPair:
             )
             security = ClientSecurity(keys["bench"], server_key=keys["server"].public)
         if policy is not None:
-            builder.policy(policy)  # type: ignore[attr-defined]
+            builder.policy(policy)
         self.server: Server = builder.build().start()
         self.client = ClientService(
             StaticDirectory({"*": self.server.endpoint}), Config(workers=2), security=security

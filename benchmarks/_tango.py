@@ -105,6 +105,9 @@ def serve() -> None:
     from tango import AttrWriteType
     from tango.server import Device, attribute, command, run
 
+    # pytango has no type information: its command decorator, typed as what it does.
+    tango_command: Callable[..., Callable[[Callable[..., None]], Callable[..., None]]] = command
+
     ints = np.arange(40, dtype=np.int32)
     doubles = np.linspace(0.0, 1.0, 40)
     strings = [f"element-{i:02d}" for i in range(40)]
@@ -124,7 +127,7 @@ def serve() -> None:
             self._seq = 0.0
             self.set_change_event("seq", True, False)  # pushed by hand, not checked
 
-        @command(dtype_in=(int,))
+        @tango_command(dtype_in=(int,))
         def Publish(self, first_count: Any) -> None:
             first, count = int(first_count[0]), int(first_count[1])
             threading.Thread(target=self._publish, args=(first, count), daemon=True).start()

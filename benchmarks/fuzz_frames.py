@@ -112,7 +112,9 @@ def run_chunk(seed: int, chunk: int, count: int) -> dict[str, Any]:
         if mutated:
             frames = mutate(rng, frames)
         max_size = rng.choice((1 << 28, 1 << 28, 100)) if mutated else 1 << 28
-        as_views = [memoryview(f) for f in frames] if rng.random() < 0.5 else frames
+        as_views: list[object] = (
+            [memoryview(f) for f in frames] if rng.random() < 0.5 else list(frames)
+        )
         counts["inputs"] += 1
         try:
             fast = parse_message(as_views, kind, max_size)

@@ -168,7 +168,7 @@ class Child:
         """The complete lines available now (non-blocking after select)."""
         chunk = os.read(self.fd, 1 << 20)
         if not chunk:
-            raise RuntimeError(f"child {self.proc.args} ended")
+            raise RuntimeError(f"child {self.proc.args!r} ended")
         *complete, self.partial = (self.partial + chunk).split(b"\n")
         return [json.loads(line) for line in complete if line]
 

@@ -105,6 +105,11 @@ def interleaved(
     return out
 
 
+def _mib_run(read_only: bool) -> Callable[[Contestant], float]:
+    """One turn of the 1 MiB gets: seconds for ``MIB_BLOCK`` of them."""
+    return lambda c: c.mib(MIB_BLOCK, read_only)
+
+
 def interleaved_latencies(contestants: Sequence[Contestant], n: int) -> list[dict[str, Any]]:
     """Per contestant, p50/p99 of ``n`` round trips (in whole blocks of ``BLOCK``) of each
     kind in ``LATENCIES``, the contestants taking turns block by block."""
@@ -144,7 +149,7 @@ def one_round(
     for key, read_only in (("mib_get_MBps", False), ("mib_read_only_get_MBps", True)):
         for c in contestants:
             c.mib(MIB_BLOCK, read_only)  # warm up: socket buffers grow with the traffic
-        times = interleaved(contestants, lambda c, ro=read_only: c.mib(MIB_BLOCK, ro), mib_blocks)
+        times = interleaved(contestants, _mib_run(read_only), mib_blocks)
         for i, t in enumerate(times):
             results[i][key] = len(t) * MIB_BLOCK * MIB_BYTES / sum(t) / 1e6
     fresh = [c for c in contestants if hasattr(c, "mib_fresh")]

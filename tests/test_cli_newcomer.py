@@ -403,7 +403,11 @@ def test_the_missing_key_message_is_the_same_every_time(secured: Stand) -> None:
 
 def _leaves(group: click.Group, prefix: str) -> set[str]:
     names: set[str] = set()
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    # list_commands/get_command, not .commands: the rda group imports its commands when used.
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             names |= _leaves(command, f"{prefix}{name} ")
         else:

@@ -206,6 +206,11 @@ class CommandRegistry:
             if self._loaded:
                 return
             assert self.group is not None
+            # The built-in commands register themselves in REGISTRY when rda.admin.builtins
+            # is first imported: on first use, so that importing rda.admin (which every `rda`
+            # command does) stays cheap. Before the plugins, which may not take their names.
+            import rda.admin.builtins  # noqa: F401
+
             for ep in importlib.metadata.entry_points(group=self.group):
                 try:
                     self._register_entry_point(ep.name, ep.load())

@@ -18,7 +18,7 @@ def main() -> None:
     updates, count, turns = (int(a) for a in sys.argv[1:4])
     ctx = zmq.Context()
     children = [rpc.Child("raw"), rpc.Child("rda")]
-    contestants = [
+    contestants: list[rpc.Contestant] = [
         Raw(ctx, children[0].endpoint),
         Rda("rda", children[1].endpoint),
         RdaUser("rda_user", children[1].endpoint),

@@ -20,7 +20,7 @@ def main() -> None:
     updates, count, turns = (int(a) for a in sys.argv[1:4])
     ctx = zmq.Context()
     children = [rpc.Child("raw"), MainChild("rda"), rpc.Child("rda")]
-    contestants = [
+    contestants: list[rpc.Contestant] = [
         Raw(ctx, children[0].endpoint),
         Rda("main_server", children[1].endpoint),
         Rda("new_server", children[2].endpoint),

@@ -33,7 +33,7 @@ def run(
         values = np.empty(131072)
         values.fill(i)
         if mode == "zero":
-            push.send(memoryview(values).cast("B"), copy=False)
+            push.send(values.data.cast("B"), copy=False)
         else:
             push.send(values.tobytes(), copy=False)
         if keep:

@@ -1,95 +1,106 @@
-"""The ``rda`` command-line tool: get, set, subscribe, admin, directory (serve/bench: cli_run;
-keys: cli_keys).
+"""The ``rda`` command-line tool: the click group, whose commands are imported when used.
 
 Human output by default (tables, summarised arrays, times with units), ``--json`` for
 scripts; expected failures print one line and exit with a code from
-:class:`~rda.admin.cli.common.ExitCode`. Shell completion is click's:
+:class:`~rda.admin.cli.options.ExitCode`. Shell completion is click's:
 ``eval "$(_RDA_COMPLETE=bash_source rda)"``.
+
+The group knows each command by where it is defined and by its one-line help, and imports
+the defining module only when the command runs (or its own help is asked for): ``rda --help``
+loads click and this module's options, ``rda get`` the client but not the server, the
+metrics or etcd's client (``tests/test_imports.py`` checks both; the figures are in
+docs/performance.md). The one-line helps written here are checked against the commands'
+docstrings by ``tests/test_imports.py``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
-from click.shell_completion import CompletionItem
 
-from rda.admin.cli.common import (
+from rda.admin.cli.options import (
     CONFIG_HELP,
     ENDPOINT_HELP,
-    CliError,
-    ExitCode,
     Options,
     add_global_options,
     check_endpoint,
-    cli_error,
-    emit_json,
-    open_client,
-    reporting,
-    security_options,
-    split_address,
 )
-from rda.admin.cli.keys import keys
-from rda.admin.cli.run import bench, serve
-from rda.admin.cli.values import BadValueError, build_data, merge_data, parse_assignments
-from rda.admin.format import format_duration, format_mapping, format_table, format_value, humanize
-from rda.business.client.subscriptions import Notification
-from rda.business.common import AcquiredData
-from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
-from rda.business.entries import ServerEntry
-from rda.business.etcd.directory import EtcdDirectory
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
-from rda.serialization.errors import NotAuthorizedError, RdaError
-from rda.transport.reasons import HANDSHAKE_REFUSED
 
-__all__ = ["cli", "main"]
-
-_TIMEOUT = click.option(
-    "--timeout", type=float, default=None, help="Seconds to wait (default: RDA_REQUEST_TIMEOUT)."
-)
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-_SELECTOR = click.option("--selector", "-s", default="", help="Cycle selector, e.g. CPS.USER.ALL.")
+__all__ = ["LazyCommand", "LazyGroup", "cli", "main"]
 
 
-def _complete_address(
-    ctx: click.Context, param: click.Parameter, incomplete: str
-) -> list[CompletionItem]:
-    """Shell completion of DEVICE/ from the directory (names only, not glob patterns).
+class LazyCommand(NamedTuple):
+    """A command known by name before it is imported."""
 
-    Properties would need a request to the server; completion must stay instant and offline.
+    # Imports the command's module and returns the command: a function with an import
+    # statement, so that mypy and tests/test_layout.py see what it imports.
+    load: Callable[[], click.Command]
+    help: str  # its one-line help, as `rda --help` lists it
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands may be imported on first use (``add_lazy_command``).
+
+    It also turns rda errors escaping a command into a one-line message and an exit code, and
+    gives every subcommand the global options, so they work after it too
+    (``rda get X/Y -e EP``).
     """
-    try:
-        known = default_directory().devices()
-    except RdaError:
-        return []
-    names = sorted(n for n in known if not any(c in n for c in "*?[") and n.startswith(incomplete))
-    return [CompletionItem(f"{n}/", type="plain") for n in names]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: dict[str, LazyCommand] = {}
 
-class _Group(click.Group):
-    """Turns rda errors escaping a command into a one-line message and an exit code; gives
-    every subcommand the global options, so they work after it too (``rda get X/Y -e EP``)."""
+    def add_lazy_command(self, name: str, load: Callable[[], click.Command], help: str) -> None:
+        """Make ``name`` the command that ``load()`` imports and returns, called when the
+        command is first looked up; ``help`` is what ``rda --help`` shows for it."""
+        self.lazy[name] = LazyCommand(load, help)
 
-    def invoke(self, ctx: click.Context) -> Any:
-        with reporting():
-            return super().invoke(ctx)
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(self.lazy))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        # At lookup rather than at add_command: nested groups (directory, keys, history) get
-        # their subcommands after they were added here, and record/history come from rda._cli.
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.add_command(self.lazy[cmd_name].load(), cmd_name)
+        # Global options at lookup rather than at add_command: nested groups (directory,
+        # keys, history) get their subcommands after they were added here.
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             add_global_options(command)
         return command
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``rda --help``, as click writes it, without importing the
+        commands not yet loaded (their one-line help is the one given to add_lazy_command)."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows: list[tuple[str, str]] = []
+        for name in names:
+            command = self.commands.get(name)
+            if command is None:
+                # Cut to the width as click cuts a command's own help.
+                stand_in = click.Command(name, help=self.lazy[name].help)
+                rows.append((name, stand_in.get_short_help_str(limit)))
+            elif not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+    def invoke(self, ctx: click.Context) -> Any:
+        # Imported here: the error classes come with the codec (numpy), which `rda --help`
+        # does not need.
+        from rda.admin.cli.common import reporting
+
+        with reporting():
+            return super().invoke(ctx)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--endpoint",
     "-e",
@@ -116,432 +127,82 @@ def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> N
     ctx.obj = Options(endpoint=endpoint, config_file=config_file)
 
 
-@cli.command()
-@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
-@_SELECTOR
-@click.option("--field", "-f", default=None, help="Print only this field (a.b for nested).")
-@_JSON
-@_TIMEOUT
-@security_options
-@click.pass_obj
-def get(
-    options: Options,
-    address: str,
-    selector: str,
-    field: str | None,
-    as_json: bool,
-    timeout: float | None,
-    key_file: Path | None,
-    server_key: str | None,
-) -> None:
-    """Read a property once and print its value."""
-    device, prop = split_address(address)
-    with open_client(options, key_file, server_key) as client:
-        acq = client.access_point(device, prop).get(selector=selector or None, timeout=timeout)
-    if field is not None:
-        value = _field(acq.data, field, address)
-        if as_json:
-            emit_json(value.to_dict() if isinstance(value, Data) else value)
-        elif isinstance(value, Data):
-            click.echo(format_mapping(value.to_dict()))
-        else:
-            click.echo(format_value(value))
-        return
-    if as_json:
-        emit_json(_acquired_json(address, acq))
-        return
-    click.echo(f"{address}  {_context_line(acq.context)}".rstrip())
-    click.echo(format_mapping(acq.data.to_dict(), indent=2))
+# The access-point commands (access.py), the directory (directory.py), serve and bench
+# (run.py), keys (keys.py); rda/_cli.py adds the history's and the panel's the same way.
 
 
-@cli.command("set")
-@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
-@click.argument("values", nargs=-1, metavar="NAME=VALUE...")
-@click.option("--json", "json_text", default=None, help="The value as a JSON object.")
-@_SELECTOR
-@_TIMEOUT
-@click.option(
-    "--no-read",
-    is_flag=True,
-    help="Do not read the current value first: send only the given fields, their types "
-    "inferred from the literals (for write-only properties).",
+def _get() -> click.Command:
+    from rda.admin.cli.access import get
+
+    return get
+
+
+def _set() -> click.Command:
+    from rda.admin.cli.access import set_
+
+    return set_
+
+
+def _subscribe() -> click.Command:
+    from rda.admin.cli.access import subscribe
+
+    return subscribe
+
+
+def _admin() -> click.Command:
+    from rda.admin.cli.access import admin
+
+    return admin
+
+
+def _directory() -> click.Command:
+    from rda.admin.cli.directory import directory
+
+    return directory
+
+
+def _serve() -> click.Command:
+    from rda.admin.cli.run import serve
+
+    return serve
+
+
+def _bench() -> click.Command:
+    from rda.admin.cli.run import bench
+
+    return bench
+
+
+def _keys() -> click.Command:
+    from rda.admin.cli.keys import keys
+
+    return keys
+
+
+cli.add_lazy_command("get", _get, "Read a property once and print its value.")
+cli.add_lazy_command("set", _set, "Write a property.")
+cli.add_lazy_command(
+    "subscribe",
+    _subscribe,
+    "Print a line per update until --count/--duration or Ctrl-C, then a summary.",
 )
-@security_options
-@click.pass_obj
-def set_(
-    options: Options,
-    address: str,
-    values: tuple[str, ...],
-    json_text: str | None,
-    selector: str,
-    timeout: float | None,
-    no_read: bool,
-    key_file: Path | None,
-    server_key: str | None,
-) -> None:
-    """Write a property. It is read first: the NAME=VALUE fields replace theirs in the value
-    read, each converted to that field's type, and the whole value is sent, so a partial set
-    keeps the other fields (--no-read sends only the given ones)."""
-    device, prop = split_address(address)
-    given = _set_values(values, json_text)
-    with open_client(options, key_file, server_key) as client:
-        ap = client.access_point(device, prop)
-        template: Data | None = None
-        unread: str | None = None  # why the value could not be read first
-        if not no_read:
-            try:
-                template = ap.get(selector=selector or None, timeout=timeout).data
-            except NotAuthorizedError as exc:
-                if HANDSHAKE_REFUSED in str(exc):
-                    raise  # the connection itself was refused: the set would be too
-                # A set-only role: report what the set itself gets, not the refused read.
-                unread = f"not read first: {exc}"
-        with reporting():
-            data = build_data(given, template)
-            if template is not None:
-                _check_fields(address, given, template)
-                data = merge_data(template, data)
-        try:
-            ap.set(data, selector=selector or None, timeout=timeout)
-        except RdaError as exc:
-            if unread is None:
-                raise
-            raise cli_error(exc, unread) from None
-    note = f" ({unread}; types inferred from the values)" if unread else ""
-    click.echo(f"{address}: set {', '.join(given)}{note}", err=True)
-
-
-def _check_fields(address: str, given: Mapping[str, Any], template: Data) -> None:
-    """A name the value read does not have is most likely misspelt: name it and the known
-    ones before anything is sent (--no-read sends it anyway)."""
-    unknown = [name for name in given if name not in template]
-    if unknown:
-        names = ", ".join(repr(n) for n in unknown)
-        raise CliError(
-            f"{address} has no field {names} (fields: {', '.join(template)}); "
-            "--no-read sends it as given",
-            ExitCode.NO_SUCH_DEVICE,
-        )
-
-
-def _set_values(values: tuple[str, ...], json_text: str | None) -> dict[str, Any]:
-    if values and json_text is not None:
-        raise click.UsageError("give NAME=VALUE pairs or --json, not both")
-    if json_text is not None:
-        try:
-            parsed = json.loads(json_text)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"--json: not valid JSON: {exc.msg}", ExitCode.BAD_VALUE) from None
-        if not isinstance(parsed, dict) or not parsed:
-            raise CliError("--json: expected a non-empty JSON object", ExitCode.BAD_VALUE)
-        return parsed
-    if not values:
-        raise click.UsageError("nothing to set: give NAME=VALUE pairs or --json '{...}'")
-    try:
-        return dict(parse_assignments(values))
-    except BadValueError as exc:
-        raise CliError(str(exc), ExitCode.BAD_VALUE) from None
-
-
-@cli.command()
-@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
-@_SELECTOR
-@click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Stop after N.")
-@click.option("--duration", "-d", type=float, default=None, help="Stop after S seconds.")
-@click.option(
-    "--backfill",
-    metavar="DURATION",
-    callback=lambda _ctx, _param, value: None if value is None else _seconds(value),
-    help="First the recorded updates of the last DURATION (30s, 5m, 1h), from the recorder "
-    "serving the signal's history, marked HISTORY; then live.",
+cli.add_lazy_command(
+    "admin", _admin, "Run an admin COMMAND on TARGET (server name, device name or endpoint)."
 )
-@_JSON
-@security_options
-@click.pass_obj
-def subscribe(
-    options: Options,
-    address: str,
-    selector: str,
-    count: int | None,
-    duration: float | None,
-    as_json: bool,
-    key_file: Path | None,
-    server_key: str | None,
-    backfill: float | None = None,
-) -> None:
-    """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
-    device, prop = split_address(address)
-    tally = _Tally()
-    with open_client(options, key_file, server_key) as client:
-        point = client.access_point(device, prop)
-        sub = point.subscribe(selector=selector or None, backfill=backfill)
-        try:
-            deadline = None if duration is None else time.monotonic() + duration
-            while count is None or tally.updates < count:
-                wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-                if wait <= 0:
-                    break
-                notification = sub.poll(timeout=wait)
-                if notification is None:
-                    if sub.closed:
-                        break
-                    continue
-                line = tally.add(notification)
-                if as_json:
-                    emit_json(line)
-                else:
-                    click.echo(_notification_line(line))
-        except KeyboardInterrupt:
-            pass
-        finally:
-            # Connections re-established while watching (server restarts, moves: issue 12).
-            tally.reconnects = client.statistics().reconnects
-            sub.close()
-    summary = tally.summary()
-    if as_json:
-        emit_json({"summary": summary})
-    else:
-        click.echo(_summary_line(summary), err=True)
-    if tally.updates == 0 and tally.last_error is not None:
-        raise tally.last_error
-
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def _seconds(text: str) -> float:
-    """``30s``, ``5m``, ``1.5h``, ``2d`` or plain seconds, as seconds (> 0)."""
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(number) :] or "s"
-    try:
-        value = float(number) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise click.BadParameter(f"{text!r} is not a duration like 30s, 5m, 1h") from None
-    if not value > 0:
-        raise click.BadParameter(f"{text!r} must be positive")
-    return value
-
-
-class _Tally:
-    """Counts what a subscription delivered, for the live lines and the exit summary."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.updates = 0
-        self.gaps = 0
-        self.errors = 0
-        self.reconnects = 0
-        self.last_error: RdaError | None = None
-
-    def add(self, notification: Notification) -> dict[str, Any]:
-        self.gaps += notification.gap
-        line: dict[str, Any] = {
-            "time": time.time(),
-            "update": notification.update_type.name,
-            "seq": notification.seq,
-            "gap": notification.gap,
-        }
-        error = notification.error
-        if error is not None:
-            self.errors += 1
-            self.last_error = error
-            line["error"] = str(error)
-            line["error_type"] = type(error).__name__
-            return line
-        self.updates += 1
-        line["context"] = _context_json(notification.context)
-        line["data"] = notification.data.to_dict()
-        return line
-
-    def summary(self) -> dict[str, Any]:
-        elapsed = time.monotonic() - self.started
-        return {
-            "updates": self.updates,
-            "seconds": round(elapsed, 3),
-            "rate": self.updates / elapsed if elapsed > 0 else 0.0,
-            "gaps": self.gaps,
-            "errors": self.errors,
-            "reconnects": self.reconnects,
-        }
-
-
-def _notification_line(line: dict[str, Any]) -> str:
-    stamp = _dt.datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S.%f")[:-3]
-    head = f"{stamp} {line['update']:<9} seq={line['seq']}"
-    if line["gap"]:
-        head += f" gap={line['gap']}"
-    if "error" in line:
-        return f"{head}  ERROR {line['error_type']}: {line['error']}"
-    fields = ", ".join(f"{k}={format_value(v)}" for k, v in line["data"].items())
-    return f"{head}  {fields}"
-
-
-def _summary_line(summary: dict[str, Any]) -> str:
-    return (
-        f"{summary['updates']} updates in {format_duration(summary['seconds'])} "
-        f"({summary['rate']:.3g}/s), {summary['gaps']} missed (gaps), {summary['errors']} errors"
-        + (f", {summary['reconnects']} reconnects" if summary["reconnects"] else "")
-    )
-
-
-@cli.command()
-@click.argument("target")
-@click.argument("command")
-@click.argument("arguments", nargs=-1, metavar="[KEY=VALUE]...")
-@_JSON
-@_TIMEOUT
-@security_options
-@click.pass_obj
-def admin(
-    options: Options,
-    target: str,
-    command: str,
-    arguments: tuple[str, ...],
-    as_json: bool,
-    timeout: float | None,
-    key_file: Path | None,
-    server_key: str | None,
-) -> None:
-    """Run an admin COMMAND on TARGET (server name, device name or endpoint).
-
-    Commands: ping, info, clients, subscriptions, stats, devices, log-level, disconnect,
-    commands (and plugins). Values are sent as text; the server's argument model converts them.
-    """
-    try:
-        args = parse_assignments(arguments)
-    except BadValueError as exc:
-        raise CliError(str(exc), ExitCode.BAD_VALUE) from None
-    with open_client(options, key_file, server_key) as client:
-        reply = client.admin(target, command, timeout=timeout, **args)
-    result = reply.to_dict()
-    if as_json:
-        emit_json(result)
-    else:
-        click.echo(format_mapping(humanize(result, now=time.time())))
-
-
-@cli.group()
-def directory() -> None:
-    """Where devices are: the static mapping, etcd (RDA_DIRECTORY_URL) and this machine's file."""
-
-
-@directory.command("list")
-@_JSON
-@click.pass_obj
-def directory_list(options: Options, as_json: bool) -> None:
-    """List registered servers (with their devices: etcd and this machine's file) and static
-    mappings."""
-    config = options.config()
-    servers: list[dict[str, Any]] = []
-    static: dict[str, str] = {}
-    chain = default_directory(config)
-    try:
-        for part in _parts(chain):
-            if isinstance(part, FileDirectory | EtcdDirectory):
-                servers.extend(_server_row(entry, repr(part)) for entry in part.servers())
-            else:
-                static.update(part.devices())
-    finally:
-        if isinstance(chain, ChainDirectory):
-            chain.close()
-    if as_json:
-        emit_json(
-            {
-                "servers": servers,
-                "static": static,
-                "file": str(config.directory_file),
-                "etcd": config.directory_url,
-            }
-        )
-        return
-    if config.directory_url is not None:
-        click.echo(f"etcd: {config.directory_url} (prefix {config.directory_prefix})")
-    click.echo(f"directory file: {config.directory_file}")
-    if servers:
-        # The host column only when servers may be on other hosts (etcd).
-        hosts = config.directory_url is not None
-        rows = [
-            {
-                "server": s["name"],
-                "endpoint": s["endpoint"],
-                **({"host": s["host"]} if hosts else {}),
-                "pid": s["pid"],
-                "devices": _devices_cell(s["devices"]),
-            }
-            for s in servers
-        ]
-        click.echo(format_table(rows))
-    else:
-        click.echo("no servers registered")
-    for pattern, endpoint in static.items():
-        click.echo(f"static  {pattern} -> {endpoint}")
-
-
-def _server_row(entry: ServerEntry, where: str) -> dict[str, Any]:
-    return {
-        "name": entry.name,
-        "endpoint": entry.endpoint,
-        "devices": list(entry.devices),
-        "pid": entry.pid,
-        "host": entry.host,
-        "registered_at": entry.registered_at,
-        "directory": where,
-    }
-
-
-def _devices_cell(devices: list[str], shown: int = 8) -> str:
-    """A server with thousands of devices: the first few and how many more."""
-    more = len(devices) - shown
-    return ", ".join(devices[:shown]) + (f", ... (+{more})" if more > 0 else "")
-
-
-def _parts(directory: Directory) -> list[Directory]:
-    if isinstance(directory, ChainDirectory):
-        return [p for inner in directory.directories for p in _parts(inner)]
-    return [directory]
-
-
-def _field(data: Data, path: str, address: str) -> Any:
-    value: Any = data
-    for part in path.split("."):
-        if not isinstance(value, Data) or part not in value:
-            fields = ", ".join(value) if isinstance(value, Data) else "none"
-            raise CliError(
-                f"{address} has no field {path!r} (fields: {fields})", ExitCode.NO_SUCH_DEVICE
-            )
-        value = value[part]
-    return value
-
-
-def _context_json(context: DataContext) -> dict[str, Any]:
-    return {
-        "cycle_name": context.cycle_name,
-        "cycle_stamp": context.cycle_stamp,
-        "acq_stamp": context.acq_stamp,
-        "selector": context.selector,
-    }
-
-
-def _acquired_json(address: str, acq: AcquiredData) -> dict[str, Any]:
-    return {"address": address, "context": _context_json(acq.context), "data": acq.data.to_dict()}
-
-
-def _context_line(context: DataContext) -> str:
-    parts = []
-    if context.acq_stamp:
-        stamp = _dt.datetime.fromtimestamp(context.acq_stamp / 1e9)
-        parts.append("acquired " + stamp.isoformat(sep=" ", timespec="milliseconds"))
-    if context.cycle_name:
-        parts.append(f"cycle {context.cycle_name}")
-    if context.selector:
-        parts.append(f"selector {context.selector}")
-    return "  ".join(parts)
-
-
-# serve and bench live in their own module (cli_run) to keep each file to one job.
-cli.add_command(serve)
-cli.add_command(bench)
-cli.add_command(keys)
+cli.add_lazy_command(
+    "directory",
+    _directory,
+    "Where devices are: the static mapping, etcd (RDA_DIRECTORY_URL) and this machine's file.",
+)
+cli.add_lazy_command(
+    "serve", _serve, "Run a server until Ctrl-C or SIGTERM, printing where it listens."
+)
+cli.add_lazy_command(
+    "bench",
+    _bench,
+    "Run the scripts in benchmarks/ (all, or those NAMES) and print their JSON results.",
+)
+cli.add_lazy_command("keys", _keys, "CURVE key pairs: generate them, show their public half.")
 
 
 def main() -> None:

@@ -390,8 +390,8 @@ def _bench_folder() -> Path:
     local = Path.cwd() / "benchmarks"
     if local.is_dir():
         return local
-    # rda/admin -> ../admin: the sources' root is the parent of the resolved admin folder.
-    return Path(__file__).resolve().parent.parent / "benchmarks"
+    # A source checkout: rda/admin/cli/run.py is three folders below the root.
+    return Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def _run_benchmark(script: Path, timeout: float) -> Any:
