@@ -168,3 +168,25 @@ def test_rda_get_loads_the_client_only(server: Server) -> None:
     assert _loaded(names, EXTRAS) == []
     assert _loaded(names, SERVER_SIDE) == []
     assert _loaded(names, ("rda.admin.cli.run", "rda.admin.cli.directory", "rda.demo")) == []
+
+
+def test_a_client_and_server_on_the_memory_network_never_load_zmq() -> None:
+    """zmq comes with a ZeroMQ transport only: ``rda.transport`` loads its ZeroMQ transports
+    on first use, so tests on the in-memory transport run without it."""
+    code = (
+        "import sys, rda\n"
+        "from rda.testing import MemoryNetwork\n"
+        "from rda.testing._memory import OneServerDirectory\n"
+        "class D(rda.Device):\n"
+        "    @rda.prop('V')\n"
+        "    def v(self, r): return rda.Data(value=1.0)\n"
+        "net = MemoryNetwork()\n"
+        "srv = (rda.ServerBuilder('S').device('D1', D()).directory(None)\n"
+        "       .transport(lambda h, s, i: net.server('s', h, s, i)).build().start())\n"
+        "c = rda.ClientService(directory=OneServerDirectory(srv.endpoint),\n"
+        "                      transport_factory=lambda h, s, i: net.client(h, s, i))\n"
+        "print(c.access_point('D1', 'V').get(timeout=10).data['value'])\n"
+        "c.close(); srv.stop(); net.close()\n"
+        "print(sorted(m for m in sys.modules if m == 'zmq' or m.startswith('zmq.')))\n"
+    )
+    assert _python(code) == ["1.0", "[]"]

@@ -33,7 +33,7 @@ class Supply(rda.Device):
         self.threads.append(threading.current_thread().name)
         return rda.Data(value=self.current)
 
-    @current_prop.setter
+    @current_prop.setter  # type: ignore[no-redef]
     def current_prop(self, data: rda.Data, request: rda.SetRequest) -> None:
         self.threads.append(threading.current_thread().name)
         self.current = data.get_float("value")
