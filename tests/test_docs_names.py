@@ -814,7 +814,6 @@ PENDING: dict[str, set[str]] = {
     "rda/business/client/replies.py": {"outside"},
     "rda/business/client/service.py": {"outside"},
     "rda/business/client/timer.py": {"outside"},
-    "rda/business/server/subscriptions.py": {"figure"},
 }
 
 

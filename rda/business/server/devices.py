@@ -245,13 +245,16 @@ class Device:
             sources = [s for s in sources if s.selector == selector]
         return sources
 
-    def _attach(self, name: str, sources: Callable[[str], list[SubscriptionSource]]) -> None:
+    def bind(self, name: str, sources: Callable[[str], list[SubscriptionSource]]) -> None:
+        """Called by the server that starts serving this object as ``name``: ``sources(prop)``
+        gives the subscription sources ``publish`` notifies. One object, one name."""
         if self._name is not None and self._name != name:
             raise ValueError(f"device object already served as {self._name!r}, not {name!r}")
         self._name = name
         self._sources = sources
 
-    def _detach(self) -> None:
+    def unbind(self) -> None:
+        """Called by the server at stop: ``publish`` then notifies nobody."""
         self._sources = None
 
     # ``Device.property(...)`` is the decorator; bound last so the builtin ``property`` above

@@ -511,7 +511,7 @@ class Dispatch:
         sub_id = request.id
 
         def first(result: AcquiredData | None, error: BaseException | None) -> None:
-            source._send_first(peer, sub_id, result, error)
+            source.send_first(peer, sub_id, result, error)
 
         self._produce(source, first)
 

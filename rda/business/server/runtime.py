@@ -205,7 +205,7 @@ class Server:
             self._inline = self._inline.declared_only()
             dispatch.inline = self._inline or None
         for name, device in self._device_objects.items():
-            device._attach(name, self._publisher(name))
+            device.bind(name, self._publisher(name))
         transport.start()
         self._endpoint = transport.endpoint
         self.started_at = time.time()
@@ -271,7 +271,7 @@ class Server:
                 except Exception:
                     log.exception("server %r: source_removed raised at stop", self.name)
         for device in self._device_objects.values():
-            device._detach()
+            device.unbind()
         with self._state_lock:
             self._state = "stopped"
 

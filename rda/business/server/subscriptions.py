@@ -152,8 +152,9 @@ class SubscriptionSource:
         else:
             data, context = acquired.data, acquired.context
         bodies = _encode_data(data)
-        # common.stamped's rule, without two new frozen objects per update (3 us of a
-        # notification's ~10 us on the server, py-spy): the stamp goes straight on the wire.
+        # common.stamped's rule without two new frozen objects per update (a third of a
+        # notification's cost on the server: docs/performance.md, "Stamping a notification on
+        # the wire"): the stamp goes straight on the wire.
         stamp = context.acq_stamp or time.time_ns()
         self._fan_out(RequestType.NOTIFICATION_DATA, update_type, bodies, context, stamp)
 
@@ -205,10 +206,11 @@ class SubscriptionSource:
                 tail = _tail(bodies, encode_context(context, seq, acq_stamp))
                 self._publish(targets, tail, conflatable)
 
-    def _send_first(
+    def send_first(
         self, peer: bytes, sub_id: int, acquired: AcquiredData | None, error: BaseException | None
     ) -> bool:
-        """The FIRST update of one subscriber (from the get handler); activates it.
+        """The FIRST update of one subscriber (the answer of the server's get for it, or its
+        error); activates it: no other update reaches it before this one.
 
         False when the subscriber left meanwhile (nothing sent)."""
         rtype = RequestType.NOTIFICATION_DATA
@@ -270,19 +272,21 @@ class SubscriptionSource:
             # A closed transport at shutdown, typically; the notifier must not crash for it.
             log.warning("%r: publish to %d subscriber(s) failed", self, len(targets), exc_info=True)
 
-    # -- membership (called by the registry) -------------------------------------------------
+    # -- membership (the registry's: it keeps the source and peer tables in step) ------------
 
-    def _add(self, peer: bytes, sub_id: int, client: ClientInfo) -> None:
+    def add_subscriber(self, peer: bytes, sub_id: int, client: ClientInfo) -> None:
+        """A new subscriber, inactive until its FIRST update (``send_first``)."""
         with self._lock:
             self._subscribers[(peer, sub_id)] = _Subscriber(peer, sub_id, client)
 
-    def _remove(self, peer: bytes, sub_id: int) -> bool:
+    def remove_subscriber(self, peer: bytes, sub_id: int) -> bool:
         """Drop one subscriber; True when the source is now empty."""
         with self._lock:
             self._subscribers.pop((peer, sub_id), None)
             return not self._subscribers
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """The server stops: every subscriber is forgotten and later updates do nothing."""
         with self._lock:
             self._closed = True
             self._subscribers.clear()
@@ -373,7 +377,7 @@ class SubscriptionRegistry:
                     device, property, selector, filters, key, self._transport
                 )
                 self._sources[key] = source
-            source._add(peer, sub_id, client)
+            source.add_subscriber(peer, sub_id, client)
             subs[sub_id] = source
             return source, created
 
@@ -403,7 +407,7 @@ class SubscriptionRegistry:
 
     def _detach(self, source: SubscriptionSource, peer: bytes, sub_id: int) -> bool:
         # Caller holds self._lock.
-        if not source._remove(peer, sub_id):
+        if not source.remove_subscriber(peer, sub_id):
             return False
         if self._sources.get(source.key) is source:
             del self._sources[source.key]
@@ -442,7 +446,7 @@ class SubscriptionRegistry:
             self._by_peer.clear()
             self._cancelled.clear()
         for source in sources:
-            source._close()
+            source.close()
         return sources
 
 
