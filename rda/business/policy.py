@@ -6,13 +6,18 @@ matches decides, and nothing matching means deny. Operations are ``get``, ``set`
 ``subscribe`` and ``admin:<command>``; for an admin operation the rule's device glob is matched
 against the server name and its property glob against the command name.
 
-:class:`Authorizer` is what the server's dispatcher holds: the rules compiled once, the rules
-each principal meets for each operation joined into one regular expression on first use, and a
-bounded cache of decisions per (principal, device, property, operation), so a steady stream of
-requests costs one dict lookup each. A cache miss costs one regular-expression match: the rules
-a principal meets for an operation are joined into one pattern (see ``_Plan``). Swapping
-policies is a single reference assignment of a new Authorizer (its caches start empty), which
-is what makes a reload atomic for the dispatcher.
+:class:`Authorizer` is a policy compiled for checking: the rules compiled once, the rules each
+principal meets for each operation joined into one regular expression on first use (see
+``_Plan``), and a bounded cache of decisions per (principal, device, property, operation), so a
+steady stream of requests costs one dict lookup each and a cache miss one regular-expression
+match.
+
+:class:`AccessGate` is the server's RBAC gate, what its dispatcher asks about every request
+(docs/security.md, "Authorization"): it holds the Authorizer in force, gives a connecting
+client its roles, and answers allow, or deny with the reason (the client's error and the
+metric labels), and logs denials at a bounded rate. Swapping policies is a single reference
+assignment of a new Authorizer (its caches start empty), which is what makes a reload atomic
+for the dispatcher.
 
 The principal ``""`` is the anonymous client (shown as ``anonymous``): it has the policy's
 ``anonymous_roles``. A principal the policy does not list has ``default_roles``. A rule whose
@@ -24,10 +29,12 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
+import time
 import tomllib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pydantic
 
@@ -38,11 +45,14 @@ __all__ = [
     "ANONYMOUS",
     "DENIAL_LOG_INTERVAL",
     "OTHER_PRINCIPAL",
+    "AccessGate",
     "Authorizer",
+    "Denial",
     "DenialLog",
     "Policy",
     "PolicyError",
     "Rule",
+    "Subject",
     "check_lockout",
     "display_principal",
     "lockout_reason",
@@ -333,8 +343,8 @@ class Authorizer:
 
     def principal_label(self, principal: str) -> str:
         """A declared or anonymous principal as a label: listed in the policy, ``anonymous``,
-        or ``other`` (an authenticated one is bounded by the clients directory: Dispatch keeps
-        it)."""
+        or ``other`` (an authenticated one is bounded by the clients directory: the gate
+        keeps it)."""
         if not principal:
             return ANONYMOUS
         return principal if principal in self.policy.principals else OTHER_PRINCIPAL
@@ -400,6 +410,105 @@ class DenialLog:
 
     def denied(self, error: NotAuthorizedError, peer: bytes) -> None:
         self.log.log("denials", "denied: %s (peer %s)", error, peer.hex())
+
+
+class Subject(Protocol):
+    """Who asks, as the gate sees it (the server's ``ClientInfo`` is one)."""
+
+    @property
+    def principal(self) -> str:
+        """The identity rules are checked for; ``""`` is the anonymous client."""
+        ...
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles it was given when it connected (for the denial's message)."""
+        ...
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the transport authenticated the principal (a CURVE key), rather than the
+        client declaring it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """Why the gate refused a request: the client's error and the labels it is counted under
+    (both bounded by the server's configuration, docs/metrics.md)."""
+
+    error: NotAuthorizedError
+    principal: str
+    operation: str
+
+
+class AccessGate:
+    """The RBAC gate of one server: allow, or deny with the reason.
+
+    A client's roles are fixed when it connects (:meth:`roles_of`, from the policy in force
+    then) and recomputed for every connected client when the policy changes (the server's
+    ``set_policy``/``reload_policy`` swap the policy here, then have the peer table ask
+    again). A request is judged by the principal alone, through the Authorizer's decision
+    cache; the policy in force is read once per check, so a request is judged by one whole
+    policy, old or new. Without a policy everything is allowed and nothing is asked
+    (:attr:`authorizer` is None: the dispatcher skips the gate).
+    """
+
+    def __init__(
+        self,
+        server_name: str,
+        policy: Policy | None = None,
+        admin_commands: Callable[[str], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.server_name = server_name
+        # Whether an admin command exists: only those get an ``operation`` label of their own.
+        self._admin_commands = admin_commands
+        # Read once per check; set_policy assigns a new one (never mutates it).
+        self.authorizer: Authorizer | None = None if policy is None else Authorizer(policy)
+        self._denials = DenialLog(clock)
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy in force (None: everything is allowed)."""
+        authorizer = self.authorizer
+        return None if authorizer is None else authorizer.policy
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Put ``policy`` in force: one reference assignment (its decision cache starts
+        empty). The caller gives connected clients their new roles."""
+        self.authorizer = None if policy is None else Authorizer(policy)
+
+    def roles_of(self, principal: str) -> tuple[str, ...]:
+        """The roles ``principal`` has under the policy in force (none without a policy)."""
+        authorizer = self.authorizer
+        return () if authorizer is None else authorizer.roles_of(principal)
+
+    def check(self, subject: Subject, operation: str, device: str, prop: str) -> Denial | None:
+        """None when ``subject`` may ``operation`` (``get``, ``set``, ``subscribe``) on
+        ``device``/``prop``; else the :class:`Denial`."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return None
+        principal = subject.principal
+        if authorizer.allowed(principal, device, prop, operation):
+            return None
+        roles = ", ".join(subject.roles) or "none"
+        error = NotAuthorizedError(
+            f"{display_principal(principal)} (roles: {roles}) may not {operation} {device}/{prop}"
+        )
+        # Labels the server's configuration names, never strings from the request as such.
+        name = principal if subject.authenticated else authorizer.principal_label(principal)
+        return Denial(error, name, authorizer.operation_label(operation, self._admin_commands))
+
+    def check_admin(self, subject: Subject, command: str) -> Denial | None:
+        """:meth:`check` of an admin command: the operation is ``admin:<command>``, and rules
+        see the server name as the device and the command as the property."""
+        return self.check(subject, "admin:" + command, self.server_name, command)
+
+    def log_denial(self, denial: Denial, peer: bytes) -> None:
+        """Log a denial (rate-limited: :class:`DenialLog`)."""
+        self._denials.denied(denial.error, peer)
 
 
 # The admin operation whose loss leaves a server that can no longer be repaired remotely.

@@ -8,7 +8,7 @@ device is idle (``run_inline``; a long one is handed over) or submit it to a wor
 What each outcome is answered with and how it is counted, and when a get reply is held until
 its handler returns (to send big writable arrays without a copy): rda.business.server.replies.
 
-Authorization (``policy``, an :class:`~rda.business.policy.Authorizer` or None) is checked in
+Authorization (the RBAC gate, :class:`~rda.business.policy.AccessGate`) is checked in
 ``on_message`` on the dispatcher thread, from the parsed header alone: a denied request is
 answered there, never reaches the scheduler or a handler, and its body is never decoded.
 """
@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from rda.business.common import AcquiredData
-from rda.business.policy import Authorizer, DenialLog
+from rda.business.policy import AccessGate, Denial
 from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server.devices import PropertyValidationError
 from rda.business.server.outcomes import is_handler_fault, outcome_of
@@ -63,7 +63,6 @@ from rda.serialization._message import Message
 from rda.serialization.errors import (
     DecodeError,
     NoSuchDeviceError,
-    NotAuthorizedError,
     OverloadError,
     RdaError,
     RemoteProtocolError,
@@ -86,11 +85,6 @@ _REQUESTS = frozenset({RequestType.GET, RequestType.SET, RequestType.SUBSCRIBE})
 _CHECKED = _REQUESTS | {RequestType.ADMIN}
 
 
-def _with_roles(client: ClientInfo, policy: Authorizer | None) -> ClientInfo:
-    roles = () if policy is None else policy.roles_of(client.principal)
-    return client if roles == client.roles else dataclasses.replace(client, roles=roles)
-
-
 @dataclass(slots=True)
 class PeerState:
     client: ClientInfo
@@ -107,7 +101,7 @@ class Dispatch:
     def __init__(
         self,
         *,
-        server_name: str,
+        gate: AccessGate,
         scheduler: GroupTaskScheduler,
         deadlines: DeadlineWatcher,
         counters: RequestCounters,
@@ -117,14 +111,10 @@ class Dispatch:
         clock: Callable[[], float],
         default_timeout: float,
         immediate_updates: bool,
-        policy: Authorizer | None = None,
         trust_declared: bool = False,
         inline_handlers: InlineRule | None = None,
-        admin_commands: Callable[[str], bool] | None = None,
     ) -> None:
-        self._server_name = server_name
-        # Whether an admin command exists: only those get an ``operation`` label of their own.
-        self._admin_commands = admin_commands
+        self._gate = gate
         self._scheduler = scheduler
         self._deadlines = deadlines
         self._counters = counters
@@ -139,11 +129,7 @@ class Dispatch:
         self.inline = inline_handlers if inline_handlers else None
         self._peers: dict[bytes, PeerState] = {}
         self._peers_lock = threading.Lock()
-        # Read once per request on the dispatcher thread; a reload assigns a new Authorizer
-        # (see set_policy), so a request is judged by one whole policy, old or new.
-        self.policy = policy
         self._trust_declared = trust_declared
-        self._denials = DenialLog(clock)
         # Lines a client can cause (its requests make handlers fail): one per kind per second.
         self._log = RateLimitedLog(log, clock=clock)
         self._transport: ServerTransport | None = None
@@ -160,22 +146,23 @@ class Dispatch:
         with self._peers_lock:
             return [(peer, state) for peer, state in self._peers.items() if not state.lane]
 
-    # -- ServerHandler: the dispatcher thread ------------------------------------------------
-
-    def set_policy(self, policy: Authorizer | None) -> None:
-        """Swap the policy (one reference assignment), then give connected clients their roles
-        under it (a request already in flight keeps the ClientInfo it was built with)."""
-        self.policy = policy
+    def refresh_roles(self) -> None:
+        """After the gate's policy changed: give connected clients their roles under it (a
+        request already in flight keeps the ClientInfo it was built with)."""
         with self._peers_lock:
             for state in self._peers.values():
-                state.client = _with_roles(state.client, policy)
+                state.client = self._with_roles(state.client)
+
+    def _with_roles(self, client: ClientInfo) -> ClientInfo:
+        roles = self._gate.roles_of(client.principal)
+        return client if roles == client.roles else dataclasses.replace(client, roles=roles)
+
+    # -- ServerHandler: the dispatcher thread ------------------------------------------------
 
     def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
         now = time.time()
         client = ClientInfo.from_info(peer, client_info, self._trust_declared)
-        state = PeerState(
-            _with_roles(client, self.policy), now, now, client_info.get("lane") is True
-        )
+        state = PeerState(self._with_roles(client), now, now, client_info.get("lane") is True)
         with self._peers_lock:
             self._peers[peer] = state
         if not state.lane:
@@ -207,13 +194,17 @@ class Dispatch:
             client = ClientInfo(peer)
         header = message.header
         rtype = header.request_type
-        policy = self.policy
-        if (
-            policy is not None
-            and rtype in _CHECKED
-            and not self._authorized(policy, peer, client, header, received_at)
-        ):
-            return
+        gate = self._gate
+        if gate.authorizer is not None and rtype in _CHECKED:
+            # From the header alone: a denied request is never queued nor decoded.
+            denial = (
+                gate.check_admin(client, header.device)
+                if rtype is RequestType.ADMIN
+                else gate.check(client, _TYPE_NAMES[rtype], header.device, header.property)
+            )
+            if denial is not None:
+                self._deny(peer, header, denial, received_at)
+                return
         if rtype in _REQUESTS:
             request = new_request(
                 message, client, received_at, self._respond, self._counters.late_completion
@@ -241,45 +232,23 @@ class Dispatch:
             error = RemoteProtocolError(f"{rtype.name} is not a request a client may send")
             self._send_error(peer, header, RequestType.EXCEPTION, error)
 
-    def _authorized(
-        self,
-        policy: Authorizer,
-        peer: bytes,
-        client: ClientInfo,
-        header: Header,
-        received_at: float,
-    ) -> bool:
-        """The policy check, from the header only; a denial is answered, counted and logged."""
+    def _deny(self, peer: bytes, header: Header, denial: Denial, received_at: float) -> None:
+        """Answer, count and log a request the gate refused."""
         rtype = header.request_type
         if rtype is RequestType.ADMIN:
-            # Admin requests carry the command in the device field; rules see the server name
-            # as the device and the command as the property.
-            operation = "admin:" + header.device
-            device, prop = self._server_name, header.device
+            device_label, prop = None, header.device
         else:
-            operation = _TYPE_NAMES[rtype]
-            device, prop = header.device, header.property
-        if policy.allowed(client.principal, device, prop, operation):
-            return True
-        who = client.principal_name
-        roles = ", ".join(client.roles) or "none"
-        error = NotAuthorizedError(f"{who} (roles: {roles}) may not {operation} {device}/{prop}")
+            device_label, prop = header.device, header.property
         reply_type = (
             RequestType.SUBSCRIBE_EXCEPTION
             if rtype is RequestType.SUBSCRIBE
             else RequestType.EXCEPTION
         )
-        # Labels the server's configuration names, never strings from the request as such.
-        name = (
-            client.principal if client.authenticated else policy.principal_label(client.principal)
-        )
-        self._counters.denied(name, policy.operation_label(operation, self._admin_commands))
-        device_label = None if rtype is RequestType.ADMIN else device
+        self._counters.denied(denial.principal, denial.operation)
         took = self._clock() - received_at
         self._counters.record(_TYPE_NAMES[rtype], "denied", took, device_label, prop)
-        self._send_error(peer, header, reply_type, error)
-        self._denials.denied(error, peer)
-        return False
+        self._send_error(peer, header, reply_type, denial.error)
+        self._gate.log_denial(denial, peer)
 
     # -- workers -----------------------------------------------------------------------------
 

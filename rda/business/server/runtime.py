@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rda.business.config import Config
 from rda.business.directory import Registry
-from rda.business.policy import Authorizer, Policy, reload_file
+from rda.business.policy import AccessGate, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, InlineRule, SchedulerStatistics
 from rda.business.server.devices import Device
 from rda.business.server.dispatch import Dispatch
@@ -113,14 +113,13 @@ class Server:
         self._factory = transport_factory
         self._clock = clock
         self._admin = admin_handler
-        self._admin_commands = admin_commands
         self._on_start = on_start
         self._on_stop = on_stop
         self._curve = curve
         self._rr = request_reply
         self._subs = subscription
         self._counters = RequestCounters(config.metrics_devices)
-        self._authorizer = None if policy is None else Authorizer(policy)
+        self._gate = AccessGate(name, policy, admin_commands, clock)
         self._policy_file = policy_file
         self._trust_declared = trust_declared
         self._reload_lock = threading.Lock()
@@ -168,7 +167,7 @@ class Server:
         if callable(on_advance):
             self._unhook_clock = on_advance(self._deadlines.wake)
         dispatch = Dispatch(
-            server_name=self.name,
+            gate=self._gate,
             scheduler=self._scheduler,
             deadlines=self._deadlines,
             counters=self._counters,
@@ -178,10 +177,8 @@ class Server:
             clock=self._clock,
             default_timeout=config.request_timeout,
             immediate_updates=self._immediate,
-            policy=self._authorizer,
             trust_declared=self._trust_declared,
             inline_handlers=self._inline,
-            admin_commands=self._admin_commands,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -355,8 +352,7 @@ class Server:
     @property
     def policy(self) -> Policy | None:
         """The authorization policy in force (None: everything is allowed)."""
-        authorizer = self._authorizer
-        return None if authorizer is None else authorizer.policy
+        return self._gate.policy
 
     @property
     def policy_file(self) -> Path | None:
@@ -364,10 +360,9 @@ class Server:
 
     def set_policy(self, policy: Policy | None) -> None:
         """Put ``policy`` in force at once (None: stop authorizing)."""
-        authorizer = None if policy is None else Authorizer(policy)
-        self._authorizer = authorizer
+        self._gate.set_policy(policy)
         if self._dispatch is not None:
-            self._dispatch.set_policy(authorizer)
+            self._dispatch.refresh_roles()
 
     def reload_policy(self, allow_empty: bool = False) -> Policy:
         """Re-read the builder's policy file and put it in force. Atomic: a broken file raises

@@ -120,7 +120,7 @@ class ServerStatistics:
     counts ``complete``/``fail`` calls on a request that was already answered (for instance
     after its deadline). ``denied`` counts requests the authorization policy refused, keyed by
     (principal, operation), e.g. ("alice", "set") or ("anonymous", "admin:disconnect"), with
-    both values bounded by the server's own configuration (``Dispatch`` labels a declared
+    both values bounded by the server's own configuration (the RBAC gate labels a declared
     principal the policy does not list ``other``, an unknown admin command ``admin:unknown``).
     ``connections_accepted``/``connections_closed`` count client connections (lanes apart).
     ``zero_copy_replies``/``copied_replies`` count get replies holding big writable arrays
