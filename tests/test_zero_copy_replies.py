@@ -132,6 +132,16 @@ class Device(RequestReplyCallback):
             arr = self.fresh(p, 9.0)
             request.complete(Data(wave=arr))
             self.stored = arr
+        elif p == "OtherThread":  # completed by another thread while get still runs
+
+            def complete_elsewhere() -> None:
+                arr = self.fresh(p, 13.0)
+                request.complete(Data(wave=arr))
+                arr[:] = -13.0  # right after complete(): the client must not see it
+
+            worker = threading.Thread(target=complete_elsewhere)
+            worker.start()
+            worker.join(WAIT)
         elif p == "Later":  # completed from another thread, after get returned
             self.pending.append(request)
             self.waiting.set()
@@ -358,6 +368,18 @@ def test_a_get_completed_from_another_thread_is_copied(stand: Stand) -> None:
     assert array_frames(stand.reply("Later")) == []
     assert wave.flags.writeable
     assert stand.server.statistics().copied_replies == 1
+
+
+def test_a_get_completed_by_another_thread_while_its_handler_runs_is_copied(
+    stand: Stand,
+) -> None:
+    """The runner's frame is on the handler's thread only: a completion elsewhere finds no
+    frames it could wait for, so the reply leaves at once, copied."""
+    data = stand.get("OtherThread")
+    assert np.array_equal(data["wave"], full(13.0))
+    assert array_frames(stand.reply("OtherThread")) == []
+    stats = stand.server.statistics()
+    assert (stats.zero_copy_replies, stats.copied_replies) == (0, 1)
 
 
 def test_a_reply_mixing_a_fresh_and_a_kept_array_is_copied_at_complete() -> None:

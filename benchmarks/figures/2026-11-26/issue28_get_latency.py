@@ -4,7 +4,8 @@
    pyzmq, rda's default server and the same server with ``RDA_HANDOVER_AFTER=1.0`` (its
    standby ticks every 0.5 s instead of every 1 ms): does the standby's tick cost latency?
 2. ``server``: an rda server child whose dispatcher's ``_drain_router``, the business layer's
-   ``on_message`` / ``_run`` / ``_respond`` and the libzmq send are timed per get
+   ``Dispatch.on_message`` / ``RequestRunner.run`` / ``RequestRunner.respond`` (``_run`` and
+   ``_respond`` of ``Dispatch`` when this was measured) and the libzmq send are timed per get
    (``perf_counter_ns`` wrappers: they add about 0.1 us each);
 3. ``client``: the client's time per get before its send, in the send, waiting (the server
    and both wires) and after the reply arrived (decode, statistics, ``AcquiredData``).
@@ -99,13 +100,14 @@ def timed(owner: Any, name: str, acc: dict[str, int]) -> None:
 
 def serve_timed() -> None:
     """Child: an rda server whose get path is timed; a line on stdin answers the sums."""
-    from rda.business.server import dispatch
+    from rda.business.server import dispatch, runner
     from rda.transport import _zmq_common, zmq_server
 
     acc: dict[str, int] = {}
     timed(zmq_server.ZmqServerTransport, "_drain_router", acc)
-    for name in ("on_message", "_run", "_respond"):
-        timed(dispatch.Dispatch, name, acc)
+    timed(dispatch.Dispatch, "on_message", acc)
+    for name in ("run", "respond"):
+        timed(runner.RequestRunner, name, acc)
     timed(_zmq_common, "send_routed", acc)  # zmq_server's `common`: the same module
     server = rda_server()
     server.start()

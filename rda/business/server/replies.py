@@ -2,7 +2,7 @@
 
 The frames: :func:`reply_frames` and :func:`error_frames` repeat the request's id and names
 (docs/protocol.md, "Application messages"); :func:`get_reply_frames` adds a get's DATA,
-DATA_CONTEXT and ARRAY bodies. What ``Dispatch`` answers each outcome with:
+DATA_CONTEXT and ARRAY bodies. What the request runner answers each outcome with:
 
 =================  =====================================  =========================
 what happened      reply                                   counted as
@@ -27,7 +27,7 @@ copied into the DATA body at encode time, because whoever holds it could write t
 libzmq is still sending it, and the client would get torn data. But the usual get handler
 builds a fresh array, completes with it and returns: then nothing but the reply can reach it,
 and the copy protects nobody. So, when a get is completed on the thread running its handler
-and its Data holds big writable arrays (``_binary.writable_arrays``), ``Dispatch`` asks twice:
+and its Data holds big writable arrays (``_binary.writable_arrays``), the runner asks twice:
 
 1. at ``complete()``, :func:`held_only_by_the_handler`: is each such array reachable only
    through the reply and the locals of the frames running the handler (which end when it
@@ -68,7 +68,7 @@ from __future__ import annotations
 import sys
 import weakref
 from inspect import CO_OPTIMIZED
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -151,12 +151,14 @@ _SNAPSHOT_KEPT = _snapshot_references()
 _NO_FRAMES: dict[int, int] = {}
 
 
-def held_only_by_the_handler(acquired: AcquiredData, stop: CodeType) -> bool:
-    """At ``complete()`` on the thread running the handler: whether every big writable array
-    of the reply is reachable only through the reply and the locals of the frames between
-    here and the one running ``stop`` (``Dispatch._run``), which all end when the handler
-    returns. Then the reply may wait for that return and be handed over (:func:`hand_over`);
-    else it is encoded now, its arrays copied as they are at ``complete()``."""
+def held_only_by_the_handler(acquired: AcquiredData, stop: FrameType) -> bool:
+    """At ``complete()`` inside the handler: whether every big writable array of the reply is
+    reachable only through the reply and the locals of the frames between here and ``stop``,
+    the frame that called the handler (``RequestRunner.run``'s, ``request.handler_caller``),
+    which all end when the handler returns. Then the reply may wait for that return and be
+    handed over (:func:`hand_over`); else it is encoded now, its arrays copied as they are at
+    ``complete()``. False when ``stop`` is not on this thread's stack (the get was completed
+    from another thread)."""
     frames = _frame_references(stop)
     if frames is None:
         return False
@@ -174,17 +176,25 @@ def hand_over(acquired: AcquiredData) -> tuple[int, int]:
     return _walk(acquired, 2, _NO_FRAMES, freeze=True)
 
 
-def _frame_references(stop: CodeType) -> dict[int, int] | None:
-    """By ``id``, the references the locals of the frames from our caller's caller up to the
-    one running ``stop`` (excluded) hold; None when ``stop`` is not on this thread's stack.
+def _frame_references(stop: FrameType) -> dict[int, int] | None:
+    """By ``id``, the references the locals of the frames from our caller's caller up to
+    ``stop`` (excluded) hold; None when ``stop`` is not on this thread's stack.
 
     A plain local dies with its frame; a closure's cell may outlive it, so cells are not
     counted. Reading ``f_locals`` (a snapshot dict kept on the frame until Python 3.13) adds
     that dict's references, which die with the frame too: counted as well. Only function
     frames: the namespace of module, class or exec code may outlive it (None then)."""
-    counts: dict[int, int] = {}
+    # First find ``stop`` without reading any locals: ``f_locals`` leaves a snapshot on the
+    # frame (Python 3.11, 3.12), holding its locals until the frame ends, and a get completed
+    # by another thread walks that thread's stack, long-lived frames ``stop`` is not among.
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code is not stop:
+    while frame is not None and frame is not stop:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    counts: dict[int, int] = {}
+    frame = sys._getframe(2)
+    while frame is not None and frame is not stop:
         code = frame.f_code
         if not code.co_flags & CO_OPTIMIZED:
             return None  # module, class or exec code: its namespace may outlive the frame

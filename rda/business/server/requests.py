@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from rda.business.common import AcquiredData, stamped, stamped_data
@@ -138,14 +139,14 @@ class ServerRequest:
 
     __slots__ = (
         "_filters",
-        "_held",
         "_lock",
         "_on_answer",
         "_on_late",
         "_responder",
-        "_runner",
         "client",
         "deadline",
+        "handler_caller",
+        "held_reply",
         "message",
         "received_at",
     )
@@ -169,13 +170,15 @@ class ServerRequest:
         self._on_answer: Callable[[], None] | None = None
         # Counts answers that came too late (the server's statistics).
         self._on_late = on_late
-        # When the client gives up (server clock), set by the server before the handler runs:
-        # an answer after it is counted ``timeout`` and not sent (Dispatch._respond).
+        # When the client gives up (server clock), set by the runner before the handler runs:
+        # an answer after it is counted ``timeout`` and not sent (RequestRunner.respond).
         self.deadline = float("inf")
-        # The thread running this get's handler while it runs (0 otherwise), and the reply
-        # Dispatch held back until it returns (rda.business.server.replies, hand_over).
-        self._runner = 0
-        self._held: AcquiredData | None = None
+        # The runner's, for a get's zero-copy reply (rda.business.server.replies): the frame
+        # of the runner calling this get's handler while it runs (None otherwise), where the
+        # frames a reply completed inside the handler can be held by end; and the reply held
+        # back until the handler returns.
+        self.handler_caller: FrameType | None = None
+        self.held_reply: AcquiredData | None = None
 
     def __repr__(self) -> str:
         h = self.header
@@ -219,8 +222,13 @@ class ServerRequest:
     def property(self) -> str:
         return self.message.header.property
 
-    def _answer(self, result: AcquiredData | None, error: BaseException | None) -> bool:
-        """Deliver the one answer; False (and nothing sent) when one was already given."""
+    # -- the server's side of answering (the runner; handlers call complete/fail) --------------
+
+    def settle(self, result: AcquiredData | None, error: BaseException | None) -> bool:
+        """Deliver the one answer; False (and nothing sent) when one was already given.
+
+        What ``complete``/``fail`` call, and what the runner calls when the handler raised,
+        the queue was full or the deadline passed."""
         with self._lock:
             responder = self._responder
             self._responder = None
@@ -233,8 +241,9 @@ class ServerRequest:
         responder(self, result, error)
         return True
 
-    def _arm(self, cancel: Callable[[], None]) -> bool:
-        """Attach a deadline's cancel function; False (caller cancels) if already answered."""
+    def watch_deadline(self, cancel: Callable[[], None]) -> bool:
+        """Attach a deadline's cancel function (called by the answer); False (the caller
+        cancels) if already answered."""
         with self._lock:
             if self._responder is None:
                 return False
@@ -256,7 +265,7 @@ class _Completable(ServerRequest):
         """Answer with an EXCEPTION. A string becomes a remote error with that message; an
         rda error keeps its type at the client (e.g. ``NoSuchDeviceError``)."""
         exc = error if isinstance(error, BaseException) else ServerError(str(error))
-        if not self._answer(None, exc):
+        if not self.settle(None, exc):
             self._late("fail()")
 
 
@@ -274,13 +283,13 @@ class GetRequest(_Completable):
 
     def complete(self, acquired: AcquiredData | Data | None = None) -> None:
         if acquired is None:
-            if not self._answer(
+            if not self.settle(
                 None, ValueError(f"{self.device}/{self.property}: get completed without data")
             ):
                 self._late("complete()")
             return
         answer = stamped_data(acquired) if isinstance(acquired, Data) else stamped(acquired)
-        if not self._answer(answer, None):
+        if not self.settle(answer, None):
             self._late("complete()")
 
 
@@ -299,7 +308,7 @@ class SetRequest(_Completable):
 
     def complete(self, acquired: AcquiredData | Data | None = None) -> None:
         """Acknowledge the set (any argument is ignored: a set reply has no body)."""
-        if not self._answer(None, None):
+        if not self.settle(None, None):
             self._late("complete()")
 
 
@@ -310,12 +319,12 @@ class SubscriptionRequest(ServerRequest):
     __slots__ = ()
 
     def accept(self) -> None:
-        if not self._answer(None, None):
+        if not self.settle(None, None):
             self._late("accept()")
 
     def reject(self, reason: str | BaseException) -> None:
         exc = reason if isinstance(reason, BaseException) else SubscriptionRejected(str(reason))
-        if not self._answer(None, exc):
+        if not self.settle(None, exc):
             self._late("reject()")
 
 
@@ -362,8 +371,8 @@ def new_request(
 
 
 # REQUEST_CONTEXT frame bytes -> the client's timeout. A client sends the same few frames over
-# and over (its default timeout, no filters: ``client_access`` caches them), so the worker
-# decodes each distinct one once instead of running the binary codec for every request.
+# and over (its default timeout, no filters: the client encodes each such frame once), so the
+# worker decodes each distinct one once instead of running the binary codec for every request.
 _TIMEOUTS: dict[bytes, float | None] = {}
 _TIMEOUTS_MAX = 256
 _TIMEOUT_FRAME_MAX = 64

@@ -5,8 +5,11 @@ dispatcher thread; that only builds a request object (header already parsed, bod
 and submits it to the scheduler in the device's group (``"__admin__"`` for ADMIN). A worker
 decodes what it needs and calls the user callback; the answer (``complete``/``fail``, a raised
 exception, an overload drop or the deadline watcher) encodes the reply and hands it to the
-transport. The request/reply plumbing lives in ``rda.business.server.dispatch``; the builder
-that makes a ``Server`` lives in ``rda.business.server.builder``.
+transport. The server holds the objects that do this, each with its own state: the RBAC gate
+(``rda.business.policy.AccessGate``), the transport's handler and peer table
+(``rda.business.server.dispatch``), the request runner (``rda.business.server.runner``) and
+the subscription lifecycle (``rda.business.server.lifecycle``); the builder that makes a
+``Server`` lives in ``rda.business.server.builder``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from rda.business.policy import AccessGate, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, InlineRule, SchedulerStatistics
 from rda.business.server.devices import Device
 from rda.business.server.dispatch import Dispatch
+from rda.business.server.lifecycle import SubscriptionLifecycle
 from rda.business.server.requests import ClientInfo, DeadlineWatcher, RequestReplyCallback
+from rda.business.server.runner import RequestRunner
 from rda.business.server.statistics import (
     ClientSnapshot,
     RequestCounters,
@@ -130,6 +135,7 @@ class Server:
         self._deadlines: DeadlineWatcher | None = None
         self._registry: SubscriptionRegistry | None = None
         self._dispatch: Dispatch | None = None
+        self._runner: RequestRunner | None = None
         self._unhook_clock: Callable[[], None] | None = None
         self._registered = False
 
@@ -166,8 +172,13 @@ class Server:
         on_advance = getattr(self._clock, "on_advance", None)
         if callable(on_advance):
             self._unhook_clock = on_advance(self._deadlines.wake)
-        dispatch = Dispatch(
-            gate=self._gate,
+        subscriptions = SubscriptionLifecycle(
+            scheduler=self._scheduler,
+            counters=self._counters,
+            subscription=self._subs,
+            clock=self._clock,
+        )
+        runner = RequestRunner(
             scheduler=self._scheduler,
             deadlines=self._deadlines,
             counters=self._counters,
@@ -176,9 +187,18 @@ class Server:
             admin_handler=None if self._admin is None else functools.partial(self._admin, self),
             clock=self._clock,
             default_timeout=config.request_timeout,
-            immediate_updates=self._immediate,
+            inline=self._inline,
+            accepted=subscriptions.accepted,
+            updated=subscriptions.updated if self._immediate else None,
+        )
+        self._runner = runner
+        dispatch = Dispatch(
+            gate=self._gate,
+            runner=runner,
+            subscriptions=subscriptions,
+            counters=self._counters,
+            clock=self._clock,
             trust_declared=self._trust_declared,
-            inline_handlers=self._inline,
         )
         self._dispatch = dispatch
         if self._factory is not None:
@@ -196,11 +216,12 @@ class Server:
             )
         self._transport = transport
         self._registry = SubscriptionRegistry(transport)
-        dispatch.attach(transport, self._registry)
-        if self._inline.everything and not getattr(transport, "hands_over", False):
+        runner.attach(transport)
+        subscriptions.attach(self._registry, runner.fetch)
+        if self._inline.everything and not _hands_over(transport):
             # Nobody would dispatch while a long handler runs: only the declared ones inline.
             self._inline = self._inline.declared_only()
-            dispatch.inline = self._inline or None
+            runner.inline = self._inline or None
         for name, device in self._device_objects.items():
             device.bind(name, self._publisher(name))
         transport.start()
@@ -251,8 +272,8 @@ class Server:
                 close_directory()
             except Exception:
                 log.warning("server %r: could not close its directory", self.name, exc_info=True)
-        if self._dispatch is not None:
-            self._dispatch.stopping = True
+        if self._runner is not None:
+            self._runner.stopping = True
         if self._transport is not None:
             self._transport.close(_left(deadline))
         if self._scheduler is not None:
@@ -466,6 +487,12 @@ class Server:
         """Answer every request whose deadline has passed now; returns how many (for tests
         driving a fake clock; the watcher thread does this by itself)."""
         return 0 if self._deadlines is None else self._deadlines.run_due()
+
+
+def _hands_over(transport: ServerTransport) -> bool:
+    """Whether ``transport`` hands the dispatching over to a standby thread while a handler
+    runs long (then every get and set may start inline). The one place this is asked."""
+    return bool(getattr(transport, "hands_over", False))
 
 
 def _connectable(endpoint: str) -> str:

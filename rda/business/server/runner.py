@@ -1,0 +1,406 @@
+"""Running requests: a get, set or subscribe from its start to its encoded, sent answer.
+
+:class:`RequestRunner` gets each request the dispatcher accepted (:meth:`~RequestRunner.start`)
+and runs it at once on the dispatcher when its device is idle (the inline rule, ``InlineRule``:
+``GroupTaskScheduler.run_inline``; a handler that takes long is handed over: the transport's
+standby thread takes the dispatching meanwhile, rda.transport._relay), or submits it to a
+worker in its device's group. Running it (:meth:`~RequestRunner.run`): check the client's
+deadline, call the user callback, arm the deadline watcher if the callback returned without
+answering. Whichever thread answers the request (``complete``/``fail``, a raised callback, a
+full queue, the deadline watcher) calls :meth:`~RequestRunner.respond` through the request's
+public completion interface (``settle``): the outcome is counted, the reply encoded
+(rda.business.server.replies) and handed to the transport. Admin commands run here too, in
+their own group (:meth:`~RequestRunner.start_admin`).
+
+What happens to a subscription after it was accepted, and the IMMEDIATE updates after a set,
+belong to the subscription lifecycle (rda.business.server.lifecycle): the runner tells it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from functools import partial
+
+from rda.business.common import AcquiredData
+from rda.business.scheduler import GroupTaskScheduler, InlineRule
+from rda.business.server.devices import PropertyValidationError
+from rda.business.server.outcomes import is_handler_fault, outcome_of
+from rda.business.server.replies import (
+    admin_reply_frames,
+    error_frames,
+    get_reply_frames,
+    hand_over,
+    held_only_by_the_handler,
+    reply_frames,
+)
+from rda.business.server.requests import (
+    SERVER_CLIENT,
+    ClientInfo,
+    DeadlineWatcher,
+    GetRequest,
+    RequestReplyCallback,
+    ServerRequest,
+    SetRequest,
+    SubscriptionRequest,
+    client_timeout,
+    timeout_error,
+)
+from rda.business.server.statistics import RequestCounters
+from rda.business.server.subscriptions import SubscriptionCallback
+from rda.serialization import _binary
+from rda.serialization._data import Data
+from rda.serialization._header import Header, RequestType
+from rda.serialization._message import Message
+from rda.serialization.errors import (
+    DecodeError,
+    NoSuchDeviceError,
+    OverloadError,
+    RdaError,
+    TimeoutError,
+)
+from rda.transport._ratelog import RateLimitedLog
+from rda.transport.api import Buffer, ServerTransport
+
+__all__ = ["ADMIN_GROUP", "TYPE_NAMES", "BoundAdminHandler", "RequestRunner"]
+
+log = logging.getLogger("rda.server")
+
+ADMIN_GROUP = "__admin__"
+# The admin handler with its server already bound (runtime.py binds it), so that this module
+# needs only the server's name and never imports runtime.py, which imports it.
+BoundAdminHandler = Callable[[str, Data, ClientInfo], Data]
+# (result, error) of a get the server makes itself: see RequestRunner.fetch.
+Deliver = Callable[[AcquiredData | None, BaseException | None], None]
+
+#: The request type's name as counted and labelled: ``get``, ``set``, ``subscribe``, ...
+TYPE_NAMES = {t: t.name.lower() for t in RequestType}
+
+_getframe = sys._getframe
+_REQUEST_CLASSES: dict[RequestType, type[ServerRequest]] = {
+    RequestType.GET: GetRequest,
+    RequestType.SET: SetRequest,
+    RequestType.SUBSCRIBE: SubscriptionRequest,
+}
+
+
+class RequestRunner:
+    """Runs requests and answers them; one per started server (see the module docstring).
+
+    ``accepted(request)`` is called when a subscribe was accepted in time, ``updated(device,
+    property)`` after each successful set when IMMEDIATE updates are on (None: off): the
+    subscription lifecycle's hooks.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler: GroupTaskScheduler,
+        deadlines: DeadlineWatcher,
+        counters: RequestCounters,
+        request_reply: RequestReplyCallback,
+        subscription: SubscriptionCallback,
+        admin_handler: BoundAdminHandler | None,
+        clock: Callable[[], float],
+        default_timeout: float,
+        inline: InlineRule | None = None,
+        accepted: Callable[[ServerRequest], None],
+        updated: Callable[[str, str], None] | None,
+    ) -> None:
+        self._scheduler = scheduler
+        self._deadlines = deadlines
+        self._counters = counters
+        self._rr = request_reply
+        self._subs = subscription
+        self._admin = admin_handler
+        self._clock = clock
+        self._default_timeout = default_timeout
+        self._accepted = accepted
+        self._updated = updated
+        # Gets and sets start on the dispatcher when their device is idle (InlineRule; a long
+        # one is handed over: rda.transport._relay); Server narrows it for other transports.
+        self.inline = inline if inline else None
+        # Lines a client can cause (its requests make handlers fail): one per kind per second.
+        self._log = RateLimitedLog(log, clock=clock)
+        self._transport: ServerTransport | None = None
+        # Set at stop: answers after that are dropped instead of sent to a closed transport.
+        self.stopping = False
+        # Bound once: each request carries them.
+        self._respond = self.respond
+        self._late = counters.late_completion
+        self._run_task = self.run
+
+    def attach(self, transport: ServerTransport) -> None:
+        """The transport the answers go to (it exists only once its handler does)."""
+        self._transport = transport
+
+    # -- starting: the dispatcher thread ----------------------------------------------------
+
+    def start(self, message: Message, client: ClientInfo, received_at: float) -> None:
+        """A GET, SET or SUBSCRIBE the dispatcher accepted: its request object (no decoding),
+        run inline when the rule and the device's group allow, else queued for a worker (an
+        overflow is answered ``OverloadError``, its body never decoded)."""
+        header = message.header
+        rtype = header.request_type
+        request = _REQUEST_CLASSES[rtype](
+            message, client, received_at, self._respond, on_late=self._late
+        )
+        run = partial(self._run_task, request)
+        inline = self.inline
+        if (
+            inline is not None
+            and rtype is not RequestType.SUBSCRIBE
+            and inline.allows(header.device, header.property)
+            and self._scheduler.run_inline(header.device, run)
+        ):
+            return
+        if not self._scheduler.submit(header.device, run, partial(self._overload, request)):
+            self._overload(request)
+
+    def start_admin(self, peer: bytes, message: Message, client: ClientInfo, at: float) -> None:
+        """An ADMIN request: queued in its own group (never inline), so that it answers while
+        every device group is busy."""
+        task = partial(self.run_admin, peer, message, client, at)
+        if not self._scheduler.submit(ADMIN_GROUP, task):
+            header = message.header
+            overload = OverloadError(f"admin queue full; {header.device!r} rejected")
+            self.send_error(peer, header, RequestType.EXCEPTION, overload)
+            self._counters.record("admin", "overload", self._clock() - at)
+
+    # -- running: a worker, or the dispatcher when inline -----------------------------------
+
+    def run(self, request: ServerRequest) -> None:
+        """Check the deadline, call the user callback, arm the deadline watcher."""
+        try:
+            timeout = client_timeout(request.message)
+        except DecodeError as exc:
+            request.settle(None, exc)
+            return
+        if timeout is None:
+            timeout = self._default_timeout
+        deadline = request.received_at + timeout
+        if self._clock() >= deadline:
+            # The client gave up while this waited in the queue: running it would be a
+            # surprise (a set applied after the caller saw a timeout).
+            request.settle(None, timeout_error(request, timeout, queued=True))
+            return
+        # Known before the handler runs: a synchronous handler that runs past it answers late
+        # (the watcher below is armed only when it returns), and respond must know.
+        request.deadline = deadline
+        rtype = request.header.request_type
+        try:
+            if rtype is RequestType.GET:
+                # This frame ends where the frames a reply completed inside the handler may be
+                # held by end (respond: the zero-copy hand-over); set only while it runs.
+                request.handler_caller = _getframe()
+                self._rr.get(request)  # type: ignore[arg-type]
+            elif rtype is RequestType.SET:
+                self._rr.set(request)  # type: ignore[arg-type]
+            else:
+                self._subs.subscribe(request)  # type: ignore[arg-type]
+        except Exception as exc:
+            self.handler_raised(request, exc)
+        finally:
+            request.handler_caller = None
+        if request.held_reply is not None:
+            self._send_held(request)
+        self._arm(request, deadline, timeout)
+
+    def _send_held(self, request: ServerRequest) -> None:
+        """The reply held back while its handler ran: its arrays nobody else can reach now go
+        zero-copy, the rest are copied (replies.hand_over), and it leaves now."""
+        held = request.held_reply
+        request.held_reply = None
+        assert held is not None
+        copied = hand_over(held)[1]  # ``held`` must stay this frame's one reference
+        if not copied and self._clock() < request.deadline:  # else respond counts it
+            self._counters.array_reply(zero_copy=True)
+        self.respond(request, held, None)
+
+    def _arm(self, request: ServerRequest, deadline: float, timeout: float) -> None:
+        if request.done:
+            return
+        expire = partial(self._expire, request, timeout)
+        cancel = self._deadlines.add(deadline, expire)
+        if not request.watch_deadline(cancel):
+            cancel()
+
+    def _expire(self, request: ServerRequest, timeout: float) -> None:
+        request.settle(None, timeout_error(request, timeout, queued=False))
+
+    def handler_raised(self, request: ServerRequest, exc: Exception) -> None:
+        """A user callback raised: the client gets the error, counted by its class."""
+        # A typed client error (unknown property, refused value) is the client's outcome, not
+        # a server fault: only the rest moves the handler-error counter.
+        if is_handler_fault(exc):
+            self._counters.handler_error()
+        # The client gets the error and the counter moves; the log is for whoever debugs the
+        # handler, so the traceback goes at INFO, and expected errors (rda's own, a value
+        # refused by a schema) at DEBUG.
+        if isinstance(exc, RdaError | PropertyValidationError):
+            log.debug("%r: handler raised %r", request, exc)
+        else:
+            self._log.log(
+                "handler errors", "%r: handler raised", request, exc_info=True, level=logging.INFO
+            )
+        if not request.settle(None, exc):
+            self._log.log("late errors", "%r: handler raised after answering: %r", request, exc)
+
+    def _overload(self, request: ServerRequest) -> None:
+        limit = self._scheduler.queue_limit
+        request.settle(
+            None,
+            OverloadError(
+                f"{request.device}: server overloaded ({limit} requests already queued for "
+                f"this device); {request.header.request_type.name} {request.property} rejected"
+            ),
+        )
+
+    def run_admin(self, peer: bytes, message: Message, client: ClientInfo, at: float) -> None:
+        """An admin command, in the admin group: run, counted, answered."""
+        header = message.header
+        try:
+            if self._admin is None:
+                raise NoSuchDeviceError("no admin interface")
+            args = message.data if message.data is not None else Data()
+            result = self._admin(header.device, args, client)
+            frames = admin_reply_frames(header, result)
+            outcome = "ok"
+        except Exception as exc:
+            outcome = outcome_of(exc)
+            if outcome == "handler_error":
+                self._log.log(
+                    "admin errors", "admin command %r raised", header.device, exc_info=True
+                )
+                self._counters.handler_error()
+            frames = error_frames(header, RequestType.EXCEPTION, exc)
+        # Counted before the answer leaves, as in respond.
+        self._counters.record("admin", outcome, self._clock() - at)
+        self._send(peer, frames)
+
+    def fetch(
+        self, device: str, prop: str, selector: str, filters: Data | None, deliver: Deliver
+    ) -> None:
+        """A get the server makes itself (a FIRST or IMMEDIATE update, client
+        ``SERVER_CLIENT``): run on a worker in the device's group like a client's, with the
+        default timeout; ``deliver(result, error)`` gets its answer, nothing is sent."""
+
+        def answered(
+            _: ServerRequest, result: AcquiredData | None, error: BaseException | None
+        ) -> None:
+            deliver(result, error)
+
+        header = Header(RequestType.GET, 0, device, prop, selector)
+        request = GetRequest(
+            Message(header), SERVER_CLIENT, self._clock(), answered, filters=filters
+        )
+
+        def task() -> None:
+            try:
+                self._rr.get(request)
+            except Exception as exc:
+                self.handler_raised(request, exc)
+            self._arm(request, request.received_at + self._default_timeout, self._default_timeout)
+
+        if not self._scheduler.submit(device, task, partial(self._overload, request)):
+            self._overload(request)
+
+    # -- answers: any thread ----------------------------------------------------------------
+
+    def respond(
+        self, request: ServerRequest, result: AcquiredData | None, error: BaseException | None
+    ) -> None:
+        """The one answer of ``request`` (its responder: ``settle`` calls it once): counted,
+        encoded, sent; then an accepted subscription is registered and a set's IMMEDIATE
+        updates start."""
+        header = request.header
+        rtype = header.request_type
+        now = self._clock()
+        if now >= request.deadline and not isinstance(error, TimeoutError):
+            self._late_answer(request, now)
+            return
+        peer = request.client.peer
+        frames: list[Buffer] | None = None
+        if error is not None:
+            reply_type = (
+                RequestType.SUBSCRIBE_EXCEPTION
+                if rtype is RequestType.SUBSCRIBE
+                else RequestType.EXCEPTION
+            )
+            frames = error_frames(header, reply_type, error)
+            outcome = outcome_of(error)
+        elif rtype is RequestType.GET:
+            assert result is not None  # GetRequest.complete guarantees it
+            if _binary.writable_arrays(result.data):
+                # Big writable arrays: copied now, unless completed inside the handler (on the
+                # thread running it, below its runner's frame) and held by nothing its return
+                # does not end (replies.py).
+                caller = request.handler_caller
+                if caller is not None and held_only_by_the_handler(result, caller):
+                    request.held_reply = result
+                    return
+                self._counters.array_reply(zero_copy=False)
+            try:
+                frames = get_reply_frames(header, result)
+            except Exception as exc:
+                # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
+                # gets an answer, and the handler's author a counted error.
+                self._counters.handler_error()
+                self._log.log(
+                    "unencodable replies", "%r: reply not encodable", request, exc_info=True
+                )
+                frames = error_frames(header, RequestType.EXCEPTION, exc)
+                outcome = "handler_error"
+            else:
+                outcome = "ok"
+        elif rtype is RequestType.SET:
+            frames = reply_frames(header, RequestType.REPLY)
+            outcome = "ok"
+        else:
+            outcome = "ok"
+        # Counted before the answer leaves: a client that has its reply finds it counted (the
+        # worker would otherwise race the client's next look at the statistics).
+        took = now - request.received_at
+        self._counters.record(TYPE_NAMES[rtype], outcome, took, header.device, header.property)
+        if frames is not None:
+            self._send(peer, frames)
+        if error is not None:
+            return
+        if rtype is RequestType.SET:
+            if self._updated is not None:
+                self._updated(header.device, header.property)
+        elif rtype is RequestType.SUBSCRIBE:
+            self._accepted(request)
+
+    def _late_answer(self, request: ServerRequest, now: float) -> None:
+        """A handler answered after the deadline (it ran past it): counted ``timeout`` and
+        ``late_completions``, not sent to a client that gave up; one that set no deadline of
+        its own (a subscribe) is still waiting and is told TimeoutError."""
+        self._counters.late_completion()
+        rtype = request.header.request_type
+        took = now - request.received_at
+        header = request.header
+        self._counters.record(TYPE_NAMES[rtype], "timeout", took, header.device, header.property)
+        self._log.log("late answers", "%r answered past its deadline: not sent", request)
+        if request.message.timeout is None:
+            sub = rtype is RequestType.SUBSCRIBE
+            reply = RequestType.SUBSCRIBE_EXCEPTION if sub else RequestType.EXCEPTION
+            error = timeout_error(request, request.deadline - request.received_at, queued=False)
+            self.send_error(request.client.peer, request.header, reply, error)
+
+    def send_error(
+        self, peer: bytes, header: Header, reply_type: RequestType, error: BaseException
+    ) -> None:
+        """Answer the request with ``header`` with ``error`` (an EXCEPTION or a
+        SUBSCRIBE_EXCEPTION), from any thread."""
+        self._send(peer, error_frames(header, reply_type, error))
+
+    def _send(self, peer: bytes, frames: list[Buffer]) -> None:
+        transport = self._transport
+        if transport is None or self.stopping:
+            return
+        try:
+            transport.send(peer, frames)
+        except Exception:
+            self._log.log("unsent replies", "reply to %s not sent", peer.hex(), exc_info=True)
