@@ -8,7 +8,9 @@
 * :class:`LocalEtcd`: a real, throwaway etcd on free ports (for ``rda.EtcdDirectory`` tests);
 * :func:`free_port`: a port for a test's own server, outside the ephemeral range;
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
-  and let a test wait for a condition with a bound.
+  and let a test wait for a condition with a bound;
+* :func:`wait_until`: a bounded wait for a condition another thread or process will make
+  true, whose failure says what never happened.
 """
 
 from rda.testing._clock import FakeClock
@@ -31,6 +33,7 @@ from rda.testing._memory_client import MemoryClientTransport
 from rda.testing._memory_server import MemoryServerTransport
 from rda.testing._ports import free_port
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
+from rda.testing._waiting import wait_until
 
 __all__ = [
     "CONFORMANCE_CHECKS",
@@ -50,4 +53,5 @@ __all__ = [
     "free_port",
     "memory_pair",
     "transport_pair",
+    "wait_until",
 ]
