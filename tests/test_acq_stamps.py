@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from rda.pipeline.recorder.metrics import RecorderCollector
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
-from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory
+from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, wait_until
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 
 CONFIG = Config(heartbeat_interval=1.0, heartbeat_timeout=30.0)
@@ -120,13 +120,6 @@ def test_notify_without_context_is_stamped_at_notify(memory: tuple[Server, Clien
     sub.close()
 
 
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def test_context_less_server_round_trip_is_found_in_the_last_hour(
     no_thread_leak: None, tmp_path: Path
 ) -> None:
@@ -145,11 +138,11 @@ def test_context_less_server_round_trip_is_found_in_the_last_hour(
     )
     try:
         recorder.start()
-        _wait(lambda: recorder.statistics().received == 1)  # the FIRST update
+        wait_until(lambda: recorder.statistics().received == 1)  # the FIRST update
         (source,) = server.subscriptions()
         for i in range(20):
             source.notify(AcquiredData(Data(x=i)))
-        _wait(lambda: recorder.statistics().received == 21)
+        wait_until(lambda: recorder.statistics().received == 21)
         assert recorder.flush()
     finally:
         recorder.stop()

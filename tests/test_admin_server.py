@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest, SetRequest
 from rda.serialization._data import Data, DataType
 from rda.serialization.errors import NoSuchDeviceError, OverloadError, RemoteError
+from rda.testing import wait_until
 
 
 class Magnet(Device):
@@ -95,14 +96,6 @@ def rig() -> Iterator[Rig]:
     r.server.stop()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        time.sleep(0.01)
-
-
 def test_ping_info_devices_over_the_wire(rig: Rig) -> None:
     assert rig.admin("ping", echo="x")["echo"] == "x"
     info = rig.admin("info")
@@ -128,7 +121,7 @@ def test_clients_and_disconnect(rig: Rig) -> None:
         assert reply["count"] == 2
         victim = next(c["peer"] for c in reply["clients"] if c["peer"] != mine)
         assert rig.admin("disconnect", peer=victim)["disconnected"] == victim
-        wait_for(lambda: [c["peer"] for c in rig.admin("clients")["clients"]] == [mine])
+        wait_until(lambda: [c["peer"] for c in rig.admin("clients")["clients"]] == [mine])
         with pytest.raises(RemoteError) as info:
             rig.admin("disconnect", peer="00")
         assert info.value.type == "AdminArgumentsError"
@@ -203,7 +196,7 @@ def test_admin_answers_while_device_group_is_saturated(rig: Rig) -> None:
     assert rig.magnet.started.wait(10.0)
     # One runs (blocked); of 7 more, three wait (queue_limit=3) and four are rejected.
     pending += [slow.get_async(timeout=20.0) for _ in range(7)]
-    wait_for(lambda: sum(f.done() for f in pending) == 4)
+    wait_until(lambda: sum(f.done() for f in pending) == 4)
     rejected = [f for f in pending if f.done()]
     assert all(isinstance(f.exception(), OverloadError) for f in rejected)
     started = time.monotonic()

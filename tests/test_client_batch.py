@@ -11,7 +11,6 @@ notification at a time.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ from rda.serialization._header import (
     encode_context,
 )
 from rda.serialization._message import BodyKind, Message, encode_exception
-from rda.testing import MemoryNetwork, RecordingClientHandler, RecordingServerHandler
+from rda.testing import MemoryNetwork, RecordingClientHandler, RecordingServerHandler, wait_until
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -46,14 +45,6 @@ from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
 
 WAIT = 10.0
 ENDPOINT = "tcp://127.0.0.1:1"
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """A bounded wait for a condition (never an assertion on elapsed time)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 # --- transport level ------------------------------------------------------------------------

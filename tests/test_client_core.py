@@ -8,8 +8,7 @@ ordering, timeouts, late replies and reconnection are exact and need no sleep.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -31,6 +30,7 @@ from rda.serialization._header import (
     encode_context,
 )
 from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.testing import wait_until
 from rda.testing._clock import FakeClock
 from rda.transport.api import (
     Buffer,
@@ -149,13 +149,6 @@ def exception_body(type_name: str, message: str) -> list[tuple[BodyKind, bytes]]
     return [(BodyKind.EXCEPTION, encode_exception(type_name, message))]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.002)
-
-
 # -- requests ---------------------------------------------------------------------------------
 
 
@@ -224,7 +217,7 @@ def test_blocking_get_waits_for_the_reply(client: Fixture) -> None:
         target=lambda: results.append(service.access_point("PS1", "P").get()), name="caller"
     )
     caller.start()
-    wait_for(lambda: len(transport.sent) == 1)
+    wait_until(lambda: len(transport.sent) == 1)
     [(conn, request)] = transport.requests()
     transport.reply(conn, RequestType.REPLY, request.header.id, data_body(Data(x=3)))
     caller.join(10)
@@ -311,7 +304,7 @@ def test_admin_sends_the_command_as_device_and_returns_the_reply_data(client: Fi
         name="admin-caller",
     )
     caller.start()
-    wait_for(lambda: len(transport.sent) == 1)
+    wait_until(lambda: len(transport.sent) == 1)
     [(conn, request)] = transport.requests()
     assert request.header.request_type is RequestType.ADMIN
     assert request.header.device == "log-level"
@@ -612,7 +605,7 @@ def test_idle_access_point_reconnects_after_the_back_off(client: Fixture) -> Non
     assert (state.state, state.reconnects, state.devices) == ("reconnecting", 0, ("PS1",))
     assert len(transport.connects) == 1
     clock.advance(0.05)  # past the first back-off (at most reconnect_initial = 20 ms)
-    wait_for(lambda: len(transport.connects) == 2)
+    wait_until(lambda: len(transport.connects) == 2)
     transport.handler.on_connected(transport.connects[1][0], {})
     (state,) = service.statistics().servers
     assert (state.state, state.reconnects, state.connects) == ("connected", 1, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from rda.business.server.requests import (
 from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
+from rda.testing import wait_until
 
 
 class Handler(RequestReplyCallback):
@@ -61,13 +62,6 @@ def build(port: int = 0, handler: Handler | None = None) -> Server:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.001)
-
-
 @pytest.fixture
 def served(no_thread_leak: None) -> Iterator[tuple[Server, ClientService]]:
     server = build()
@@ -93,13 +87,13 @@ def test_get_set_subscribe_over_tcp(served: tuple[Server, ClientService]) -> Non
     immediate = sub.poll(10)
     assert immediate is not None and immediate.update_type is UpdateType.IMMEDIATE
     assert immediate.data["current"] == 2.5
-    wait_for(lambda: len(server.subscriptions()) == 1)
+    wait_until(lambda: len(server.subscriptions()) == 1)
     for source in server.subscriptions():
         source.notify(Data(current=3.0))
     normal = sub.poll(10)
     assert normal is not None and normal.update_type is UpdateType.NORMAL and normal.gap == 0
     sub.close()
-    wait_for(lambda: all(s.subscribers == 0 for s in server.subscriptions()))
+    wait_until(lambda: all(s.subscribers == 0 for s in server.subscriptions()))
 
 
 def test_errors_over_tcp(served: tuple[Server, ClientService]) -> None:
@@ -141,14 +135,14 @@ def test_restart_on_same_port_resumes_subscriptions_with_first(no_thread_leak: N
     restarted: Server | None = None
     try:
         sub = client.access_point("PS1", "Acquisition").subscribe(listener=listener)
-        wait_for(lambda: len(got) == 1)
+        wait_until(lambda: len(got) == 1)
         server.stop()
-        wait_for(lambda: len(got) == 2)  # the disconnection is reported
+        wait_until(lambda: len(got) == 2)  # the disconnection is reported
         assert isinstance(got[1][1].error, errors.DisconnectedError)
         restarted = build(port)
         restarted.start()
         listening = time.monotonic()
-        wait_for(lambda: len(got) == 3)
+        wait_until(lambda: len(got) == 3)
         when, first = got[2]
         assert first.update_type is UpdateType.FIRST and first.error is None and first.gap == 0
         resume = when - listening

@@ -13,8 +13,6 @@ Every wait is on a state (bounded), never a sleep standing in for one.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from rda.admin.metrics import ClientCollector
@@ -27,6 +25,7 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
 from rda.serialization.errors import DisconnectedError
+from rda.testing import wait_until
 
 CONFIG = Config(request_timeout=5.0, reconnect_initial=0.02, reconnect_max=0.5)
 
@@ -58,13 +57,6 @@ def serve(
         .build()
         .start()
     )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.002)
 
 
 def server_state(client: ClientService, endpoint: str) -> ServerConnectionStatistics | None:
@@ -104,7 +96,7 @@ def test_restart_on_a_new_port_is_followed_through_the_file_directory(
         assert moved is not None and moved.state == "connected"
         assert moved.subscriptions == 1 and moved.devices == ("PS1",)
         # The old address is no longer dialled: nothing there is wanted any more.
-        wait_for(lambda: server_state(client, old) is None)
+        wait_until(lambda: server_state(client, old) is None, timeout=20.0)
         sub.close()
     finally:
         client.close()
@@ -153,9 +145,15 @@ def test_idle_connection_reconnects_in_the_background(no_thread_leak: None) -> N
         assert state is not None and (state.state, state.reconnects) == ("connected", 0)
         assert state.devices == ("PS1",) and state.subscriptions == 0
         server.stop()  # no request pending, no subscription: the client notices by itself
-        wait_for(lambda: getattr(server_state(client, endpoint), "state", "") == "reconnecting")
+        wait_until(
+            lambda: getattr(server_state(client, endpoint), "state", "") == "reconnecting",
+            timeout=20.0,
+        )
         restarted = serve("Idle", None, port)
-        wait_for(lambda: getattr(server_state(client, endpoint), "state", "") == "connected")
+        wait_until(
+            lambda: getattr(server_state(client, endpoint), "state", "") == "connected",
+            timeout=20.0,
+        )
         before = server_state(client, endpoint)
         assert before is not None and before.reconnects == 1
         assert client.statistics().reconnects == 1

@@ -12,7 +12,6 @@ is on a state (bounded), never a sleep standing in for one.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 from rda.serialization.errors import DisconnectedError, TimeoutError
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 
 
 @dataclass
@@ -87,13 +86,6 @@ def server(handler: Recorder) -> Iterator[Server]:
         for request in handler.held:
             request.complete(Data(n=0))
         s.stop()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.002)
 
 
 def after(event: threading.Event, action: Callable[[], object]) -> None:
@@ -232,7 +224,7 @@ def test_lanes_of_ended_threads_are_closed(server: Server) -> None:
             t.join(20)
         # Each thread's lane is pruned when the next one is made: one left (the last).
         assert client.statistics().transport.lanes == 1
-        wait_for(lambda: server.statistics().transport.lanes == 1)
+        wait_until(lambda: server.statistics().transport.lanes == 1, timeout=20.0)
 
 
 def test_an_idle_lane_is_forgotten_quietly_and_introduces_itself_again(handler: Recorder) -> None:
@@ -244,7 +236,7 @@ def test_an_idle_lane_is_forgotten_quietly_and_introduces_itself_again(handler: 
             ap.get()
             # The second get went through the lane (lane_flags below); once it has been silent
             # past the server's heartbeat timeout the server forgets it.
-            wait_for(lambda: server.statistics().transport.lanes == 0)
+            wait_until(lambda: server.statistics().transport.lanes == 0, timeout=20.0)
             assert ap.get().data["n"] == 3
             assert handler.lane_flags == [False, True, True]
             stats = server.statistics().transport
@@ -268,7 +260,7 @@ def test_a_restarted_server_gets_a_new_lane_once_the_connection_is_back(
         ap.get()
         assert handler.lane_flags == [False, True]
         server.stop()
-        wait_for(lambda: client.statistics().servers[0].state != "connected")
+        wait_until(lambda: client.statistics().servers[0].state != "connected", timeout=20.0)
         server = (
             ServerBuilder("LANES")
             .endpoint(f"tcp://127.0.0.1:{port}")
@@ -278,7 +270,7 @@ def test_a_restarted_server_gets_a_new_lane_once_the_connection_is_back(
             .build()
             .start()
         )
-        wait_for(lambda: client.statistics().servers[0].state == "connected")
+        wait_until(lambda: client.statistics().servers[0].state == "connected", timeout=20.0)
         ap.get()  # the old lane belonged to the lost connection: replaced, not reused
         assert handler.lane_flags[-1] is True
         stats = client.statistics().transport

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ from rda.serialization._header import (
     encode_context,
 )
 from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.testing import wait_until
 from rda.testing._clock import FakeClock
 from rda.testing._memory import MemoryNetwork
 from rda.transport.api import ClientHandler, ServerTransport, TransportSettings
@@ -177,13 +178,6 @@ def env(no_thread_leak: None) -> Iterator[Env]:
         network.close()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.002)
-
-
 def test_get_set_round_trip(env: Env) -> None:
     _, _, client = env
     ap = client.access_point("PS1", "Setting")
@@ -234,27 +228,27 @@ def test_subscription_first_normal_and_server_gap(env: Env) -> None:
     assert one is not None and two is not None
     assert (one.data["v"], one.gap, two.data["v"], two.gap) == (1, 0, 2, 3)
     sub.close()
-    wait_for(lambda: not fake.subs)  # the server got UNSUBSCRIBE
+    wait_until(lambda: not fake.subs)  # the server got UNSUBSCRIBE
 
 
 def test_server_restart_resubscribes_with_a_first_update(env: Env) -> None:
     network, fake, client = env
     received: list[Any] = []
     sub = client.access_point("PS1", "Acquisition").subscribe(listener=received.append)
-    wait_for(lambda: len(received) == 1)
+    wait_until(lambda: len(received) == 1)
     pending = client.access_point("SILENT", "Acquisition").get_async(timeout=30)
-    wait_for(lambda: client.statistics().pending == 1)
+    wait_until(lambda: client.statistics().pending == 1)
     new = network.restart_server(SERVER)
     fake.transport = new
     restarted = time.monotonic()
     with pytest.raises(errors.DisconnectedError, match=r"SILENT/Acquisition.*mem://ps-server"):
         pending.result(timeout=10)
-    wait_for(lambda: len(received) >= 3)
+    wait_until(lambda: len(received) >= 3)
     resumed = time.monotonic() - restarted
     assert isinstance(received[1].error, errors.DisconnectedError)
     assert received[2].update_type is UpdateType.FIRST and received[2].gap == 0
     fake.publish(Data(v=7))
-    wait_for(lambda: len(received) >= 4)
+    wait_until(lambda: len(received) >= 4)
     assert received[3].data == Data(v=7) and received[3].gap == 0
     assert client.statistics().reconnects == 1
     print(f"memory-network resume after restart: {resumed * 1000:.1f} ms")
@@ -265,7 +259,7 @@ def test_close_is_bounded_and_leaves_no_threads(no_thread_leak: None) -> None:
     network, fake, client = make_env()
     try:
         sub = client.access_point("PS1", "Acquisition").subscribe(listener=lambda n: None)
-        wait_for(fake.subscribed.is_set)
+        wait_until(fake.subscribed.is_set)
         silent = client.access_point("SILENT", "Acquisition").get_async()
         started = time.monotonic()
         client.close()
@@ -286,14 +280,14 @@ def test_fake_clock_timeout_and_late_reply_over_the_memory_network(no_thread_lea
         late = ap.get_async(timeout=2.0)
         on_time = client.access_point("PS1", "Acquisition").get_async(timeout=2.0)
         assert on_time.result(timeout=10).data == Data(current=0.0)
-        wait_for(lambda: len(fake.late) == 1)
+        wait_until(lambda: len(fake.late) == 1)
         clock.advance(1.9)
         assert not late.done()
         clock.advance(0.2)
         with pytest.raises(errors.TimeoutError, match="LATE/Acquisition"):
             late.result(timeout=10)
         fake.release_late()
-        wait_for(lambda: client.statistics().late_replies == 1)
+        wait_until(lambda: client.statistics().late_replies == 1)
         stats = client.statistics()
         assert (stats.timeouts, stats.pending, stats.replies) == (1, 0, 1)
     finally:

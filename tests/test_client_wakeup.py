@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRe
 from rda.serialization._data import Data
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 from rda.transport._mailbox import Wakeup
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import Kind, encode_message
@@ -34,13 +33,6 @@ from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 
 WAIT = 10.0
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.002)
 
 
 def in_thread(target: Callable[[], None]) -> threading.Thread:
@@ -302,7 +294,7 @@ def test_a_blocking_get_still_times_out_with_a_fake_clock(
 
         thread = in_thread(get)
         assert handler.got.wait(WAIT)  # the request is out and its deadline registered
-        wait_for(lambda: client.statistics().pending == 1)
+        wait_until(lambda: client.statistics().pending == 1)
         clock.advance(4.9)
         assert thread.is_alive()
         clock.advance(0.2)

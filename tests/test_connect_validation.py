@@ -9,8 +9,7 @@ fails gets a refusing CONNECT_ACK naming the fields at fault, is counted, and no
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,21 +24,13 @@ from rda.business.server.requests import GetRequest
 from rda.serialization._data import Data
 from rda.serialization._message import Message
 from rda.serialization.errors import DisconnectedError
+from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.peer_info import connect_info, rda_version
 from rda.transport.protocol import ConnectAck, decode_frames, encode_connect
 from rda.transport.zmq_server import ZmqServerTransport
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class Recorder:
@@ -120,7 +111,7 @@ def test_a_valid_connect_with_application_keys_is_accepted(
     info = {**connect_info(rda_version()), "lane": False, "principal": "olga", "shift": 3}
     ack = handshake(srv, ctx, info)
     assert "error" not in ack
-    assert wait_for(lambda: len(recorder.connected) == 1)
+    wait_until(lambda: len(recorder.connected) == 1, timeout=20.0)
     assert recorder.connected[0]["shift"] == 3
 
 

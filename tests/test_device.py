@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from pydantic import BaseModel, Field
@@ -19,6 +18,7 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRe
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import NoSuchDeviceError, RemoteError
+from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)
 
@@ -92,16 +92,7 @@ def served() -> Iterator[tuple[Server, PowerSupply, ClientService]]:
     yield server, ps, client
     client.close()
     server.stop()
-    assert _wait(lambda: not [t for t in threading.enumerate() if t not in before])
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    wait_until(lambda: not [t for t in threading.enumerate() if t not in before])
 
 
 def test_properties_are_collected_by_wire_name() -> None:

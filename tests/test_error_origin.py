@@ -4,7 +4,6 @@ server's outcome counts (docs/protocol.md, "Whose fault")."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ from rda.serialization.errors import (
     error_from_remote,
     wire_type,
 )
-from rda.testing import MemoryNetwork, OneServerDirectory, RawPeer, free_port
+from rda.testing import MemoryNetwork, OneServerDirectory, RawPeer, free_port, wait_until
 from rda.transport import protocol
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -246,15 +245,6 @@ def _counted(server: Server) -> dict[tuple[str, str], int]:
     return {key: n for key, n in server.statistics().requests.items() if n}
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def _check_garbage_reply(reply: Message, rid: int) -> None:
     """The server's answer to a garbage set: "DecodeError" on the wire (the client's fault), and
     the client's own reconstruction makes it this client's LocalDecodeError, naming the server."""
@@ -307,7 +297,7 @@ def test_memory_a_garbage_body_is_the_clients_fault(
     peer.send(_garbage_set(21))
     _check_garbage_reply(_next_reply(peer), 21)
     assert handler.sets == 1
-    assert _wait_until(lambda: bool(_counted(server)))
+    wait_until(lambda: bool(_counted(server)), timeout=20.0)
     assert _counted(server) == {("set", "bad_request"): 1}
     assert server.statistics().handler_errors == 0
     # A request type no client may send: the client's protocol error.
@@ -334,7 +324,7 @@ def test_memory_a_handlers_own_decode_error_is_the_servers_fault(
             client.access_point("DEV", "Own").get(timeout=10)
         assert str(info.value).startswith(SERVER_OWN_DECODE)
         assert client.access_point("DEV", "Value").get(timeout=10).data == Data(value=1)
-    assert _wait_until(lambda: sum(_counted(server).values()) == 2)
+    wait_until(lambda: sum(_counted(server).values()) == 2, timeout=20.0)
     assert _counted(server) == {("get", "handler_error"): 1, ("get", "ok"): 1}
     assert server.statistics().handler_errors == 1
 
@@ -387,7 +377,7 @@ def test_zmq_a_garbage_body_is_the_clients_fault_end_to_end(
     finally:
         ctx.term()
     assert handler.sets == 1
-    assert _wait_until(lambda: bool(_counted(server)))
+    wait_until(lambda: bool(_counted(server)), timeout=20.0)
     assert _counted(server) == {("set", "bad_request"): 1}
     assert server.statistics().handler_errors == 0
 
@@ -403,5 +393,5 @@ def test_zmq_a_real_client_sees_the_servers_own_fault_as_remote(
         assert type(info.value) is RemoteDecodeError
         assert str(info.value).startswith(SERVER_OWN_DECODE)
         client.access_point("DEV", "Value").set(Data(value=2), timeout=10)
-    assert _wait_until(lambda: sum(_counted(server).values()) == 2)
+    wait_until(lambda: sum(_counted(server).values()) == 2, timeout=20.0)
     assert _counted(server) == {("get", "handler_error"): 1, ("set", "ok"): 1}

@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,16 +23,9 @@ from rda._cli import build
 from rda.business.config import Config, ConfigError, etcd_endpoints
 from rda.business.directory import ChainDirectory, default_directory, default_registry
 from rda.business.etcd.gateway import EtcdGateway, Event, KeyValue, WatchStream
-from rda.testing import LocalEtcd, free_port
+from rda.testing import LocalEtcd, free_port, wait_until
 
 TTL = 3.0
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -61,7 +54,7 @@ def test_register_resolve_patterns_keys_and_clean_unregister(
         assert client.state().watching == "synced"
         # A clean stop revokes the lease: the watch sees the keys go at once.
         directory.unregister("S1")
-        wait_for(lambda: not client.devices(), 5.0, "entries removed by unregister")
+        wait_until(lambda: not client.devices(), "entries removed by unregister")
         with pytest.raises(rda.NoSuchDeviceError):
             client.resolve("PS1")
         assert client.servers() == []
@@ -124,7 +117,7 @@ def test_a_change_made_while_the_watch_opens_is_replayed_not_skipped(
         assert reader.resolve("PS1") == "tcp://10.0.0.1:1"  # loaded; the watch not open yet
         directory.unregister("S")
         go.set()
-        wait_for(lambda: "PS1" not in reader.devices(), 5.0, "the removal replayed")
+        wait_until(lambda: "PS1" not in reader.devices(), "the removal replayed")
         with pytest.raises(rda.NoSuchDeviceError):
             reader.resolve("PS1")
 
@@ -181,10 +174,10 @@ def test_replace_takes_over_and_tells_the_old_owner(
         newcomer.register("PSServer", "tcp://10.0.0.2:6000", ["PS1"], replace=True)
         assert newcomer.resolve("PS1") == "tcp://10.0.0.2:6000"
         # The old owner's lease keeper notices within ttl/3 and says so in its log.
-        wait_for(
+        wait_until(
             lambda: directory.state().registrations["PSServer"].state == "replaced",
-            3 * TTL,
             "old owner told",
+            timeout=3 * TTL,
         )
         assert any("taken over by" in r.getMessage() for r in caplog.records)
         # ... and its lease is revoked, but the newcomer's entries stay.
@@ -206,9 +199,8 @@ def test_registration_of_10k_devices_is_batched_under_etcds_txn_limit(
                 "BIG2", "tcp://10.0.0.2:2", [f"NEW{i}" for i in range(250)] + ["DEV00999"]
             )
         # (The revocation reaches this client's cache through its watch.)
-        wait_for(
+        wait_until(
             lambda: not any(name.startswith("NEW") for name in client.devices()),
-            5.0,
             "refused devices gone",
         )
         assert [e.name for e in client.servers()] == ["BIG"]
@@ -219,15 +211,15 @@ def test_watch_reports_a_moved_device(etcd: LocalEtcd, directory: rda.EtcdDirect
     with other(etcd) as client:
         stop = client.watch(lambda name, endpoint: seen.append((name, endpoint)))
         directory.register("S", "tcp://10.0.0.1:1", ["PS1"])
-        wait_for(lambda: ("PS1", "tcp://10.0.0.1:1") in seen, 5.0, "registration seen")
+        wait_until(lambda: ("PS1", "tcp://10.0.0.1:1") in seen, "registration seen")
         directory.unregister("S")
-        wait_for(lambda: ("PS1", None) in seen, 5.0, "removal seen")
+        wait_until(lambda: ("PS1", None) in seen, "removal seen")
         directory.register("S", "tcp://10.0.0.1:2", ["PS1"])
-        wait_for(lambda: ("PS1", "tcp://10.0.0.1:2") in seen, 5.0, "move seen")
+        wait_until(lambda: ("PS1", "tcp://10.0.0.1:2") in seen, "move seen")
         stop()
         count = len(seen)
         directory.unregister("S")
-        wait_for(lambda: not client.devices(), 5.0, "removed")
+        wait_until(lambda: not client.devices(), "removed")
         assert len(seen) == count
 
 
@@ -239,7 +231,7 @@ def test_outage_keeps_resolved_devices_fails_new_ones_typed_and_re_registers(
     try:
         assert client.resolve("PS1") == "tcp://10.0.0.1:1"
         etcd.stop()
-        wait_for(lambda: client.state().watching == "stale", 10.0, "watch marked stale")
+        wait_until(lambda: client.state().watching == "stale", "watch marked stale")
         # Known devices keep resolving; an unknown one fails fast, typed, naming the cause.
         assert client.resolve("PS1") == "tcp://10.0.0.1:1"
         started = time.monotonic()
@@ -249,22 +241,22 @@ def test_outage_keeps_resolved_devices_fails_new_ones_typed_and_re_registers(
         assert etcd.url in str(unavailable.value) and "PS2" in str(unavailable.value)
         assert time.monotonic() - started < 10.0  # bounded by the timeout, not hung
         # The server's keeper notices (and keeps serving: nothing here stops it).
-        wait_for(
+        wait_until(
             lambda: directory.state().registrations["S"].state == "unreachable",
-            3 * TTL,
             "registration unreachable",
+            timeout=3 * TTL,
         )
         assert "unreachable" in directory.state().summary()
         # Down longer than the ttl: the lease is gone when etcd is back; the keeper
         # registers again and the client's watch resynchronises.
         time.sleep(TTL + 1.0)  # the outage itself, not a timing assertion
         etcd.start()
-        wait_for(
+        wait_until(
             lambda: directory.state().registrations["S"].state == "registered",
-            5 * TTL,
             "re-registered",
+            timeout=5 * TTL,
         )
-        wait_for(lambda: client.state().watching == "synced", 10.0, "watch synced again")
+        wait_until(lambda: client.state().watching == "synced", "watch synced again")
         with other(etcd) as fresh:
             assert fresh.resolve("PS1") == "tcp://10.0.0.1:1"
     finally:
@@ -350,7 +342,7 @@ def test_a_server_closes_the_etcd_directory_it_made_but_not_one_it_was_given(
         # The lease was revoked at stop (etcd itself, not a watch, says so) ...
         assert given._gateway.range("/own/devices/OWN1")[1] == []
         # ... and the other directory's watch reports it.
-        wait_for(lambda: "OWN1" not in given.devices(), 10.0, "removal seen by the watch")
+        wait_until(lambda: "OWN1" not in given.devices(), "removal seen by the watch")
         # ... while a directory handed to the builder stays the caller's, open and usable.
         lent = rda.ServerBuilder("Borrower").devices("OWN2").directory(given)
         borrower = lent.endpoint("tcp://127.0.0.1:0").build().start()
@@ -424,7 +416,7 @@ def test_curve_end_to_end_with_the_server_key_from_etcd(
         # A key the server does not list is refused in the handshake: a typed error, counted.
         with pytest.raises(rda.NotAuthorizedError, match="does not accept this client's key"):
             stranger.access_point("KEY1", "Text").get()
-        wait_for(lambda: server.statistics().transport.auth_failures >= 1, 10.0, "refusal")
+        wait_until(lambda: server.statistics().transport.auth_failures >= 1, "refusal")
     finally:
         stranger.close()
         client.close()

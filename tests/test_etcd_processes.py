@@ -15,14 +15,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import rda
 from rda.serialization._header import UpdateType
-from rda.testing import LocalEtcd
+from rda.testing import LocalEtcd, wait_until
 
 RDA = str(Path(sys.executable).with_name("rda"))
 TTL = 2.0
@@ -51,13 +51,6 @@ SERVED = textwrap.dedent(
             return Data(n=self.n, pid=os.getpid())
     """
 )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
 
 
 class Servers:
@@ -176,7 +169,9 @@ def test_kill_9_removes_the_entries_within_the_ttl(
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     # The lease was last refreshed at most ttl/3 ago; etcd checks expiry every 500 ms.
-    wait_for(lambda: "CNT1" not in watcher.devices(), TTL + 3.0, "entry gone after kill -9")
+    wait_until(
+        lambda: "CNT1" not in watcher.devices(), "entry gone after kill -9", timeout=TTL + 3.0
+    )
     assert time.monotonic() - killed <= TTL + 3.0
     assert [e.name for e in watcher.servers()] == []
 
@@ -266,7 +261,7 @@ def test_etcd_outage_resolved_devices_keep_working_servers_re_register(
         point = client.access_point("CNT1", "Count")
         assert point.get().data["n"] >= 0
         etcd.stop()
-        wait_for(lambda: "stale" in client.statistics().directory, 10.0, "watch stale")
+        wait_until(lambda: "stale" in client.statistics().directory, "watch stale")
         assert point.get().data["n"] >= 0  # resolved: keeps working
         assert client.access_point("CNT1", "Count").get().data["n"] >= 0
         with pytest.raises(rda.DirectoryUnavailableError, match="CNT9"):
@@ -275,8 +270,8 @@ def test_etcd_outage_resolved_devices_keep_working_servers_re_register(
         etcd.start()
         # The server (still serving all along) registers again; the watch resynchronises.
         with rda.EtcdDirectory(etcd.url, prefix="/proc/") as fresh:
-            wait_for(lambda: "CNT1" in fresh.devices(), 10 * TTL, "server re-registered")
-        wait_for(lambda: "synced" in client.statistics().directory, 10.0, "watch synced")
+            wait_until(lambda: "CNT1" in fresh.devices(), "server re-registered", timeout=10 * TTL)
+        wait_until(lambda: "synced" in client.statistics().directory, "watch synced")
         assert point.get().data["n"] >= 0
     finally:
         client.close()
@@ -312,7 +307,7 @@ def test_same_name_is_refused_naming_the_owner_and_replace_takes_over(
                 info = group.run("admin", str(first["endpoint"]), "info", "--json")
                 return "replaced" in json.loads(info.stdout)["directory"]
 
-            wait_for(told, 10 * TTL, "old owner told")
+            wait_until(told, "old owner told", timeout=10 * TTL)
         old_log = _stderr(owner)
         assert "taken over by" in old_log, old_log
     finally:

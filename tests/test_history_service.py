@@ -12,7 +12,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data, DataType
 from rda.serialization._header import DataContext, UpdateType
 from rda.serialization.errors import HistoryUnavailableError, NotAuthorizedError
+from rda.testing import wait_until
 
 T0 = 1_790_000_000_000_000_000  # 2026-09-21, a fixed day for network-free stores
 
@@ -70,13 +71,6 @@ def _zmq_garbage_collector() -> None:
 
     if not gc.is_alive():  # started by an earlier test already: a second one could not bind
         gc.start()
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 @dataclass
@@ -164,7 +158,8 @@ def _check_one_run(got: list[Notification]) -> None:
 
 
 def test_backfill_is_one_run_without_hole_or_repeat(stand: Stand) -> None:
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 350)  # > 3.5 s recorded
+    # > 3.5 s recorded
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 350, timeout=20.0)
     got = _collect_backfilled(stand, live_wanted=100)
     history = [n for n in got if n.update_type is UpdateType.HISTORY]
     assert len(history) >= 300  # ~5 s at 100 Hz, less what the start-up missed
@@ -174,7 +169,7 @@ def test_backfill_is_one_run_without_hole_or_repeat(stand: Stand) -> None:
 
 
 def test_backfill_while_the_recorder_converts_segments(stand: Stand) -> None:
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 200)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 200, timeout=20.0)
     stop = threading.Event()
 
     def convert() -> None:
@@ -195,7 +190,7 @@ def test_backfill_while_the_recorder_converts_segments(stand: Stand) -> None:
 
 
 def test_backfill_with_a_listener(stand: Stand) -> None:
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
     got: list[Notification] = []
     enough = threading.Event()
 
@@ -214,9 +209,9 @@ def test_backfill_with_a_listener(stand: Stand) -> None:
 
 
 def test_history_of_a_live_recorder_over_the_network(stand: Stand) -> None:
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 200)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 200, timeout=20.0)
     stand.recorder.convert_now()
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 300)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 300, timeout=20.0)
     end = time.time_ns()
     rows = stand.client.history("CNT", "Count", end - 10 * 10**9, end)
     counts = _counts(rows)
@@ -439,7 +434,7 @@ def test_backfill_argument_is_checked(stand: Stand) -> None:
 
 
 def test_aio_history_and_backfill(stand: Stand) -> None:
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
 
     async def main() -> tuple[list[Notification], list[Notification]]:
         client = rda.aio.ClientService(stand.client.directory, Config(request_timeout=10.0))
@@ -472,7 +467,7 @@ def test_cli_subscribe_with_backfill(stand: Stand) -> None:
 
     from rda.admin.cli.main import cli
 
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
     env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
     result = CliRunner().invoke(
         cli, ["subscribe", "CNT/Count", "--backfill", "1s", "-n", "150", "--json"], env=env
@@ -493,7 +488,7 @@ def test_cli_history_get_from_recorder(stand: Stand) -> None:
 
     from rda.pipeline.history.cli import history
 
-    _wait(lambda: stand.recorder.statistics().acked_rows >= 150)
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
     env = {"RDA_DIRECTORY_FILE": str(stand.directory.path)}
     args = ["get", "--from-recorder", "CNT/Count#n", "-s", "-30s", "--json"]
     result = CliRunner().invoke(history, args, env=env)

@@ -23,7 +23,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,6 +32,7 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest
 from rda.serialization._data import Data
+from rda.testing import wait_until
 
 CHILD = textwrap.dedent(
     """
@@ -54,15 +55,6 @@ class Supply(Device):
     @Device.property("Current")
     def current(self, request: GetRequest) -> Data:
         return Data(value=1.0)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def heartbeat_timeouts(srv: Server) -> int:
@@ -129,7 +121,7 @@ def test_a_client_paused_past_the_server_heartbeat_timeout_resumes_at_once(
         os.kill(child.pid, signal.SIGSTOP)
         try:
             timeouts = heartbeat_timeouts(srv)
-            assert wait_for(lambda: heartbeat_timeouts(srv) > timeouts, 30.0)
+            wait_until(lambda: heartbeat_timeouts(srv) > timeouts, timeout=30.0)
             assert srv.clients() == []  # dropped: its subscription was ended on the server
         finally:
             os.kill(child.pid, signal.SIGCONT)

@@ -11,30 +11,20 @@ that only moves when told, so "within one second" is exact, not a race with the 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import zmq
 
 from rda.serialization._message import Message
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import encode_heartbeat
 from rda.transport.zmq_server import ZmqServerTransport
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 SERVER_LOG = "rda.transport.server"
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class Quiet:
@@ -73,7 +63,7 @@ def test_bad_messages_from_a_peer_are_counted_each_but_logged_once_a_second(
             raw.send(b"\xff garbage %d" % n)  # unknown kind byte: a DecodeError each
         for _ in range(heartbeats):
             raw.send_multipart(encode_heartbeat(from_server=False))  # before any CONNECT
-        assert wait_for(lambda: server.statistics().decode_errors == garbage + heartbeats)
+        wait_until(lambda: server.statistics().decode_errors == garbage + heartbeats, timeout=20.0)
         lines = [r.getMessage() for r in caplog.records if r.name == SERVER_LOG]
         # The fake clock stood still: one line per kind, every event counted.
         assert len(lines) == 2, lines
@@ -82,7 +72,9 @@ def test_bad_messages_from_a_peer_are_counted_each_but_logged_once_a_second(
         assert server.statistics().protocol_errors == heartbeats
         clock.advance(1.0)
         raw.send(b"\xff one more")
-        assert wait_for(lambda: server.statistics().decode_errors == garbage + heartbeats + 1)
+        wait_until(
+            lambda: server.statistics().decode_errors == garbage + heartbeats + 1, timeout=20.0
+        )
     raw.close()
     lines = [r.getMessage() for r in caplog.records if r.name == SERVER_LOG]
     assert len(lines) == 3, lines
@@ -112,7 +104,7 @@ def test_refused_curve_handshakes_are_logged_once_a_second(
                 s.setsockopt(zmq.CURVE_SECRETKEY, stranger_secret)
                 s.connect(server.endpoint)
                 socks.append(s)
-            assert wait_for(lambda: server.statistics().auth_failures >= attempts)
+            wait_until(lambda: server.statistics().auth_failures >= attempts, timeout=20.0)
         finally:
             for s in socks:
                 s.close()

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization.errors import RdaError
-from rda.testing import free_port
+from rda.testing import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "ops" / "prometheus" / "rda-alerts.yml"
@@ -68,18 +68,6 @@ def _check_metrics(text: str) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-def _wait(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll ``condition`` until it returns something truthy (bounded, never an assertion)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @dataclass
@@ -151,7 +139,7 @@ def test_promtool_accepts_the_server_and_client_exposition_under_load(demo: Demo
     sub = demo.client.access_point("PS2", "Acquisition").subscribe()
     load.start()
     try:
-        _wait(lambda: load.ok >= 100 and load.faults >= 1, "some load")
+        wait_until(lambda: load.ok >= 100 and load.faults >= 1, "some load", timeout=30.0)
         server_text = _get(demo.server_url)
         client_text = _get(demo.client_metrics.url)
     finally:
@@ -183,7 +171,7 @@ def test_promtool_accepts_the_recorder_exposition_under_load(tmp_path: Path) -> 
     writer = threading.Thread(target=offer, name="test-recorder-load", daemon=True)
     writer.start()
     try:
-        _wait(lambda: recorder.statistics().acked_rows > 50, "rows acknowledged")
+        wait_until(lambda: recorder.statistics().acked_rows > 50, "rows acknowledged", timeout=30.0)
         text = _get(f"http://127.0.0.1:{endpoint.port}/metrics")
     finally:
         stop.set()
@@ -277,15 +265,20 @@ def test_a_real_prometheus_scrapes_a_demo_server_under_load(demo: Demo, tmp_path
     )
     load = Load(demo.client)
     try:
-        _wait(prometheus.ready, "prometheus ready")
-        _wait(
+        wait_until(prometheus.ready, "prometheus ready", timeout=30.0)
+        wait_until(
             lambda: prometheus.value('sum(up{job=~"rda.*"})') == 2.0,
             "both rda targets scraped",
+            timeout=30.0,
         )
         load.start()
         ok = 'rda_requests_total{job="rda", type="get", outcome="ok"}'
         # At least three scrapes that saw the counter move, the load still running.
-        _wait(lambda: (prometheus.value(f"changes({ok}[20s])") or 0) >= 3, "three scrapes")
+        wait_until(
+            lambda: (prometheus.value(f"changes({ok}[20s])") or 0) >= 3,
+            "three scrapes",
+            timeout=30.0,
+        )
 
         rate = prometheus.query(f"rate({ok}[10s])")
         assert len(rate) == 1 and float(rate[0]["value"][1]) > 0
@@ -317,9 +310,15 @@ def test_a_real_prometheus_scrapes_a_demo_server_under_load(demo: Demo, tmp_path
             load.finish()
     try:
         # Load stopped: the last scrape must show exactly what the client sent.
-        _wait(lambda: prometheus.value(ok) == float(load.ok), f"{load.ok} gets in prometheus")
+        wait_until(
+            lambda: prometheus.value(ok) == float(load.ok),
+            f"{load.ok} gets in prometheus",
+            timeout=30.0,
+        )
         faults = 'rda_requests_total{job="rda", type="get", outcome="handler_error"}'
-        _wait(lambda: prometheus.value(faults) == float(load.faults), "the faults")
+        wait_until(
+            lambda: prometheus.value(faults) == float(load.faults), "the faults", timeout=30.0
+        )
         assert prometheus.value('rda_handler_errors_total{job="rda"}') == float(load.faults)
 
         # Every dashboard query is valid PromQL for this Prometheus.
@@ -332,7 +331,7 @@ def test_a_real_prometheus_scrapes_a_demo_server_under_load(demo: Demo, tmp_path
             rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
             return rules if all(r["health"] != "unknown" for r in rules) else None
 
-        rules = _wait(evaluated, "every rule evaluated")
+        rules = wait_until(evaluated, "every rule evaluated", timeout=30.0)
         assert {r["health"] for r in rules} == {"ok"}, [r for r in rules if r["health"] != "ok"]
         # The demo's FAULTY device faults 1 request in 51 (2 %): above RdaHandlerFaults' 1 %.
         pending = {r["name"]: r["state"] for r in rules}

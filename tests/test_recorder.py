@@ -22,6 +22,7 @@ from rda.pipeline.recorder.service import Recorder, Sample, parse_pattern
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import DecodeError, RemoteError
+from rda.testing import wait_until
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 T0 = 1_700_000_000_000_000_000
@@ -51,13 +52,6 @@ def _expected(value: Any) -> Any:
     if isinstance(value, list):
         return [_expected(v) for v in value]
     return value
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def _recorder(root: Path, **kwargs: Any) -> Recorder:
@@ -182,14 +176,14 @@ def test_full_disk_stops_acknowledging_loudly_then_recovers(
     with caplog.at_level(logging.ERROR, logger="rda.pipeline.recorder.service"):
         for i in range(1, 6):
             recorder.offer("PS1", "Acq", None, Sample(Data(x=i)))
-        _wait(lambda: recorder.statistics().state == "error")
+        wait_until(lambda: recorder.statistics().state == "error")
     stats = recorder.statistics()
     assert recorder.acked_seq == 1 and stats.write_errors >= 1
     assert stats.last_error is not None and "No space" in stats.last_error
     assert stats.pending_rows + stats.queue_depth == 5
     assert any("not acknowledging" in r.message for r in caplog.records)
     monkeypatch.setattr(journal_module, "write_durably", real)
-    _wait(lambda: recorder.acked_seq == 6)
+    wait_until(lambda: recorder.acked_seq == 6)
     assert recorder.statistics().state == "running"
     recorder.stop()
     assert [r["data"]["x"] for r in _store(tmp_path)] == [0, 1, 2, 3, 4, 5]
@@ -347,7 +341,7 @@ def test_stop_while_the_disk_is_full_ends_promptly(
     recorder = _recorder(tmp_path)
     recorder.start()
     recorder.offer("PS1", "Acq", None, Sample(Data(x=1)))
-    _wait(lambda: recorder.statistics().state == "error")
+    wait_until(lambda: recorder.statistics().state == "error")
     started = time.monotonic()
     recorder.stop(timeout=20.0)
     assert time.monotonic() - started < 15.0

@@ -4,8 +4,7 @@ subscription delivered; and the ``record`` command line."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from rda.pipeline.recorder.cli import record
 from rda.pipeline.recorder.service import Recorder
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext, UpdateType
+from rda.testing import wait_until
 
 T0 = 1_750_000_000_000_000_000
 
@@ -73,13 +73,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 @pytest.fixture
 def served(no_thread_leak: None) -> Iterator[tuple[Server, ClientService]]:
     server = (
@@ -118,8 +111,8 @@ def test_recorded_rows_equal_what_a_subscription_delivered(
         first = watcher.poll(10)
         assert first is not None and first.error is None
         delivered.append((first.context.acq_stamp, _plain(first.data)))
-        _wait(lambda: recorder.statistics().received == 2)  # one FIRST update per device
-        _wait(lambda: sum(s.subscribers for s in server.subscriptions()) == 3)
+        wait_until(lambda: recorder.statistics().received == 2)  # one FIRST update per device
+        wait_until(lambda: sum(s.subscribers for s in server.subscriptions()) == 3)
         for i in range(1, 31):
             for source in server.subscriptions():
                 context = DataContext("CPS.USER.ALL", T0 + i, T0 + i, "")
@@ -127,7 +120,7 @@ def test_recorded_rows_equal_what_a_subscription_delivered(
             note = watcher.poll(10)
             assert note is not None and note.error is None
             delivered.append((note.context.acq_stamp, _plain(note.data)))
-            _wait(lambda i=i: recorder.statistics().received == 2 + 2 * i)  # type: ignore[misc]
+            wait_until(lambda i=i: recorder.statistics().received == 2 + 2 * i)  # type: ignore[misc]
         watcher.close()
         assert recorder.flush()
     finally:
@@ -177,7 +170,7 @@ def test_record_the_demo_devices(tmp_path: Path, no_thread_leak: None) -> None:
     try:
         recorder.start()
         assert recorder.statistics().subscriptions == 5
-        _wait(lambda: recorder.statistics().received >= 10)
+        wait_until(lambda: recorder.statistics().received >= 10)
         delivered: dict[tuple[str, str], list[tuple[int, str, Any]]] = {}
         with ClientService(StaticDirectory({"*": server.endpoint})) as client:
             for device, prop in [("PS2", "Acquisition"), ("BPM1", "Orbit")]:
@@ -192,7 +185,7 @@ def test_record_the_demo_devices(tmp_path: Path, no_thread_leak: None) -> None:
                         )
                 sub.close()
         last = recorder.statistics().received
-        _wait(lambda: recorder.statistics().received >= last + 10)  # past what we compare
+        wait_until(lambda: recorder.statistics().received >= last + 10)  # past what we compare
     finally:
         recorder.stop()
         server.stop()

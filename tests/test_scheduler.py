@@ -20,16 +20,9 @@ from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, Scheduler
 from rda.serialization import _binary
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
+from rda.testing import wait_until
 
 WAIT = 10.0  # generous bound for conditions that normally hold within milliseconds
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.001)
 
 
 @pytest.fixture

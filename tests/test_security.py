@@ -7,7 +7,6 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from rda.business.server.requests import (
 from rda.business.server.subscriptions import SubscriptionCallback
 from rda.serialization._data import Data
 from rda.serialization._header import UpdateType
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 
 MARKER = "PLAINTEXT-MARKER-7f3a9c"
 
@@ -57,13 +56,6 @@ class Subs(SubscriptionCallback):
     def subscribe(self, request: SubscriptionRequest) -> None:
         self.calls += 1
         request.accept()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.001)
 
 
 class Keys:
@@ -178,7 +170,7 @@ def test_authorized_client_gets_sets_subscribes_as_its_principal(
         ap.set(Data(text="changed"))
         assert ap.get().data["text"] == "changed"
         sub = ap.subscribe(listener=got.append)
-        wait_for(lambda: len(got) >= 1)
+        wait_until(lambda: len(got) >= 1)
         assert got[0].error is None and got[0].update_type is UpdateType.FIRST
         sub.close()
         # The two direct gets (the subscription's first value is fetched by the server).
@@ -236,7 +228,7 @@ def test_refused_client_fails_fast_and_reaches_no_handler(
         # the handshake said no (the type tells, not the elapsed time on a loaded machine).
         with pytest.raises(rda.NotAuthorizedError, match="security handshake refused"):
             client.access_point("PS1", "Text").get(timeout=30.0)
-        wait_for(lambda: server.statistics().transport.auth_failures >= 1)
+        wait_until(lambda: server.statistics().transport.auth_failures >= 1)
         assert handler.calls == 0 and subs.calls == 0
         # The server keeps serving an authorized client.
         good = client_for(server.endpoint, keys.alice, keys.server.public)
@@ -281,7 +273,7 @@ def test_refused_subscription_ends_and_nothing_retries(no_thread_leak: None, key
         with pytest.raises(rda.NotAuthorizedError, match="does not accept this client's key"):
             client.access_point("PS1", "Text").get(timeout=10.0)
         assert failures() == 2
-        wait_for(lambda: server.statistics().transport.auth_failures >= 2)
+        wait_until(lambda: server.statistics().transport.auth_failures >= 2)
     finally:
         client.close()
         server.stop()
@@ -295,12 +287,12 @@ def test_reconnects_after_a_secured_server_restart(no_thread_leak: None, keys: K
     restarted: Server | None = None
     try:
         sub = client.access_point("PS1", "Text").subscribe(listener=got.append)
-        wait_for(lambda: len(got) == 1)
+        wait_until(lambda: len(got) == 1)
         server.stop()
-        wait_for(lambda: len(got) == 2)
+        wait_until(lambda: len(got) == 2)
         assert isinstance(got[1].error, rda.DisconnectedError)
         restarted = build(keys, Handler(), port=port).start()
-        wait_for(lambda: len(got) == 3)
+        wait_until(lambda: len(got) == 3)
         assert got[2].error is None and got[2].update_type is UpdateType.FIRST
         assert client.access_point("PS1", "Text").get().data["text"] == MARKER
         assert client.statistics().reconnects == 1
@@ -445,7 +437,7 @@ def test_unauthenticated_peer_reads_nothing_useful(no_thread_leak: None, keys: K
                 break
             read += chunk
         assert MARKER.encode() not in read
-        wait_for(lambda: server.statistics().transport.auth_failures >= 1)
+        wait_until(lambda: server.statistics().transport.auth_failures >= 1)
         assert server.statistics().transport.peers == 1
     finally:
         raw.close()

@@ -4,8 +4,7 @@ DEALER speaking the protocol; a tmp FileDirectory for registration."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from rda.serialization._data import Data
 from rda.serialization._header import DataContext, Header, RequestType, UpdateType
 from rda.serialization._message import BodyKind, Message
 from rda.serialization.errors import NoSuchDeviceError, OverloadError, RemoteError, TimeoutError
+from rda.testing import wait_until
 from rda.transport.protocol import (
     ConnectAck,
     Incoming,
@@ -78,7 +78,7 @@ def server() -> Iterator[tuple[Server, Handler]]:
     yield srv, handler
     handler.release.set()
     srv.stop()
-    assert _wait(lambda: not [t for t in threading.enumerate() if t not in before])
+    wait_until(lambda: not [t for t in threading.enumerate() if t not in before])
 
 
 @pytest.fixture
@@ -86,15 +86,6 @@ def client(server: tuple[Server, Handler]) -> Iterator[ClientService]:
     directory = StaticDirectory({"*": server[0].endpoint})
     with ClientService(directory=directory, config=CONFIG) as svc:
         yield svc
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_get_set_and_errors_through_the_client(
@@ -127,7 +118,7 @@ def test_never_completed_get_is_answered_with_a_timeout(
     # rda.TimeoutError, and the server answers (and counts) the request it never completed.
     with pytest.raises(TimeoutError):
         client.access_point("PS1", "Never").get(timeout=0.3)
-    assert _wait(lambda: server[0].statistics().requests.get(("get", "timeout"), 0) == 1)
+    wait_until(lambda: server[0].statistics().requests.get(("get", "timeout"), 0) == 1)
 
 
 def test_overload_is_reported_as_overload_error(
@@ -136,9 +127,9 @@ def test_overload_is_reported_as_overload_error(
     srv, handler = server
     ap = client.access_point("SLOW", "Value")
     futures = [ap.get_async(timeout=10)]
-    assert _wait(lambda: srv.statistics().scheduler.running == 1)
+    wait_until(lambda: srv.statistics().scheduler.running == 1)
     futures += [ap.get_async(timeout=10) for _ in range(2)]  # fill the queue (limit 2)
-    assert _wait(lambda: srv.statistics().scheduler.queued == 2)
+    wait_until(lambda: srv.statistics().scheduler.queued == 2)
     with pytest.raises(OverloadError, match="SLOW"):
         ap.get(timeout=10)
     handler.release.set()
@@ -164,7 +155,7 @@ def test_subscription_first_immediate_normal(
         assert n is not None and n.update_type is UpdateType.NORMAL and n.data["value"] == i
         assert n.gap == 0
     sub.close()
-    assert _wait(lambda: srv.subscriptions() == [])
+    wait_until(lambda: srv.subscriptions() == [])
 
 
 class RawClient:
@@ -211,7 +202,7 @@ def test_raw_dealer_disconnect_removes_its_subscribers(server: tuple[Server, Han
     finally:
         raw.close()
     # The transport notices the closed TCP connection (socket monitor) and tells the server.
-    assert _wait(lambda: srv.subscriptions() == [] and srv.clients() == [])
+    wait_until(lambda: srv.subscriptions() == [] and srv.clients() == [])
 
 
 def test_directory_registration_on_start_and_stop(tmp_path: Path) -> None:

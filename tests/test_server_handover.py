@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -21,19 +20,12 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 from rda.serialization.errors import OverloadError
+from rda.testing import wait_until
 from rda.transport._relay import Relay
 from rda.transport.zmq_server import ZmqServerTransport
 
 WAIT = 10.0
 DISPATCHER = "rda-server-dispatcher"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.001)
 
 
 class Gate(RequestReplyCallback):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,16 +21,9 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
+from rda.testing import wait_until
 
 WAIT = 10.0
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.001)
 
 
 # -- the scheduler's inline path ---------------------------------------------------------------

@@ -38,8 +38,18 @@ def test_a_timeout_says_what_was_awaited_and_what_the_probe_saw() -> None:
 
 
 def test_without_a_message_the_lambda_s_source_is_named() -> None:
-    with pytest.raises(AssertionError, match=r"waiting for .*lambda: 1 > 2"):
-        wait_until(lambda: 1 > 2, timeout=0.01)
+    seen = {"a": [1]}
+    with pytest.raises(AssertionError) as failed:
+        wait_until(lambda: len(seen["a"]) == 2, timeout=0.01)  # a comment, (not) part of it
+    assert str(failed.value) == 'timed out after 0.01 s waiting for lambda: len(seen["a"]) == 2'
+    with pytest.raises(AssertionError) as failed:
+        wait_until(
+            lambda: sorted(seen, key=lambda k: (k, 0)) == [],
+            timeout=0.01,
+        )
+    assert str(failed.value).endswith(
+        "waiting for lambda: sorted(seen, key=lambda k: (k, 0)) == []"
+    )
 
 
 def test_without_a_message_a_named_function_is_named() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import random
 import struct
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from rda.serialization._header import (
     encode_header,
 )
 from rda.serialization._message import BodyKind, Message
+from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     EXTERNAL,
@@ -37,15 +37,6 @@ WAIT = 10.0
 WAIT_MS = 10_000
 MAX = 4096
 Ctx = zmq.Context[zmq.Socket[bytes]]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 class Echo:
@@ -169,7 +160,7 @@ def test_bad_message_is_dropped_counted_and_others_unaffected(
     good = dealer(ctx, srv.endpoint, b"good")
     try:
         bad.send_multipart(frames)
-        assert wait_for(lambda: srv.statistics().decode_errors == 1)
+        wait_until(lambda: srv.statistics().decode_errors == 1)
         assert srv.statistics().protocol_errors == (1 if protocol else 0)
         assert handler.requests == 0
         assert bad.poll(100) == 0  # dropped: no answer
@@ -242,7 +233,7 @@ def test_a_version_1_client_is_told_both_versions_and_the_server_keeps_serving(
         # A version 1 request that follows anyway is dropped and counted, never handled.
         old.send_multipart([REQ, b"\x01" + GOOD_HEADER[1:], b""])
         old.send_multipart([bytes([Kind.HEARTBEAT])])
-        assert wait_for(lambda: srv.statistics().protocol_errors == 3)
+        wait_until(lambda: srv.statistics().protocol_errors == 3)
         stats = srv.statistics()
         assert (stats.decode_errors, stats.peers) == (3, 1)
         assert handler.requests == 0 and old.poll(100) == 0
@@ -262,7 +253,7 @@ def test_giant_frame_is_cut_off_by_libzmq_and_others_unaffected(
         # One frame above MAXMSGSIZE: libzmq closes that connection without handing it over.
         big = table([LARGE], [MAX * 4])
         bad.send_multipart([REQ + GOOD_HEADER + big, b"x" * (MAX * 4)])
-        assert wait_for(lambda: b"giant" in handler.gone)
+        wait_until(lambda: b"giant" in handler.gone)
         assert handler.gone[b"giant"] == "peer gone"
         assert handler.requests == 0
         assert echo_works(good, 3)
@@ -287,7 +278,7 @@ def test_random_garbage_never_kills_the_dispatcher(
             bad.send_multipart(frames)
         bad.send_multipart(encode_heartbeat(from_server=False))
         assert echo_works(good, 9)
-        assert wait_for(lambda: srv.statistics().decode_errors > 100)
+        wait_until(lambda: srv.statistics().decode_errors > 100)
     finally:
         bad.close(0)
         good.close(0)

@@ -13,7 +13,7 @@ import zmq
 
 from rda.serialization._header import PROTOCOL_VERSION, Header, RequestType
 from rda.serialization._message import BodyKind, Message
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
     Kind,
@@ -26,15 +26,6 @@ from rda.transport.zmq_server import ZmqServerTransport
 
 WAIT = 10.0
 WAIT_MS = 10_000
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def request(rid: int, body: bytes = b"payload") -> list[Any]:
@@ -110,7 +101,7 @@ def test_handshake_exchanges_client_and_server_info(
     srv, sh = server
     cl, rec = client
     conn = cl.connect(srv.endpoint)
-    assert wait_for(lambda: conn in rec.connected and len(sh.peers) == 1)
+    wait_until(lambda: conn in rec.connected and len(sh.peers) == 1)
     info = next(iter(sh.peers.values()))
     assert info["application"] == "test-app"
     assert {"user", "host", "pid", "version"} <= info.keys()
@@ -135,7 +126,7 @@ def test_echo_round_trip_keeps_body_as_memoryview(
         big = bytes(range(256)) * 1024  # 256 KiB: travels without a copy
         cl.send(conn, request(1, b"small"))
         cl.send(conn, request(2, big))
-        assert wait_for(lambda: len(rec.messages) == 2)
+        wait_until(lambda: len(rec.messages) == 2)
         (c1, m1), (_, m2) = rec.messages
         assert c1 == conn
         assert m1.header.request_type is RequestType.REPLY
@@ -181,7 +172,7 @@ def test_requests_sent_before_ack_wait_for_it_then_flush_in_order(
             got.append(frames)
         ids = [int.from_bytes(f[1][5:13], "little") for f in got]  # kind byte, then the header
         assert ids == [0, 1, 2]
-        assert wait_for(lambda: conn in rec.connected)
+        wait_until(lambda: conn in rec.connected)
         assert cl.statistics().queued_until_connected == 3
     finally:
         router.close(0)
@@ -195,7 +186,7 @@ def test_no_ack_within_connect_timeout_reports_disconnected() -> None:
     cl.start()
     try:
         conn = cl.connect(endpoint)
-        assert wait_for(lambda: conn in rec.disconnected)
+        wait_until(lambda: conn in rec.disconnected)
         assert "CONNECT_ACK" in rec.disconnected[conn]
         assert conn not in rec.connected
         cl.send(conn, request(1))  # a dead connection: silently ignored
@@ -213,7 +204,7 @@ def test_refused_connection_is_reported_at_once(
     ctx.term()
     cl, rec = client
     conn = cl.connect(endpoint)
-    assert wait_for(lambda: conn in rec.disconnected)
+    wait_until(lambda: conn in rec.disconnected)
     # The monitor's CLOSED event reported it, not the 5 s connect timer (whose reason names
     # the missing CONNECT_ACK): the reason says which, whatever the machine's load.
     assert "CONNECT_ACK" not in rec.disconnected[conn]
@@ -231,10 +222,10 @@ def test_server_restart_is_noticed_through_the_monitor_not_the_heartbeat() -> No
     cl.start()
     try:
         conn = cl.connect(srv.endpoint)
-        assert wait_for(lambda: conn in rec.connected)
+        wait_until(lambda: conn in rec.connected)
         srv.close()
         # The reason tells the server's close from the 30 s heartbeat timeout (no timing).
-        assert wait_for(lambda: conn in rec.disconnected, timeout=20.0)
+        wait_until(lambda: conn in rec.disconnected, timeout=20.0)
         assert rec.disconnected[conn] == "server closed the connection"
         assert cl.statistics().heartbeat_timeouts == 0
         assert cl.statistics().connections == 0
@@ -253,7 +244,7 @@ def test_silent_server_is_dropped_by_the_client_heartbeat() -> None:
         assert router.poll(WAIT_MS)
         rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
-        assert wait_for(lambda: conn in rec.disconnected)
+        wait_until(lambda: conn in rec.disconnected)
         assert rec.disconnected[conn] == "heartbeat timeout"
         assert cl.statistics().heartbeat_timeouts == 1
         # The client did send heartbeats while waiting.
@@ -274,15 +265,15 @@ def test_disconnect_reports_closed_locally(
     srv, _ = server
     cl, rec = client
     conn = cl.connect(srv.endpoint)
-    assert wait_for(lambda: conn in rec.connected)
+    wait_until(lambda: conn in rec.connected)
     cl.disconnect(conn)
-    assert wait_for(lambda: conn in rec.disconnected)
+    wait_until(lambda: conn in rec.disconnected)
     assert rec.disconnected[conn] == "closed locally"
     cl.disconnect(conn)  # again: nothing more happens (asserted by ClientRec)
     cl.send(conn, request(1))
     conn2 = cl.connect(srv.endpoint)
     assert conn2 != conn
-    assert wait_for(lambda: conn2 in rec.connected)
+    wait_until(lambda: conn2 in rec.connected)
 
 
 def test_handler_that_raises_is_counted_and_dispatcher_lives_on(
@@ -299,7 +290,7 @@ def test_handler_that_raises_is_counted_and_dispatcher_lives_on(
     conn = cl.connect(srv.endpoint)
     cl.send(conn, request(1))
     cl.send(conn, request(2))
-    assert wait_for(lambda: len(rec.messages) == 2)
+    wait_until(lambda: len(rec.messages) == 2)
     assert cl.statistics().handler_errors == 1
 
 
@@ -323,7 +314,7 @@ def test_back_pressure_blocks_a_producer_while_the_dispatcher_is_stalled(
     try:
         conn = cl.connect(srv.endpoint)
         cl.send(conn, request(0))
-        assert wait_for(lambda: len(rec.messages) == 1)  # the dispatcher now waits on `stall`
+        wait_until(lambda: len(rec.messages) == 1)  # the dispatcher now waits on `stall`
 
         def produce() -> None:
             for i in range(total):
@@ -343,7 +334,7 @@ def test_back_pressure_blocks_a_producer_while_the_dispatcher_is_stalled(
         stall.set()
         producer.join(WAIT)
         assert not producer.is_alive()
-        assert wait_for(lambda: len(sh.requests) == total + 1)
+        wait_until(lambda: len(sh.requests) == total + 1)
     finally:
         stall.set()
         cl.close()
@@ -361,10 +352,10 @@ def test_client_heartbeat_expiry_with_a_fake_clock() -> None:
         assert router.poll(WAIT_MS)
         rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
-        assert wait_for(lambda: conn in rec.connected)
+        wait_until(lambda: conn in rec.connected)
         clock.advance(10.5)
         cl.send(conn, request(1))  # any wake-up makes the dispatcher look at its timers
-        assert wait_for(lambda: conn in rec.disconnected)
+        wait_until(lambda: conn in rec.disconnected)
         assert rec.disconnected[conn] == "heartbeat timeout"
         assert cl.statistics().heartbeat_timeouts == 1
     finally:
@@ -384,7 +375,7 @@ def test_a_full_dealer_pipe_loses_nothing_and_keeps_order(
         assert router.poll(WAIT_MS)
         rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({})])
-        assert wait_for(lambda: conn in rec.connected)
+        wait_until(lambda: conn in rec.connected)
         n = 1500
         body = b"b" * (32 * 1024)  # 48 MB in all: more than libzmq and the kernel buffer
         for i in range(n):
@@ -410,7 +401,7 @@ def test_refusing_ack_and_bad_server_messages(
         assert router.poll(WAIT_MS)
         rid, _ = router.recv_multipart()
         router.send_multipart([rid, *encode_connect_ack({"error": "no room"})])
-        assert wait_for(lambda: refused in rec.disconnected)
+        wait_until(lambda: refused in rec.disconnected)
         assert rec.disconnected[refused] == "refused by the server: no room"
         assert refused not in rec.connected
 
@@ -424,7 +415,7 @@ def test_refusing_ack_and_bad_server_messages(
         router.send_multipart([rid, b"\x99", b"junk"])
         router.send_multipart([rid, *encode_message(Kind.REQUEST, reply)])
         router.send_multipart([rid, *encode_message(Kind.REPLY, reply)])
-        assert wait_for(lambda: len(rec.messages) == 1)
+        wait_until(lambda: len(rec.messages) == 1)
         assert rec.messages[0][0] == conn and rec.messages[0][1].header.id == 5
         assert cl.statistics().decode_errors == 3
         assert conn not in rec.disconnected

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from rda.serialization._header import (
     encode_header,
 )
 from rda.serialization._message import BodyKind, Message
-from rda.testing import FakeClock
+from rda.testing import FakeClock, wait_until
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
@@ -45,15 +45,6 @@ Ctx = zmq.Context[zmq.Socket[bytes]]
 # Raw dealers read "the next message": on a loaded machine a heartbeat (every 1 s by default)
 # could come first, so servers of tests that do not test heartbeats send none within a test.
 QUIET = TransportSettings(heartbeat_interval=30.0, heartbeat_timeout=60.0)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def request(rid: int, body: bytes = b"payload") -> list[Any]:
@@ -171,7 +162,7 @@ def test_silent_peer_is_dropped_by_heartbeat(ctx: Ctx) -> None:
     srv, rec = start_server(settings=settings)
     d = raw_dealer(ctx, srv.endpoint, b"silent")
     try:
-        assert wait_for(lambda: b"silent" in rec.gone)
+        wait_until(lambda: b"silent" in rec.gone)
         assert rec.gone[b"silent"] == "heartbeat timeout"
         stats = srv.statistics()
         assert stats.heartbeat_timeouts == 1 and stats.peers == 0
@@ -207,7 +198,7 @@ def test_closed_peer_connection_is_dropped_at_once(ctx: Ctx) -> None:
     d = raw_dealer(ctx, srv.endpoint, b"leaver")
     try:
         d.close(0)
-        assert wait_for(lambda: b"leaver" in rec.gone, timeout=5.0)  # not 30 s
+        wait_until(lambda: b"leaver" in rec.gone, timeout=5.0)  # not 30 s
         assert rec.gone[b"leaver"] == "peer gone"
         assert srv.statistics().heartbeat_timeouts == 0
     finally:
@@ -251,9 +242,9 @@ def test_publish_fans_one_tail_out_and_disconnect_reports(ctx: Ctx) -> None:
             msg = decode_frames(sock.recv_multipart(), from_server=True).message  # type: ignore[union-attr]
             assert msg.header.id == sub and bytes(msg.body[0][1]) == b"DATA"
         srv.disconnect(b"peer-a")
-        assert wait_for(lambda: rec.gone.get(b"peer-a") == "closed locally")
+        wait_until(lambda: rec.gone.get(b"peer-a") == "closed locally")
         srv.send(b"peer-a", request(1))  # forgotten peer: dropped, counted
-        assert wait_for(lambda: srv.statistics().messages_dropped == 1)
+        wait_until(lambda: srv.statistics().messages_dropped == 1)
     finally:
         a.close(0)
         b.close(0)
@@ -266,7 +257,7 @@ def test_a_connect_records_the_connections_file_descriptor(ctx: Ctx) -> None:
     srv, rec = start_server()
     d = raw_dealer(ctx, srv.endpoint, b"fd-peer")
     try:
-        assert wait_for(lambda: b"fd-peer" in rec.peers)
+        wait_until(lambda: b"fd-peer" in rec.peers)
         peer = srv._table.peers[b"fd-peer"]
         assert peer.fd >= 0 and srv._wire.by_fd[peer.fd] == b"fd-peer"
     finally:
@@ -291,11 +282,11 @@ def test_a_new_connection_on_a_closed_peers_descriptor_has_that_peer_probed_and_
     monkeypatch.setattr(srv._wire, "on_monitor", unread)
     peers = [raw_dealer(ctx, srv.endpoint, b"old-peer")]
     try:
-        assert wait_for(lambda: b"old-peer" in rec.peers)
+        wait_until(lambda: b"old-peer" in rec.peers)
         fd = srv._table.peers[b"old-peer"].fd
         peers.pop().close(0)
         # Wait until libzmq has closed the descriptor (the server runs in this process).
-        assert wait_for(lambda: not os.path.exists(f"/proc/self/fd/{fd}") or _other(fd))
+        wait_until(lambda: not os.path.exists(f"/proc/self/fd/{fd}") or _other(fd))
         # The kernel gives the next connection the lowest free descriptor, often ``fd`` but
         # not always in a full run: the new peer is told it got ``fd``, as it would have.
         connect = srv._table._connect
@@ -307,9 +298,9 @@ def test_a_new_connection_on_a_closed_peers_descriptor_has_that_peer_probed_and_
 
         monkeypatch.setattr(srv._table, "_connect", on_descriptor_reused)
         peers.append(raw_dealer(ctx, srv.endpoint, b"new-peer"))
-        assert wait_for(lambda: b"new-peer" in srv._table.peers)
+        wait_until(lambda: b"new-peer" in srv._table.peers)
         assert srv._wire.by_fd[fd] == b"new-peer"
-        assert wait_for(lambda: rec.gone.get(b"old-peer") is not None, 5.0)
+        wait_until(lambda: rec.gone.get(b"old-peer") is not None, timeout=5.0)
         assert rec.gone[b"old-peer"] == PEER_GONE and b"new-peer" in srv._table.peers
     finally:
         for sock in peers:
@@ -378,17 +369,17 @@ def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
     client = ZmqClientTransport(fast)
     client.start()
     try:
-        assert wait_for(lambda: b"slow" in rec.peers)
+        wait_until(lambda: b"slow" in rec.peers)
         big = b"x" * (256 * 1024)
         header = encode_header(Header(RequestType.NOTIFICATION_DATA, 9))
         # Flood the slow peer with conflatable notifications of one subscription ...
         for _ in range(200):
             srv.publish([(b"slow", 9, header)], encode_tail([(BodyKind.DATA, big)]))
-        assert wait_for(lambda: srv.statistics().notifications_conflated > 0)
+        wait_until(lambda: srv.statistics().notifications_conflated > 0)
         # ... then with plain messages until its queue overflows.
         for i in range(limit * 3):
             srv.send(b"slow", request(i, big))
-        assert wait_for(lambda: srv.statistics().messages_dropped > 0)
+        wait_until(lambda: srv.statistics().messages_dropped > 0)
         assert srv.statistics().peer_queue_depth <= limit
         # The per-peer view says who lost what: the slow peer, on subscription 9.
         slow_stats = srv.peer_statistics()[b"slow"]
@@ -399,7 +390,7 @@ def test_slow_client_is_isolated_bounded_and_conflated(ctx: Ctx) -> None:
         conn = client.connect(srv.endpoint)
         for i in range(20):
             client.send(conn, request(1000 + i))
-        assert wait_for(lambda: len(fast.replies) == 20)
+        wait_until(lambda: len(fast.replies) == 20)
         assert b"slow" not in rec.gone
     finally:
         client.close()
@@ -422,7 +413,7 @@ def test_heartbeat_expiry_with_a_fake_clock(ctx: Ctx) -> None:
         assert rec.gone == {}
         clock.advance(0.2)
         c = raw_dealer(ctx, srv.endpoint, b"c")  # wakes the dispatcher again: a has expired
-        assert wait_for(lambda: b"a" in rec.gone)
+        wait_until(lambda: b"a" in rec.gone)
         assert rec.gone == {b"a": "heartbeat timeout"}  # b heard from 0.2 s ago, c just now
         assert srv.statistics().heartbeat_timeouts == 1
     finally:
@@ -521,14 +512,14 @@ def test_messages_queued_for_a_dropped_peer_are_counted_as_dropped(ctx: Ctx) -> 
     slow.connect(srv.endpoint)
     slow.send_multipart(encode_connect({"application": "slow"}))
     try:
-        assert wait_for(lambda: b"slow" in rec.peers)
+        wait_until(lambda: b"slow" in rec.peers)
         big = b"x" * (256 * 1024)
         for i in range(30):
             srv.send(b"slow", request(i, big))
-        assert wait_for(lambda: srv.statistics().peer_queue_depth > 0)
+        wait_until(lambda: srv.statistics().peer_queue_depth > 0)
         before = srv.statistics()
         srv.disconnect(b"slow")
-        assert wait_for(lambda: b"slow" in rec.gone)
+        wait_until(lambda: b"slow" in rec.gone)
         after = srv.statistics()
         assert after.peer_queue_depth == 0
         # Nothing the peer never received disappears uncounted: each message queued at `before`
@@ -559,7 +550,7 @@ def test_messages_read_after_the_peer_was_found_gone_are_dropped_not_answered(ct
     try:
         for rid in range(1, 6):
             d.send_multipart(request(rid))
-        assert wait_for(lambda: srv.statistics().messages_dropped == 4)
+        wait_until(lambda: srv.statistics().messages_dropped == 4)
         assert [m.header.id for _, m in rec.requests] == [1]
         assert rec.gone == {b"leaver": "peer gone"}
         stats = srv.statistics()
@@ -568,7 +559,7 @@ def test_messages_read_after_the_peer_was_found_gone_are_dropped_not_answered(ct
         # The same routing id introducing itself again is a new session, served as usual.
         d.send_multipart(encode_connect({"application": "raw"}))
         d.send_multipart(request(6))
-        assert wait_for(lambda: [m.header.id for _, m in rec.requests] == [1, 6])
+        wait_until(lambda: [m.header.id for _, m in rec.requests] == [1, 6])
         assert srv.statistics().messages_dropped == 4
     finally:
         d.close(0)

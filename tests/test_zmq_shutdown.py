@@ -5,28 +5,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from rda.serialization._header import Header, RequestType
 from rda.serialization._message import BodyKind, Message
+from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import Kind, encode_message
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 
 WAIT = 10.0
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def request(rid: int) -> list[Any]:
@@ -119,7 +110,7 @@ def test_hundred_open_close_cycles_leak_no_thread_or_fd() -> None:
         srv, _, cl, ch = pair()
         conn = cl.connect(srv.endpoint)
         cl.send(conn, request(1))
-        assert wait_for(lambda: ch.replies == 1)
+        wait_until(lambda: ch.replies == 1)
         cl.close()
         srv.close()
 
@@ -140,7 +131,7 @@ def test_close_from_handlers_does_not_deadlock() -> None:
         conn = cl.connect(srv.endpoint)
         cl.send(conn, request(1))
         # The client's handler closes the client on the reply: its dispatcher ends by itself.
-        assert wait_for(lambda: "rda-client-dispatcher" not in dispatcher_threads())
+        wait_until(lambda: "rda-client-dispatcher" not in dispatcher_threads())
         assert ch.disconnected == ["closed locally"]
         # The server's handler closes the server on request 7.
         cl2 = ZmqClientTransport(Client())
@@ -148,7 +139,7 @@ def test_close_from_handlers_does_not_deadlock() -> None:
         try:
             c2 = cl2.connect(srv.endpoint)
             cl2.send(c2, request(7))
-            assert wait_for(lambda: "rda-server-dispatcher" not in dispatcher_threads())
+            wait_until(lambda: "rda-server-dispatcher" not in dispatcher_threads())
         finally:
             cl2.close()
     finally:
@@ -165,7 +156,7 @@ def test_the_owners_close_after_a_handlers_close_returns_once_every_thread_ended
     sh.close_on = 7
     try:
         cl.send(cl.connect(srv.endpoint), request(7))
-        assert wait_for(lambda: srv._closed)  # closed by its handler
+        wait_until(lambda: srv._closed)  # closed by its handler
         srv.close()
         assert [n for n in dispatcher_threads() if n.startswith("rda-server")] == []
     finally:
@@ -189,7 +180,7 @@ def test_close_under_traffic_is_bounded_and_releases_blocked_producers() -> None
     producers = [threading.Thread(target=produce) for _ in range(3)]
     for p in producers:
         p.start()
-    assert wait_for(lambda: ch.replies > 100)
+    wait_until(lambda: ch.replies > 100)
     start = time.monotonic()
     cl.close()
     srv.close()

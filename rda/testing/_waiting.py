@@ -34,17 +34,17 @@ _LONGEST_REPR = 500
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     message: str = "",
     *,
     timeout: float = DEFAULT_TIMEOUT,
     probe: Callable[[], object] | None = None,
 ) -> T:
-    """Wait until ``predicate()`` returns something truthy, and return it.
+    """Wait until ``predicate()`` returns something truthy, and return it (never ``None``).
 
     ``predicate`` is called at once, then again after pauses that grow from 1 ms to 20 ms,
-    until it holds or ``timeout`` seconds (default 10) have passed;
-    it is called one last time at the deadline. If it never holds, ``AssertionError`` says
+    until it holds or ``timeout`` seconds (default 10) have passed; it is called one last
+    time at the deadline. If it never holds, ``AssertionError`` says
     what was awaited: ``message`` (say what should happen, e.g. ``"the server to drop the
     peer"``; without one, the predicate's source), and, when ``probe`` is given, what
     ``probe()`` returned at the end, so that a failing test shows how far things got.
@@ -56,12 +56,12 @@ def wait_until(
 
         from rda.testing import wait_until
 
-        server.start()
-        client.access_point("PSU1", "Acquisition").subscribe(listener)
+        received: list[rda.Notification] = []
+        client.access_point("PSU1", "Acquisition").subscribe(listener=received.append)
         wait_until(
-            lambda: len(listener.received) >= 3,
+            lambda: len(received) >= 3,
             "three notifications",
-            probe=lambda: listener.received,
+            probe=lambda: received,
         )
         # on timeout: AssertionError: timed out after 10 s waiting for three notifications
         #             (last probe: [Notification(...)])
@@ -103,7 +103,7 @@ def _timed_out(
 
 
 def _describe(predicate: Callable[[], object]) -> str:
-    """The predicate's source for a lambda (the line that wrote it), its name otherwise."""
+    """A lambda's own source (``lambda: len(seen) == 3``), a function's name otherwise."""
     name = getattr(predicate, "__qualname__", None)
     if name is not None and "<lambda>" not in name:
         return f"{name}()"
@@ -111,7 +111,31 @@ def _describe(predicate: Callable[[], object]) -> str:
         lines = inspect.getsource(predicate).split("\n")
     except (OSError, TypeError):
         return repr(predicate)
-    return _short(" ".join(line.strip() for line in lines if line.strip()))
+    text = " ".join(line.strip() for line in lines if line.strip())
+    start = text.find("lambda")
+    return _short(text if start < 0 else _expression(text[start:]))
+
+
+def _expression(text: str) -> str:
+    """``text`` up to the comma or closing bracket that ends the expression it starts with
+    (getsource gives the whole lines the lambda is on: the call around it too)."""
+    depth = 0
+    quote = ""
+    for at, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return text[:at].strip()
+            depth -= 1
+        elif char in ",#" and depth == 0:
+            return text[:at].strip()
+    return text.strip()
 
 
 def _short(text: str) -> str:
