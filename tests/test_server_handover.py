@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,15 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization._data import Data
 from rda.serialization.errors import OverloadError
-from rda.testing import wait_until
+from rda.testing import FakeClock, wait_until
 from rda.transport._relay import Relay
+from rda.transport.api import (
+    ClientHandler,
+    ClientTransport,
+    ServerTransportStatistics,
+    TransportSettings,
+)
+from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 
 WAIT = 10.0
@@ -29,8 +37,8 @@ DISPATCHER = "rda-server-dispatcher"
 
 
 class Gate(RequestReplyCallback):
-    """Gets of selector "block" wait for ``release``; "sleep5" sleeps 5 s; others answer at
-    once. Records (device, selector, thread) in call order and the concurrency reached."""
+    """Gets of selector "block" wait for ``release``; others answer at once. Records
+    (device, selector, thread) in call order and the concurrency reached."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -54,8 +62,6 @@ class Gate(RequestReplyCallback):
         try:
             if selector == "block":
                 assert self.release.wait(30.0)
-            elif selector == "sleep5":
-                time.sleep(5.0)
         finally:
             with self._lock:
                 self.running -= 1
@@ -66,8 +72,14 @@ class Gate(RequestReplyCallback):
 
 
 def start(
-    gate: Gate, workers: int = 4, queue_limit: int = 1000, heartbeat: tuple[float, float] = (1, 10)
+    gate: Gate,
+    workers: int = 4,
+    queue_limit: int = 1000,
+    heartbeat: tuple[float, float] = (1, 10),
+    heartbeat_clock: FakeClock | None = None,
 ) -> tuple[Server, ClientService]:
+    """A server and a client over ZeroMQ; ``heartbeat_clock`` drives both transports'
+    heartbeats (request deadlines and the hand-over keep real time)."""
     builder = (
         ServerBuilder("HANDOVER")
         .request_reply(gate)
@@ -77,9 +89,25 @@ def start(
         .queue_limit(queue_limit)
         .heartbeat(*heartbeat)
     )
+    transport_factory = None
+    if heartbeat_clock is not None:
+        clock = heartbeat_clock
+        builder.transport(
+            lambda handler, settings, info: ZmqServerTransport(
+                "tcp://127.0.0.1:0", handler, settings, info, clock=clock
+            )
+        )
+
+        def transport_factory(
+            handler: ClientHandler, settings: TransportSettings, info: dict[str, Any]
+        ) -> ClientTransport:
+            return ZmqClientTransport(handler, settings, info, clock=clock)
+
     server = rda.admin.install(builder).build().start()
     config = Config(workers=1, heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1])
-    client = ClientService(StaticDirectory({"*": server.endpoint}), config)
+    client = ClientService(
+        StaticDirectory({"*": server.endpoint}), config, transport_factory=transport_factory
+    )
     return server, client
 
 
@@ -131,28 +159,57 @@ def test_a_long_handler_hands_the_dispatching_over_and_order_and_admin_hold(
         server.stop()
 
 
-@pytest.mark.timeout(60)
-def test_heartbeats_and_other_devices_flow_while_a_handler_sleeps_5_s() -> None:
+@pytest.mark.timeout(120)
+def test_heartbeats_and_other_devices_flow_while_a_handler_blocks() -> None:
+    # Heartbeats on a fake clock (1 s interval, 10 s timeout) in both transports: the test is
+    # about the server still hearing and answering while a handler holds the dispatcher that
+    # started it, not about the wall clock, where a descheduled thread would look silent. The
+    # hand-over itself keeps real time (the standby's tick), as in production.
+    clock = FakeClock(1000.0)
     gate = Gate()
-    # Without the hand-over the client would drop the server after 0.5 s of silence.
-    server, client = start(gate, heartbeat=(0.1, 0.5))
+    server, client = start(gate, heartbeat_clock=clock)
     try:
-        slow = client.access_point("D1", "P").get_async(selector="sleep5", timeout=20.0)
+        slow = client.access_point("D1", "P").get_async(selector="block", timeout=60.0)
         assert gate.started_event("D1").wait(WAIT)
-        other = client.access_point("D2", "P")
-        answered = 0
-        while not slow.done():
-            assert other.get(timeout=WAIT).data["value"] == 1.0
-            answered += 1
-            time.sleep(0.05)
-        assert slow.result(WAIT).data["value"] == 1.0
-        assert answered > 0
+        assert gate.calls[0][2] == DISPATCHER  # it holds a dispatcher: what the hand-over is for
+        # 24 s of nothing but heartbeats, in 3 s steps. Each step waits until each side has
+        # heard from the other again (a message drained with the time of the step before is
+        # at most 6 s old at the next check: under the timeout). Without the hand-over the
+        # blocked server would neither send nor read, and the client would drop it.
+        for _ in range(8):
+            to_client = client.statistics().transport.messages_in
+            to_server = server_transport(server).messages_in
+            clock.advance(3.0)
+            wait_until(
+                lambda: client.statistics().transport.messages_in > to_client,  # noqa: B023
+                "the client to hear the server's heartbeat",
+            )
+            wait_until(
+                lambda: server_transport(server).messages_in > to_server,  # noqa: B023
+                "the server to hear the client's heartbeat",
+            )
         assert client.statistics().transport.heartbeat_timeouts == 0
+        assert server_transport(server).heartbeat_timeouts == 0
         assert client.statistics().reconnects == 0
-        assert server.statistics().transport.heartbeat_timeouts == 0
+        assert server_transport(server).handovers == 1
+        # Other devices are answered meanwhile, and the blocked one completes when released.
+        other = client.access_point("D2", "P")
+        for _ in range(3):
+            assert other.get(timeout=WAIT).data["value"] == 1.0
+        assert not slow.done()
+        gate.release.set()
+        assert slow.result(WAIT).data["value"] == 1.0
+        assert client.statistics().reconnects == 0
     finally:
+        gate.release.set()
         client.close()
         server.stop()
+
+
+def server_transport(server: Server) -> ServerTransportStatistics:
+    stats = server.statistics().transport
+    assert stats is not None
+    return stats
 
 
 def test_the_workers_bound_and_the_overflow_policy_hold_with_inline_handlers() -> None:

@@ -28,6 +28,25 @@ WAIT = 10.0
 WAIT_MS = 10_000
 
 
+# Seconds without progress that count as "blocked": generous, so that a thread descheduled on
+# a loaded machine is not taken for one blocked by back-pressure.
+STALLED = 2.0
+
+
+def unchanged_for(seconds: float, read: Callable[[], int]) -> Callable[[], bool]:
+    """A predicate for wait_until: true once ``read()`` has not changed for ``seconds``."""
+    seen, since = read(), time.monotonic()
+
+    def check() -> bool:
+        nonlocal seen, since
+        value, now = read(), time.monotonic()
+        if value != seen:
+            seen, since = value, now
+        return now - since >= seconds
+
+    return check
+
+
 def request(rid: int, body: bytes = b"payload") -> list[Any]:
     header = Header(RequestType.GET, rid, "DEV", "Prop", "SEL")
     return encode_message(Kind.REQUEST, header, [(BodyKind.DATA, body)])
@@ -237,7 +256,10 @@ def test_server_restart_is_noticed_through_the_monitor_not_the_heartbeat() -> No
 def test_silent_server_is_dropped_by_the_client_heartbeat() -> None:
     ctx, router, endpoint = raw_router()
     rec = ClientRec()
-    cl = ZmqClientTransport(rec, TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3))
+    # Real time on purpose: the one test of real heartbeat frames on a real socket (the timer
+    # rules are test_client_heartbeat_expiry_with_a_fake_clock's). The timeout is ten
+    # intervals, so a dispatcher descheduled for a while still sends heartbeats before the drop.
+    cl = ZmqClientTransport(rec, TransportSettings(heartbeat_interval=0.1, heartbeat_timeout=1.0))
     cl.start()
     try:
         conn = cl.connect(endpoint)
@@ -323,11 +345,14 @@ def test_back_pressure_blocks_a_producer_while_the_dispatcher_is_stalled(
 
         producer = threading.Thread(target=produce)
         producer.start()
-        # Wait until the producer stops making progress: it is blocked on the full pipe.
-        last = -1
-        while sent[0] != last:
-            last = sent[0]
-            time.sleep(0.1)
+        # The pipe takes at least send_hwm; then the producer must block on it. A descheduled
+        # producer can pause anywhere, but only at or above that floor (waited for first) and
+        # never above the bound: a slow machine cannot fail this. Without a bound the producer
+        # would send all it has long before STALLED seconds without progress.
+        wait_until(lambda: sent[0] >= hwm, "the producer to fill the pipe", probe=lambda: sent)
+        wait_until(
+            unchanged_for(STALLED, lambda: sent[0]), "the producer to block", probe=lambda: sent
+        )
         assert producer.is_alive()
         # The pipe holds at most send_hwm at each end (plus a message in flight).
         assert hwm <= sent[0] <= 2 * hwm + 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,25 @@ Ctx = zmq.Context[zmq.Socket[bytes]]
 # Raw dealers read "the next message": on a loaded machine a heartbeat (every 1 s by default)
 # could come first, so servers of tests that do not test heartbeats send none within a test.
 QUIET = TransportSettings(heartbeat_interval=30.0, heartbeat_timeout=60.0)
+
+
+# Seconds without progress that count as "blocked": generous, so that a thread descheduled on
+# a loaded machine is not taken for one blocked by back-pressure.
+STALLED = 2.0
+
+
+def unchanged_for(seconds: float, read: Callable[[], int]) -> Callable[[], bool]:
+    """A predicate for wait_until: true once ``read()`` has not changed for ``seconds``."""
+    seen, since = read(), time.monotonic()
+
+    def check() -> bool:
+        nonlocal seen, since
+        value, now = read(), time.monotonic()
+        if value != seen:
+            seen, since = value, now
+        return now - since >= seconds
+
+    return check
 
 
 def request(rid: int, body: bytes = b"payload") -> list[Any]:
@@ -158,7 +177,10 @@ def test_ipc_and_inproc_endpoints(scheme: str, tmp_path: Path, ctx: Ctx) -> None
 
 
 def test_silent_peer_is_dropped_by_heartbeat(ctx: Ctx) -> None:
-    settings = TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3)
+    # Real time on purpose: this is the one test of real heartbeat frames on a real socket
+    # (test_heartbeat_expiry_with_a_fake_clock has the timer rules). The timeout is ten
+    # intervals, so a dispatcher descheduled for a while still sends heartbeats before the drop.
+    settings = TransportSettings(heartbeat_interval=0.1, heartbeat_timeout=1.0)
     srv, rec = start_server(settings=settings)
     d = raw_dealer(ctx, srv.endpoint, b"silent")
     try:
@@ -177,18 +199,35 @@ def test_silent_peer_is_dropped_by_heartbeat(ctx: Ctx) -> None:
 
 
 def test_any_traffic_keeps_a_peer_alive(ctx: Ctx) -> None:
-    settings = TransportSettings(heartbeat_interval=0.05, heartbeat_timeout=0.3)
-    srv, rec = start_server(settings=settings)
-    d = raw_dealer(ctx, srv.endpoint, b"chatty")
+    # On a fake clock: the test is about which peers the timer drops, and with real time a
+    # descheduled sender would look silent. Each step waits until the server has read the
+    # chatty peer's message before time moves on; a message read in the same drain as the
+    # one before carries that drain's (older) time, so the chatty peer is at worst two
+    # steps (8 s) behind: under the 10 s timeout. The silent peer is the control: the same
+    # timer, over the same 20 s, drops it.
+    clock = FakeClock(100.0)
+    rec = Rec()
+    settings = TransportSettings(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    srv = ZmqServerTransport("tcp://127.0.0.1:0", rec, settings, context=ctx, clock=clock)
+    rec.transport = srv
+    srv.start()
+    chatty = raw_dealer(ctx, srv.endpoint, b"chatty")
+    silent = raw_dealer(ctx, srv.endpoint, b"silent")
     try:
-        end = time.monotonic() + 1.0  # > 3 timeouts
-        while time.monotonic() < end:
-            d.send_multipart(encode_heartbeat(from_server=False))
-            time.sleep(0.02)
-        assert b"chatty" not in rec.gone
+        for _ in range(5):  # 5 steps of 4 s: twice the timeout
+            clock.advance(4.0)
+            heard = srv.statistics().messages_in
+            chatty.send_multipart(encode_heartbeat(from_server=False))
+            wait_until(
+                lambda: srv.statistics().messages_in > heard,  # noqa: B023 (read at once)
+                "the server to read the chatty peer's heartbeat",
+            )
+        wait_until(lambda: b"silent" in rec.gone, "the silent peer to be dropped")
+        assert rec.gone == {b"silent": "heartbeat timeout"}
         assert srv.statistics().peers == 1
     finally:
-        d.close(0)
+        chatty.close(0)
+        silent.close(0)
         srv.close()
 
 
@@ -198,7 +237,7 @@ def test_closed_peer_connection_is_dropped_at_once(ctx: Ctx) -> None:
     d = raw_dealer(ctx, srv.endpoint, b"leaver")
     try:
         d.close(0)
-        wait_until(lambda: b"leaver" in rec.gone, timeout=5.0)  # not 30 s
+        wait_until(lambda: b"leaver" in rec.gone, "the closed peer to be dropped")
         assert rec.gone[b"leaver"] == "peer gone"
         assert srv.statistics().heartbeat_timeouts == 0
     finally:
@@ -453,10 +492,14 @@ def test_back_pressure_blocks_a_worker_while_the_server_dispatcher_is_stalled(ct
         d.send_multipart(request(0))
         assert entered.wait(WAIT)  # the dispatcher is now stuck in the handler
         producer.start()
-        last = -1
-        while sent[0] != last:  # wait until the worker stops making progress
-            last = sent[0]
-            time.sleep(0.1)
+        # The pipe takes at least send_hwm; then the worker must block. A descheduled worker
+        # can pause anywhere, but only at or above that floor (waited for first) and never
+        # above the bound: a slow machine cannot fail this. Without a bound the worker would
+        # send all it has long before STALLED seconds without progress.
+        wait_until(lambda: sent[0] >= hwm, "the worker to fill the pipe", probe=lambda: sent)
+        wait_until(
+            unchanged_for(STALLED, lambda: sent[0]), "the worker to block", probe=lambda: sent
+        )
         assert producer.is_alive()
         assert hwm <= sent[0] <= 2 * hwm + 2
         stall.set()
