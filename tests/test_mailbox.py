@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import zmq
 
 from rda.serialization._message import Message
+from rda.testing import wait_until
 from rda.transport import _zmq_common as common
 from rda.transport._mailbox import Mailbox
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 
-WAIT = 5.0
+WAIT = 10.0
 
 
 class _Server:
@@ -40,6 +41,23 @@ class _Client:
 
     def on_disconnected(self, connection: int, reason: str) -> None:
         pass
+
+
+def waiting_in(thread: threading.Thread, method: str) -> bool:
+    """Whether ``thread`` is blocked in a ``threading`` wait somewhere inside ``method``.
+
+    Read from the thread's own stack: the positive sign that a producer waits for room,
+    where "it has not finished after 0.2 s" would only guess (and pass, vacuously, when the
+    producer had simply not been scheduled yet).
+    """
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None or frame.f_code.co_filename != threading.__file__:
+        return False
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return "wait" in names and method in names
 
 
 def readable(fd: int, timeout_ms: int = 0) -> bool:
@@ -93,18 +111,18 @@ def test_a_full_mailbox_blocks_the_producer_until_the_reader_takes() -> None:
     producer = threading.Thread(target=produce)
     producer.start()
     try:
-        deadline = time.monotonic() + WAIT
-        while len(box.items) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(box.items) == 3
-        assert not done.wait(0.2)  # blocked: it cannot add a fourth
-        assert len(box.items) == 3
+        wait_until(lambda: waiting_in(producer, "put"), "the producer to block on the fourth put")
+        assert list(box.items) == [0, 1, 2]  # it cannot add a fourth
+        assert not done.is_set()
         got: list[int] = []
-        while len(got) < 6 and time.monotonic() < deadline:
+
+        def take() -> bool:
             while box.items:
                 got.append(box.items.popleft())
             box.taken()
-            time.sleep(0.01)
+            return len(got) == 6
+
+        wait_until(take, "the reader to take all six", probe=lambda: got)
         assert got == list(range(6))
         assert done.wait(WAIT)
     finally:
@@ -119,7 +137,7 @@ def test_mark_closed_releases_a_blocked_producer_and_refuses_puts() -> None:
     result: list[bool] = []
     producer = threading.Thread(target=lambda: result.append(box.put("b")))
     producer.start()
-    time.sleep(0.05)
+    wait_until(lambda: waiting_in(producer, "put"), "the producer to block on the full mailbox")
     box.mark_closed()
     producer.join(WAIT)
     assert result == [False]
@@ -145,7 +163,8 @@ def test_a_put_that_may_not_wait_goes_in_over_the_bound_and_wait_for_room_paces(
     pacer = threading.Thread(target=pace)
     pacer.start()
     try:
-        assert not waited.wait(0.2)  # still full: it waits, and put nothing
+        wait_until(lambda: waiting_in(pacer, "wait_for_room"), "the pacer to wait for room")
+        assert not waited.is_set()  # still full: it waits, and put nothing
         assert list(box.items) == ["a", "b", "c"]
         box.items.popleft()
         box.items.popleft()
@@ -159,7 +178,8 @@ def test_a_put_that_may_not_wait_goes_in_over_the_bound_and_wait_for_room_paces(
         waited.clear()
         pacer2 = threading.Thread(target=pace)
         pacer2.start()
-        assert not waited.wait(0.1)
+        wait_until(lambda: waiting_in(pacer2, "wait_for_room"), "the second pacer to wait")
+        assert not waited.is_set()
         box.mark_closed()
         pacer2.join(WAIT)
         assert answer == [False]
@@ -211,7 +231,9 @@ def test_selector_reports_the_mailbox_and_sleeps_only_when_it_is_empty() -> None
         box.items.clear()
 
         def late_put() -> None:
-            time.sleep(0.05)
+            # Once the selector is about to sleep (it sets the flag before its poll): the put
+            # must then signal, whenever this thread gets to run.
+            wait_until(lambda: box.sleeping, "the selector to sleep")
             box.put("y")
 
         t = threading.Thread(target=late_put)
