@@ -6,7 +6,6 @@ such a handler takes long (the standby takes the lead) is in test_server_handove
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,13 +76,17 @@ def test_a_task_submitted_while_an_inline_one_runs_waits_for_it(
 
     def inline() -> None:
         assert scheduler.submit("D", later)  # arrives while the group runs inline
-        time.sleep(0.05)  # a worker that wrongly took it would have run it by now
+        # Then a task of another group. Ready groups are served in order, so a worker that
+        # wrongly took `later` would have taken it first: once the other task has run,
+        # `later` had its chance (and its place: the inline task holds one of the two).
+        assert scheduler.submit("OTHER", lambda: order.append(("other", "")))
+        wait_until(lambda: ("other", "") in order, "the other group's task to run")
         order.append(("inline", threading.current_thread().name))
 
     assert scheduler.run_inline("D", inline)
     assert done.wait(WAIT)
-    assert [what for what, _ in order] == ["inline", "later"]
-    assert order[1][1].startswith("inline-test")  # a worker ran it after the inline task
+    assert [what for what, _ in order] == ["other", "inline", "later"]
+    assert order[2][1].startswith("inline-test")  # a worker ran it after the inline task
 
 
 def test_a_failing_inline_task_is_counted_and_the_group_freed(
