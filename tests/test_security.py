@@ -6,7 +6,6 @@ import os
 import selectors
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -258,22 +257,36 @@ def test_refused_subscription_ends_and_nothing_retries(no_thread_leak: None, key
         # Refused connection attempts, as the client saw them (one each).
         return client.statistics().transport.disconnects
 
+    def dialled() -> int:
+        # Connections the client opened to the server: counted when it dials, in the
+        # dialling thread.
+        (state,) = client.statistics().servers
+        return state.connects
+
     try:
         sub = client.access_point("PS1", "Text").subscribe()
         ended = sub.poll(timeout=10.0)
         assert ended is not None and isinstance(ended.error, rda.NotAuthorizedError)
         assert sub.poll(timeout=1.0) is None and sub.closed
         assert failures() == 1
-        # Back-off periods pass on the (fake) clock: no attempt follows.
+        assert dialled() == 1
+        # Back-off periods pass on the (fake) clock: no attempt follows. A retry due by then
+        # would have been dialled in advance() itself (the client's timer runs due calls in
+        # the thread that advances a FakeClock), so it would be counted already.
         for _ in range(3):
             clock.advance(1.5)
-        time.sleep(0.2)
-        assert failures() == 1
-        # A new request is a new decision: it dials once, and is refused once.
+        assert dialled() == 1
+        assert client.statistics().servers[0].state == "refused"
+        # A new request is a new decision: it dials once (the second connection ever), and is
+        # refused once.
         with pytest.raises(rda.NotAuthorizedError, match="does not accept this client's key"):
             client.access_point("PS1", "Text").get(timeout=10.0)
+        assert dialled() == 2
         assert failures() == 2
-        wait_until(lambda: server.statistics().transport.auth_failures >= 2)
+        wait_until(
+            lambda: server.statistics().transport.auth_failures >= 2,
+            "the server to count both refusals",
+        )
     finally:
         client.close()
         server.stop()
