@@ -7,13 +7,14 @@ machine-wide one, and ``no_thread_leak`` lets a test assert that what it started
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from rda.testing import wait_until
 
 # Property tests must not depend on wall-clock speed: on a loaded 2-core machine one example
 # can take far longer than Hypothesis' default 200 ms deadline (issue 26). Every property test
@@ -38,16 +39,14 @@ def _isolated_directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture
 def no_thread_leak() -> Iterator[None]:
-    """Fail the test if it leaves behind threads it started (waits up to 5 s for them to end)."""
+    """Fail the test if it leaves behind threads it started (waits up to 10 s for them to end)."""
     before = set(threading.enumerate())
     yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
+
+    def leaked() -> list[str]:
+        return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+
+    wait_until(lambda: not leaked(), "the threads the test started to end", probe=leaked)
 
 
 @pytest.fixture

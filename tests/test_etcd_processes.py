@@ -329,10 +329,11 @@ def test_the_demo_on_etcd_logs_its_own_lines_not_each_http_request(
     try:
         assert "serving" in _read_line(proc, 30.0)
         # Registered through etcd's HTTP gateway (its requests made already).
-        deadline = time.monotonic() + 20.0
-        while "DEMOLOG" not in {e.name for e in watcher.servers()}:
-            assert time.monotonic() < deadline, "the demo never registered"
-            time.sleep(0.05)
+        wait_until(
+            lambda: "DEMOLOG" in {e.name for e in watcher.servers()},
+            "the demo to register",
+            timeout=20.0,
+        )
     finally:
         stderr = _stderr(proc)
     assert "HTTP Request" not in stderr, stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -25,6 +24,7 @@ from rda.testing import (
     check_transport,
     memory_pair,
     transport_pair,
+    wait_until,
 )
 from rda.transport.api import (
     Buffer,
@@ -385,9 +385,7 @@ def test_send_blocks_at_the_high_water_mark_while_the_dispatcher_is_busy(
 
         sender = threading.Thread(target=flood)
         sender.start()
-        deadline = time.monotonic() + 10.0
-        while len(done) < 5 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: len(done) >= 5, "five sends")
         assert 5 <= len(done) < 20, "the sender was not held back"
         release.set()
         sender.join(10.0)

@@ -6,7 +6,6 @@ a real server is in test_admin_server.py.
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -31,6 +30,7 @@ from rda.business.server.statistics import (
     ServerStatistics,
     SourceSnapshot,
 )
+from rda.testing import wait_until
 from rda.transport.api import ClientTransportStatistics, ServerTransportStatistics
 
 
@@ -193,11 +193,12 @@ def test_client_collector() -> None:
         client.stats = ClientStatistics(gaps=5)
         assert scrape(ep.url)[("rda_client_gaps_total", labels)] == 5
     # Closed: the port no longer answers (bounded wait: the socket closes synchronously).
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def refused() -> bool:
         try:
             urllib.request.urlopen(ep.url, timeout=1)
         except OSError:
-            break
-    else:
-        pytest.fail("metrics endpoint still answering after close")
+            return True
+        return False
+
+    wait_until(refused, "the metrics endpoint to stop answering after close")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from rda.pipeline.recorder.service import Recorder
+from rda.testing import wait_until
 
 CHILD = r"""
 import sys, time
@@ -133,10 +134,10 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
             # The restarted recorder continues after the last durable seq: nothing acked is lost.
             assert int(ready[1]) >= previous_max
             # Wait (bounded) until it acknowledges under load, then kill at a random instant.
-            deadline = time.monotonic() + 10.0
-            while max(_acked(acks), default=0) <= previous_max:
-                assert time.monotonic() < deadline, "the recorder acknowledged nothing"
-                time.sleep(0.01)
+            wait_until(
+                lambda: max(_acked(acks), default=0) > previous_max,  # noqa: B023 (used at once)
+                "the recorder to acknowledge something",
+            )
             time.sleep(rng.uniform(0.0, 0.6))
         finally:
             child.send_signal(signal.SIGKILL)

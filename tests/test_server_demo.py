@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from rda.business.directory import StaticDirectory
 from rda.demo import CYCLES, build_demo_server
 from rda.serialization._header import UpdateType
 from rda.serialization.errors import RemoteError
+from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)
 
@@ -49,7 +49,8 @@ def test_demo_devices_end_to_end() -> None:
             with pytest.raises(RemoteError, match="interlock chain open") as info:
                 client.access_point("FAULTY", "Status").get(timeout=5)
             assert info.value.type == "RuntimeError"
-    deadline = time.monotonic() + 10
-    while [t for t in threading.enumerate() if t not in before] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not [t for t in threading.enumerate() if t not in before]
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t not in before],
+        "the threads the demo started to end",
+        probe=lambda: [t.name for t in threading.enumerate() if t not in before],
+    )

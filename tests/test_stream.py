@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from rda.pipeline.stream.sources import (
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import RemoteError
+from rda.testing import wait_until
 
 T0 = 1_795_300_000_000_000_000
 
@@ -312,10 +312,11 @@ def test_failure_and_restart_deliver_every_row_exactly_once(spark: Any, tmp_path
             return exc
         finally:
             # The restart must not race the failed query's cleanup (same checkpoint, same id).
-            deadline = time.monotonic() + 30
-            while any(q.id == query.id for q in spark.streams.active):
-                assert time.monotonic() < deadline, "the query did not stop"
-                time.sleep(0.05)
+            wait_until(
+                lambda: not any(q.id == query.id for q in spark.streams.active),
+                "the failed query to stop",
+                timeout=30.0,
+            )
         return query.exception()
 
     failure = run({1})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from rda.pipeline.stream.live import LiveDataSource, LiveStreamReader, notificat
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import DecodeError
+from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)
 
@@ -70,15 +70,17 @@ def test_reader_drains_subscriptions(server: Server, no_thread_leak: None) -> No
     try:
         offset = reader.initialOffset()
         rows: list[tuple[Any, ...]] = []
-        deadline = time.monotonic() + 20
-        while {r[0] for r in rows} != {"PS1", "PS2"} and time.monotonic() < deadline:
+
+        def read_more() -> bool:
+            nonlocal offset
             batch, end = reader.read(offset)
             got = list(batch)
             assert end == {"rows": offset["rows"] + len(got)}
-            rows += got
+            rows.extend(got)
             offset = end
-            time.sleep(0.05)
-        assert {r[0] for r in rows} == {"PS1", "PS2"}
+            return {r[0] for r in rows} == {"PS1", "PS2"}
+
+        wait_until(read_more, "rows of PS1 and PS2", timeout=20.0, probe=lambda: rows)
         assert all(r[1] == "Acquisition" and r[3] > 0 and r[8] is None for r in rows)
         assert "current" in json.loads(rows[0][9])
         assert list(reader.readBetweenOffsets({"rows": 0}, offset)) == []  # no replay
@@ -106,14 +108,18 @@ def test_live_stream_receives_rows(spark: Any, server: Server) -> None:
         .trigger(processingTime="300 milliseconds")
         .start()
     )
+
+    def devices() -> set[str]:
+        with lock:
+            return {r["device"] for r in received}
+
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with lock:
-                devices = {r["device"] for r in received}
-            if devices == {"PS1", "BPM1"} or query.exception() is not None:
-                break
-            time.sleep(0.1)
+        wait_until(
+            lambda: devices() == {"PS1", "BPM1"} or query.exception() is not None,
+            "rows of both devices (or the query's failure)",
+            timeout=120.0,
+            probe=devices,
+        )
     finally:
         query.stop()
     assert query.exception() is None, query.exception()
