@@ -66,7 +66,10 @@ def heartbeat_timeouts(srv: Server) -> int:
 @pytest.fixture
 def server() -> Iterator[tuple[Server, Supply]]:
     supply = Supply()
-    config = Config(heartbeat_interval=0.2, heartbeat_timeout=1.0)
+    # Real time on purpose: the client is a real process, paused by SIGSTOP, that the server
+    # must drop by its own clock. A 3 s timeout (six intervals) keeps a merely slow, running
+    # client on a loaded machine from being taken for the paused one.
+    config = Config(heartbeat_interval=0.5, heartbeat_timeout=3.0)
     srv = ServerBuilder("Paused").config(config).device("PS1", supply).directory(None).build()
     srv.start()
     stop = threading.Event()
@@ -121,7 +124,11 @@ def test_a_client_paused_past_the_server_heartbeat_timeout_resumes_at_once(
         os.kill(child.pid, signal.SIGSTOP)
         try:
             timeouts = heartbeat_timeouts(srv)
-            wait_until(lambda: heartbeat_timeouts(srv) > timeouts, timeout=30.0)
+            wait_until(
+                lambda: heartbeat_timeouts(srv) > timeouts,
+                "the server to drop the paused client",
+                timeout=30.0,
+            )
             assert srv.clients() == []  # dropped: its subscription was ended on the server
         finally:
             os.kill(child.pid, signal.SIGCONT)
