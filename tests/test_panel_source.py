@@ -36,6 +36,7 @@ from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization._data import Data
 from rda.serialization._header import DataContext
 from rda.serialization.errors import HistoryUnavailableError, RemoteError
+from rda.testing import wait_until
 
 
 @pytest.fixture
@@ -129,10 +130,7 @@ def panel_url(source: PanelSource) -> Iterator[str]:
     thread = threading.Thread(target=web.run, name="test-panel-uvicorn")
     thread.start()
     try:
-        for _ in range(1000):
-            if web.started or not thread.is_alive():
-                break
-            threading.Event().wait(0.01)
+        wait_until(lambda: web.started or not thread.is_alive(), "uvicorn to start")
         assert web.started
         port = web.servers[0].sockets[0].getsockname()[1]
         yield f"ws://127.0.0.1:{port}/ws"
