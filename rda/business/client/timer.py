@@ -52,7 +52,7 @@ class TimerHandle:
         self.cancelled = False
 
     def cancel(self) -> None:
-        self._timer._cancel(self)
+        self._timer.cancel(self)
 
 
 class Timer:
@@ -141,7 +141,8 @@ class Timer:
         with self._lock:
             return sum(1 for entry in self._heap if not self._dead(entry[2]))
 
-    def _cancel(self, handle: TimerHandle) -> None:
+    def cancel(self, handle: TimerHandle) -> None:
+        """Cancel ``handle`` (what ``TimerHandle.cancel`` does); idempotent."""
         with self._lock:
             # Under the lock: the thread may be popping this very entry as due.
             if handle.cancelled or self._closed:
