@@ -309,7 +309,7 @@ def test_a_refused_subscription_ends_not_authorized(
         assert server.state == "refused" and server.connects == 1
         assert server.last_reason.startswith("security handshake refused: ")
         # Nothing dials again by itself (the old code re-dialled on a 0.02-2 s back-off).
-        assert all(ep.retry is None for ep in client._endpoints.values())
+        assert all(ep.retry is None for ep in client._connections.endpoints())
     finally:
         client.close()
 

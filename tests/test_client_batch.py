@@ -365,7 +365,7 @@ def test_a_listener_drains_a_burst_in_one_task_and_its_backlog_is_bounded(
     assert [s for s, _ in seen] == [1, *range(41, 51)]
     assert dict(seen)[41] == 39  # the dropped ones show as the gap of the next one
     assert stats1.dropped - stats0.dropped == 39
-    scheduler = client._scheduler
+    scheduler = client._subscriptions.scheduler
     assert scheduler is not None
     # Two bursts, two drain tasks (a third may run when the last put raced the drain's end).
     assert scheduler.statistics().executed <= 3

@@ -207,7 +207,7 @@ def test_client_close_unsubscribes_each_subscription_once(no_thread_leak: None) 
             sub = client.access_point(device, "Acquisition").subscribe()
             first = sub.poll(10)
             assert first is not None and first.update_type is UpdateType.FIRST
-        ids = {s.id: s.device for s in client._subs.values()}
+        ids = {s.id: s.device for s in client._subscriptions.live()}
         client.close()
         events = subs.wait(5)
         _check_departure(events, ids, "closer")

@@ -95,28 +95,36 @@ class CappedHistograms:
     one per device for the first ``limit`` devices, later ones in :data:`OTHER`. Thread-safe.
     """
 
-    def __init__(self, kinds: tuple[str, ...], limit: int) -> None:
-        self._lock = threading.Lock()
+    def __init__(
+        self, kinds: tuple[str, ...], limit: int, lock: threading.Lock | None = None
+    ) -> None:
+        # ``lock``: an owner's lock to share (the client's request table), so that the owner
+        # records a round trip with the rest of a completion under one acquisition (``add``).
+        self._lock = lock if lock is not None else threading.Lock()
         self._kinds = {kind: Histogram() for kind in kinds}
         self._names: dict[str, Histogram] = {}
         self._other = Histogram()
         self.limit = limit
 
     def observe(self, kind: str, name: str, seconds: float) -> None:
+        with self._lock:
+            self.add(kind, name, seconds)
+
+    def add(self, kind: str, name: str, seconds: float) -> None:
+        """``observe`` for a caller that holds the lock (the one given to the constructor)."""
         if seconds < 0.0:
             seconds = 0.0
         index = bucket_of(seconds)
-        with self._lock:
-            histogram = self._kinds.get(kind)
-            if histogram is not None:
-                histogram.add(index, seconds)
-            named = self._names.get(name)
-            if named is None:
-                if len(self._names) < self.limit:
-                    named = self._names[name] = Histogram()
-                else:
-                    named = self._other
-            named.add(index, seconds)
+        histogram = self._kinds.get(kind)
+        if histogram is not None:
+            histogram.add(index, seconds)
+        named = self._names.get(name)
+        if named is None:
+            if len(self._names) < self.limit:
+                named = self._names[name] = Histogram()
+            else:
+                named = self._other
+        named.add(index, seconds)
 
     def snapshot(self) -> tuple[dict[str, HistogramSnapshot], dict[str, HistogramSnapshot]]:
         """(per kind, per name with :data:`OTHER` last)."""

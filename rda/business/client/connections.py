@@ -1,12 +1,14 @@
-"""The connection side of a ``ClientService``: one ``Endpoint`` per server address, connecting
-on demand, background reconnection on the back-off, following devices the directory says have
-moved, and the transport's connect/disconnect events.
+"""The client's connections: one ``Endpoint`` per server address, connecting on demand,
+background reconnection on the back-off, following devices the directory says have moved, and
+the transport's connect/disconnect events.
 
-A mixin of :class:`rda.business.client.service.ClientService`, which owns the state declared below
-(created in its ``__init__``) and the request/subscription side this part calls back into
-(``_send_subscribe``, ``_disconnected``). Kept apart so each file has one job: requests and
-subscriptions there, connections here. Every method takes ``_lock`` for the shared maps and
-calls the transport outside it.
+:class:`Connections` is held by a ``ClientService``. Its lock guards the endpoint table and
+every ``Endpoint`` field (including each endpoint's subscriptions); it is never held while
+calling into the transport (``send``/``connect`` may block on a full pipe, and the dispatcher
+takes it in ``on_connected``/``on_disconnected``: holding it there could deadlock), into the
+request table or into the subscriptions. The requests of a lost connection are ended by the
+request table (``RequestTable.connection_lost``); SUBSCRIBE frames are sent by the
+subscriptions (``Subscriptions.send_subscribe``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rda.business.client.endpoints import Endpoint, resolve_again
 from rda.business.client.reconnect import Backoff, BackoffPolicy
-from rda.business.client.replies import Pending
-from rda.business.client.statistics import ClientCounters
+from rda.business.client.requests import RequestTable
+from rda.business.client.statistics import ClientCounters, ServerConnectionStatistics
+from rda.business.client.subscription_set import Subscriptions
 from rda.business.client.subscriptions import Subscription
 from rda.business.client.timer import Timer
 from rda.business.directory import Directory, covers, etcd_of, watch_of
@@ -29,46 +32,107 @@ from rda.serialization.errors import DisconnectedError, NotAuthorizedError, Tran
 from rda.transport.api import ClientTransport
 from rda.transport.reasons import HANDSHAKE_REFUSED
 
-__all__ = ["ClientConnections"]
+__all__ = ["Connections"]
 
 log = logging.getLogger("rda.business.client.service")
 
 
-class ClientConnections:
-    """Endpoints and connections of a client service (see the module docstring)."""
+class Connections:
+    """Endpoints and connections of a client service (see the module docstring).
 
-    directory: Directory
-    _lock: threading.Lock
-    _rng_seed: int | None
-    _policy: BackoffPolicy
-    _closing: bool
-    _transport: ClientTransport
-    _timer: Timer
-    _counters: ClientCounters
-    _pending: dict[int, Pending]
-    _lane_pending: dict[int, Pending]
-    _endpoints: dict[str, Endpoint]
-    _subs: dict[int, Subscription]
-    _device_endpoints: dict[str, str]
-    _by_connection: dict[int, Endpoint]
-    _early: dict[int, list[Callable[[], None]]]
-    _discarded: set[int]
-    _clock: Callable[[], float]
-    _unwatch: Callable[[], None] | None = None  # set by _watch_directory
-    _owns_directory = False  # a directory the service made is closed by it (etcd: a thread)
+    ``owns_directory``: the service made ``directory``, so :meth:`close_directory` closes it
+    (an etcd directory runs a thread). ``rng_seed`` seeds the back-off jitter of each endpoint.
+    """
 
-    if TYPE_CHECKING:  # provided by ClientService, the request/subscription side
+    def __init__(
+        self,
+        directory: Directory,
+        transport: ClientTransport,
+        requests: RequestTable,
+        subscriptions: Subscriptions,
+        counters: ClientCounters,
+        policy: BackoffPolicy,
+        clock: Callable[[], float],
+        rng_seed: int | None = None,
+        owns_directory: bool = False,
+    ) -> None:
+        self.directory = directory
+        self._transport = transport
+        self._requests = requests
+        self._timer: Timer = requests.timer
+        self._subscriptions = subscriptions
+        self._counters = counters
+        self._policy = policy
+        self._clock = clock
+        self._rng_seed = rng_seed
+        self._owns_directory = owns_directory
+        self._lock = threading.Lock()
+        self._closing = False
+        self._endpoints: dict[str, Endpoint] = {}
+        # device -> the endpoint serving it, as last resolved (see ``resolve``).
+        self._device_endpoints: dict[str, str] = {}
+        self._by_connection: dict[int, Endpoint] = {}
+        # Transport events for a connection id not yet registered (a transport may report
+        # before ``connect`` returns to us); replayed on registration.
+        self._early: dict[int, list[Callable[[], None]]] = {}
+        # Connections opened by a thread that lost the race to connect an endpoint; their
+        # events are ignored.
+        self._discarded: set[int] = set()
+        self._unwatch: Callable[[], None] | None = None
 
-        def _send_subscribe(self, sub: Subscription, conn: int) -> None: ...
+    def __len__(self) -> int:
+        return len(self._endpoints)
 
-        def _disconnected(self, rid: int, address: str, reason: str) -> None: ...
+    # -- endpoints -------------------------------------------------------------------------
 
-    def _endpoint(self, address: str) -> Endpoint:
+    def get(self, address: str) -> Endpoint | None:
+        """The endpoint at ``address`` if there is one (a dict read: no lock)."""
+        return self._endpoints.get(address)
+
+    def endpoints(self) -> list[Endpoint]:
+        with self._lock:
+            return list(self._endpoints.values())
+
+    def endpoint(self, address: str) -> Endpoint:
+        """The endpoint at ``address``, made on first use."""
         ep = self._endpoints.get(address)
         if ep is None:
             with self._lock:
                 ep = self._endpoint_locked(address)
         return ep
+
+    def resolve(self, device: str) -> str:
+        """The endpoint serving ``device``: resolved through the directory on first use, then
+        kept, and resolved again whenever its connection is lost (the device may have moved)."""
+        address = self._device_endpoints.get(device)
+        if address is not None:
+            return address
+        address = self.directory.resolve(device)
+        with self._lock:
+            # A concurrent first use may have resolved it already: one answer for everybody.
+            address = self._device_endpoints.setdefault(device, address)
+            self._endpoint_locked(address).devices.add(device)
+        return address
+
+    def current(self, device: str, default: str) -> str:
+        """Where ``device`` is served as last resolved, else ``default``."""
+        return self._device_endpoints.get(device, default)
+
+    def statistics(self, now: float) -> tuple[tuple[ServerConnectionStatistics, ...], int]:
+        """Each endpoint's state, and how many have a connection open or being opened."""
+        with self._lock:
+            endpoints = list(self._endpoints.values())
+            servers = tuple(ep.snapshot(now) for ep in endpoints)
+        return servers, sum(1 for ep in endpoints if ep.connection is not None)
+
+    def close(self) -> None:
+        """Stop reconnecting and moving; forget the endpoints' subscriptions. Idempotent."""
+        with self._lock:
+            self._closing = True
+            for ep in self._endpoints.values():
+                if ep.retry is not None:
+                    ep.retry.cancel()
+                ep.subs.clear()
 
     def _endpoint_locked(self, address: str) -> Endpoint:
         # Caller holds self._lock.
@@ -79,7 +143,7 @@ class ClientConnections:
             self._endpoints[address] = ep
         return ep
 
-    def _connection(self, ep: Endpoint) -> int | None:
+    def connection(self, ep: Endpoint) -> int | None:
         """The endpoint's current connection, opening one now if there is none."""
         conn = ep.connection
         if conn is not None:
@@ -115,14 +179,14 @@ class ClientConnections:
             event()
         return keep
 
-    def _reconnect(self, ep: Endpoint) -> None:
+    def reconnect(self, ep: Endpoint) -> None:
         """Back-off elapsed (timer thread): resolve the endpoint's devices again (following
         those that moved), then connect again if still needed."""
         with self._lock:
             ep.retry = None
             if self._closing or ep.connection is not None:
                 return
-        dial = self._follow_moves(ep)
+        dial = self.follow_moves(ep)
         with self._lock:
             if self._closing or ep.connection is not None or ep.retry is not None:
                 return  # closed, or a request connected it meanwhile
@@ -136,16 +200,16 @@ class ClientConnections:
                 # unregistered): ask it again after the next back-off instead of dialling an
                 # address nobody listens on.
                 ep.retry = self._timer.call_later(
-                    ep.backoff.next_delay(), functools.partial(self._reconnect, ep)
+                    ep.backoff.next_delay(), functools.partial(self.reconnect, ep)
                 )
                 return
         try:
-            self._connection(ep)
+            self.connection(ep)
         except TransportError:
             if not self._closing:
                 raise
 
-    def _follow_moves(self, ep: Endpoint) -> bool:
+    def follow_moves(self, ep: Endpoint) -> bool:
         """Resolve ``ep``'s devices again and move those now served elsewhere, with their
         subscriptions, to their new endpoint. True when ``ep``'s own address is still worth
         dialling: a device still resolves there, the directory failed, or it has no devices
@@ -179,7 +243,7 @@ class ClientConnections:
             moved = sorted(d for d, a in moves.items() if a == address)
             log.info("%s moved from %s to %s", ", ".join(moved), ep.address, address)
             try:
-                conn = self._connection(new)
+                conn = self.connection(new)
             except TransportError:
                 if not self._closing:
                     raise
@@ -192,18 +256,47 @@ class ClientConnections:
                 for sub in send:
                     sub.connection = conn
             for sub in send:
-                self._send_subscribe(sub, conn)
+                self._subscriptions.send_subscribe(sub, conn)
+
+    # -- subscriptions on endpoints ------------------------------------------------------------
+
+    def attach(self, sub: Subscription) -> int | None:
+        """Put a new subscription on its endpoint, connecting it if needed. Returns the
+        connection to send its SUBSCRIBE on now, or None when the connection's CONNECT_ACK
+        will (``on_connected``). Raises DisconnectedError once the client is closing."""
+        ep = self.endpoint(sub.endpoint)
+        with self._lock:
+            ep.subs[sub.id] = sub
+        conn = self.connection(ep)
+        if conn is None:
+            raise DisconnectedError(f"subscribe {sub.device}/{sub.property}: client closed")
+        with self._lock:
+            send = ep.connection == conn and sub.connection != conn
+            if send:
+                sub.connection = conn
+        return conn if send else None
+
+    def detach(self, sub: Subscription) -> int | None:
+        """Take ``sub`` off its endpoint; returns the live connection its SUBSCRIBE went on
+        (where an UNSUBSCRIBE goes), if any."""
+        with self._lock:
+            ep = self._endpoints.get(sub.endpoint)
+            if ep is None:
+                return None
+            ep.subs.pop(sub.id, None)
+            conn = ep.connection
+        if conn is None or sub.connection != conn:
+            return None
+        return conn
 
     # -- a directory that reports changes (etcd): follow a moved device at once -----------
 
-    def _watch_directory(self, owns: bool) -> None:
-        """Ask the directory to report changes, if it can (``EtcdDirectory.watch``); ``owns``:
-        the service made it, so closes it."""
-        self._owns_directory = owns
+    def watch_directory(self) -> None:
+        """Ask the directory to report changes, if it can (``EtcdDirectory.watch``)."""
         watch = watch_of(self.directory)
-        self._unwatch = None if watch is None else watch(self._on_directory_change)
+        self._unwatch = None if watch is None else watch(self.on_directory_change)
 
-    def _close_directory(self) -> None:
+    def close_directory(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
             unwatch()
@@ -211,18 +304,18 @@ class ClientConnections:
         if self._owns_directory and callable(close):
             close()
 
-    def _directory_state(self) -> str:
+    def directory_state(self) -> str:
         """The state of the directories that have one (etcd: its watch, synced or stale)."""
         return "; ".join(d.state().summary() for d in etcd_of(self.directory))  # type: ignore[attr-defined]
 
-    def _on_directory_change(self, name: str, endpoint: str | None) -> None:
+    def on_directory_change(self, name: str, endpoint: str | None) -> None:
         """The directory's thread says ``name`` (a device or pattern) changed: follow it on
         the service's timer thread, so the directory's thread never waits on a connect."""
         if endpoint is None or self._closing:
             return  # gone: the lost connection (heartbeat) is what tells its users
-        self._timer.call_later(0.0, functools.partial(self._follow_directory_change, name))
+        self._timer.call_later(0.0, functools.partial(self.follow_directory_change, name))
 
-    def _follow_directory_change(self, name: str) -> None:
+    def follow_directory_change(self, name: str) -> None:
         """Move every device ``name`` covers that now resolves elsewhere, with its
         subscriptions (FIRST update from the new server), without waiting for the old
         connection's heartbeat to time out."""
@@ -241,14 +334,14 @@ class ClientConnections:
             if ep is not None:
                 self._move(ep, devices)
 
-    def _on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
+    def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
         to_send: list[Subscription] = []
         with self._lock:
             ep = self._by_connection.get(connection)
             if ep is None:
                 if connection not in self._discarded:
                     self._early.setdefault(connection, []).append(
-                        functools.partial(self._on_connected, connection, server_info)
+                        functools.partial(self.on_connected, connection, server_info)
                     )
                 return
             if self._closing or ep.connection != connection:
@@ -266,9 +359,9 @@ class ClientConnections:
                     sub.connection = connection
                     to_send.append(sub)
         for sub in to_send:
-            self._send_subscribe(sub, connection)
+            self._subscriptions.send_subscribe(sub, connection)
 
-    def _on_disconnected(self, connection: int, reason: str) -> None:
+    def on_disconnected(self, connection: int, reason: str) -> None:
         with self._lock:
             ep = self._by_connection.pop(connection, None)
             if ep is None:
@@ -276,7 +369,7 @@ class ClientConnections:
                     self._discarded.discard(connection)
                 elif not self._closing:
                     self._early.setdefault(connection, []).append(
-                        functools.partial(self._on_disconnected, connection, reason)
+                        functools.partial(self.on_disconnected, connection, reason)
                     )
                 return
             if ep.connection != connection:
@@ -285,12 +378,6 @@ class ClientConnections:
             ep.acked = False
             ep.last_reason = reason
             ep.lost(self._clock())
-            lost = [
-                rid
-                for table in (self._pending, self._lane_pending)
-                for rid, p in table.items()
-                if p.connection == connection
-            ]
             subs = list(ep.subs.values())
             refused = ep.refused = reason.startswith(HANDSHAKE_REFUSED)
             if refused:
@@ -299,17 +386,16 @@ class ClientConnections:
                 # subscriptions end; the next request dials again (issue 26).
                 for sub in subs:
                     ep.subs.pop(sub.id, None)
-                    self._subs.pop(sub.id, None)
             elif ep.wanted() and not self._closing:
                 # Subscriptions and access points get the connection back in the background
                 # (so the first get after a server restart finds it up); an endpoint only
                 # admin requests used reconnects when the next one comes.
                 delay = ep.backoff.next_delay()
-                ep.retry = self._timer.call_later(delay, functools.partial(self._reconnect, ep))
-        for rid in lost:
-            self._disconnected(rid, ep.address, reason)
+                ep.retry = self._timer.call_later(delay, functools.partial(self.reconnect, ep))
+        self._requests.connection_lost(connection, ep.address, reason)
         for sub in subs:
             if refused:
+                self._subscriptions.discard(sub)
                 sub.fail(
                     NotAuthorizedError(
                         f"subscribe {sub.device}/{sub.property}: {ep.address}: {reason}"

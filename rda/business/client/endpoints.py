@@ -1,9 +1,9 @@
 """The client's view of one server endpoint, and how a lost endpoint's devices are looked up again.
 
-A :class:`Endpoint` holds what ``ClientService`` knows about one server address: its current
+A :class:`Endpoint` holds what a client service knows about one server address: its current
 connection, the back-off schedule, the subscriptions on it and the devices access points reach
-there. ``ClientService`` owns the table of them and guards every field with its lock; this
-module holds no lock and starts no thread.
+there. ``Connections`` (connections.py) owns the table of them and guards every field with its
+lock; this module holds no lock and starts no thread.
 
 Why devices are tracked per endpoint (issue 12): a server that restarts on another port, or a
 failover server that registers the same devices, changes the directory's answer. When a
@@ -34,7 +34,7 @@ log = logging.getLogger("rda.business.client.service")
 
 class Endpoint:
     """One server endpoint: its current connection, back-off, subscriptions and the devices
-    the service reaches there. The service's ``_lock`` guards every field."""
+    the service reaches there. The lock of ``Connections`` guards every field."""
 
     __slots__ = (
         "acked",

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rda.business.client.subscriptions import Entry, Notification, Subscription
 from rda.serialization._data import Data, DataType
@@ -40,7 +40,7 @@ from rda.serialization.errors import (
     error_from_remote,
 )
 
-__all__ = ["HISTORY_PREFIX", "Backfill", "HistoryCalls", "to_ns"]
+__all__ = ["HISTORY_PREFIX", "Backfill", "backfill_rows", "history_iter", "to_ns"]
 
 log = logging.getLogger(__name__)
 
@@ -94,124 +94,106 @@ def chunk_notifications(chunk: Data) -> list[Notification]:
     return out
 
 
-class HistoryCalls:
-    """The history half of ``ClientService`` (a mixin: needs ``access_point``)."""
+# What the functions below make their gets with: ``ClientService.access_point``.
+PointOf = Callable[[str, str], Any]
 
-    if TYPE_CHECKING:  # provided by ClientService (as lanes.LaneCalls declares its needs)
 
-        def access_point(self, device: str, prop: str) -> Any: ...
+def history_iter(
+    point_of: PointOf,
+    device: str,
+    prop: str,
+    start: TimeLike,
+    end: TimeLike = None,
+    selector: str | None = None,
+    limit: int | None = None,
+    timeout: float | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+) -> Iterator[Notification]:
+    """``ClientService.history_iter``: the recorded updates of ``device/prop``, lazily (the
+    next chunk is asked for when this one is consumed)."""
+    now = time.time_ns()
+    first = to_ns(start, now, "start")
+    last = to_ns(end, now, "end")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    return _history_rows(
+        point_of, device, prop, selector, first, last, limit, timeout, None, chunk_rows
+    )
 
-    def history(
-        self,
-        device: str,
-        prop: str,
-        start: TimeLike,
-        end: TimeLike = None,
-        selector: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> list[Notification]:
-        """The recorded updates of ``device/prop`` with ``start <= acq_stamp < end``, as
-        ``rda.Notification`` s (``update_type`` HISTORY) in acquisition-stamp order, at most
-        ``limit``. ``start``/``end``: ns, datetimes, or timedeltas relative to now (``end``
-        None: now). For large windows iterate :meth:`history_iter` instead of holding a list."""
-        return list(self.history_iter(device, prop, start, end, selector, limit, timeout))
 
-    def history_iter(
-        self,
-        device: str,
-        prop: str,
-        start: TimeLike,
-        end: TimeLike = None,
-        selector: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-        chunk_rows: int = CHUNK_ROWS,
-    ) -> Iterator[Notification]:
-        """:meth:`history`, lazily: the next chunk is asked for when this one is consumed."""
-        now = time.time_ns()
-        first = to_ns(start, now, "start")
-        last = to_ns(end, now, "end")
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        return self._history_rows(
-            device, prop, selector, first, last, limit, timeout, None, chunk_rows
+def backfill_rows(
+    point_of: PointOf, device: str, prop: str, selector: str | None, start: int, until: int
+) -> Iterator[Notification]:
+    """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
+    (``Backfill`` turns a failure into one error notification)."""
+    return _history_rows(
+        point_of, device, prop, selector, start, until, None, None, until, CHUNK_ROWS
+    )
+
+
+def _history_rows(
+    point_of: PointOf,
+    device: str,
+    prop: str,
+    selector: str | None,
+    start: int,
+    end: int,
+    limit: int | None,
+    timeout: float | None,
+    until: int | None,
+    chunk_rows: int,
+) -> Iterator[Notification]:
+    point = point_of(HISTORY_PREFIX + device, prop)
+    sent = 0
+    cursor: tuple[int, str, int] | None = None
+    while True:
+        filters = Data()
+        filters.append("start", start, DataType.INT64)
+        filters.append("end", end, DataType.INT64)
+        want = chunk_rows if limit is None else min(chunk_rows, limit - sent)
+        filters.append("limit", want, DataType.INT64)
+        if until is not None:
+            filters.append("until", until, DataType.INT64)
+            filters.append("wait_ms", SEAM_WAIT_MS, DataType.INT64)
+        if cursor is not None:
+            filters.append("after_stamp", cursor[0], DataType.INT64)
+            filters.append("after_recorder", cursor[1], DataType.STRING)
+            filters.append("after_seq", cursor[2], DataType.INT64)
+        chunk = _history_get(point, device, prop, selector, filters, timeout)
+        rows = chunk_notifications(chunk)
+        yield from rows
+        sent += len(rows)
+        if not rows or not chunk["more"] or (limit is not None and sent >= limit):
+            return
+        recorders = chunk.get_str_list("recorder")
+        cursor = (
+            int(chunk.get_array("acq_stamp")[-1]),
+            recorders[-1],
+            int(chunk.get_array("seq")[-1]),
         )
 
-    def _history_rows(
-        self,
-        device: str,
-        prop: str,
-        selector: str | None,
-        start: int,
-        end: int,
-        limit: int | None,
-        timeout: float | None,
-        until: int | None,
-        chunk_rows: int,
-    ) -> Iterator[Notification]:
-        point = self.access_point(HISTORY_PREFIX + device, prop)
-        sent = 0
-        cursor: tuple[int, str, int] | None = None
-        while True:
-            filters = Data()
-            filters.append("start", start, DataType.INT64)
-            filters.append("end", end, DataType.INT64)
-            want = chunk_rows if limit is None else min(chunk_rows, limit - sent)
-            filters.append("limit", want, DataType.INT64)
-            if until is not None:
-                filters.append("until", until, DataType.INT64)
-                filters.append("wait_ms", SEAM_WAIT_MS, DataType.INT64)
-            if cursor is not None:
-                filters.append("after_stamp", cursor[0], DataType.INT64)
-                filters.append("after_recorder", cursor[1], DataType.STRING)
-                filters.append("after_seq", cursor[2], DataType.INT64)
-            chunk = self._history_get(point, device, prop, selector, filters, timeout)
-            rows = chunk_notifications(chunk)
-            yield from rows
-            sent += len(rows)
-            if not rows or not chunk["more"] or (limit is not None and sent >= limit):
-                return
-            recorders = chunk.get_str_list("recorder")
-            cursor = (
-                int(chunk.get_array("acq_stamp")[-1]),
-                recorders[-1],
-                int(chunk.get_array("seq")[-1]),
-            )
 
-    @staticmethod
-    def _history_get(
-        point: Any,
-        device: str,
-        prop: str,
-        selector: str | None,
-        filters: Data,
-        timeout: float | None,
-    ) -> Data:
-        signal = f"{device}/{prop}"
-        try:
-            reply = point.get(selector, filters=filters, timeout=timeout)
-        except NotAuthorizedError:
-            raise
-        except NoSuchDeviceError as exc:
-            raise HistoryUnavailableError(
-                f"{signal}: no recorder serves its history ({exc})"
-            ) from exc
-        except (DisconnectedError, TimeoutError, TransportError) as exc:
-            raise HistoryUnavailableError(
-                f"{signal}: the history server is unreachable ({exc})"
-            ) from exc
-        data: Data = reply.data
-        return data
-
-    def backfill_rows(
-        self, device: str, prop: str, selector: str | None, start: int, until: int
-    ) -> Iterator[Notification]:
-        """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
-        (``Backfill`` turns a failure into one error notification)."""
-        return self._history_rows(
-            device, prop, selector, start, until, None, None, until, CHUNK_ROWS
-        )
+def _history_get(
+    point: Any,
+    device: str,
+    prop: str,
+    selector: str | None,
+    filters: Data,
+    timeout: float | None,
+) -> Data:
+    signal = f"{device}/{prop}"
+    try:
+        reply = point.get(selector, filters=filters, timeout=timeout)
+    except NotAuthorizedError:
+        raise
+    except NoSuchDeviceError as exc:
+        raise HistoryUnavailableError(f"{signal}: no recorder serves its history ({exc})") from exc
+    except (DisconnectedError, TimeoutError, TransportError) as exc:
+        raise HistoryUnavailableError(
+            f"{signal}: the history server is unreachable ({exc})"
+        ) from exc
+    data: Data = reply.data
+    return data
 
 
 # Backfill phases (see Backfill).

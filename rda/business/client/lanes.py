@@ -1,13 +1,13 @@
 """Blocking gets and sets on the calling thread's own lane (``rda.transport.zmq_lane``).
 
-A mixin of :class:`rda.business.client.service.ClientService`. A blocking ``get``/``set`` whose thread
+:class:`LaneCaller` is held by a ``ClientService``. A blocking ``get``/``set`` whose thread
 may take its lane sends and receives there itself, with no hand-off to the dispatcher: the
 structure of a raw pyzmq round trip (issue 11; counts in docs/client.md). Everything else a
-request has stays as on the shared connection: its entry in a pending table, failure when the
-shared connection to its server is lost or the client closes (those owners end the request by
-completing its ``LaneCompletion``), and its deadline, on the client's clock. The caller,
-waiting in its lane, wakes every ``WAIT_SLICE`` while its reply is overdue: it looks at the
-completion and ends the request itself once its deadline has passed (no timer entry, which
+request has stays as on the shared connection: its entry in the request table (requests.py),
+failure when the shared connection to its server is lost or the client closes (the table ends
+the request by completing its ``LaneCompletion``), and its deadline, on the client's clock. The
+caller, waiting in its lane, wakes every ``WAIT_SLICE`` while its reply is overdue: it looks at
+the completion and ends the request itself once its deadline has passed (no timer entry, which
 cost two lock round trips per call).
 
 When a call takes the lane (``Config.direct_calls``, on by default):
@@ -25,53 +25,50 @@ When a call takes the lane (``Config.direct_calls``, on by default):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rda.business.client.endpoints import Endpoint
+from rda.business.client.connections import Connections
 from rda.business.client.replies import LaneCompletion, Pending, op_name
-from rda.business.client.statistics import ClientCounters
+from rda.business.client.requests import RequestTable
 from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind, Buffer, Message
 from rda.serialization.errors import RdaError, TransportError
+from rda.transport._mailbox import Wakeup
 from rda.transport.api import ClientTransport, DirectLane
 from rda.transport.protocol import Kind, encode_routed
 
-__all__ = ["NO_LANE", "LaneCalls"]
+__all__ = ["NO_LANE", "LaneCaller"]
 
-# ``_lane_call``'s answer when the call cannot take a lane (then it goes the shared way).
+# ``LaneCaller.call``'s answer when the call cannot take a lane (then it goes the shared way).
 NO_LANE: Any = object()
 _LANE_OPS = frozenset({RequestType.GET, RequestType.SET})
 
 
-class LaneCalls:
-    """The lane side of a client service (see the module docstring)."""
+class LaneCaller:
+    """The lane side of a client service (see the module docstring).
 
-    _closing: bool
-    _transport: ClientTransport
-    _counters: ClientCounters
-    _clock: Callable[[], float]
-    _endpoints: dict[str, Endpoint]
-    _pending: dict[int, Pending]
-    # Requests on lanes: apart from ``_pending``, whose emptiness says "nothing sent through
-    # the shared connections is in flight".
-    _lane_pending: dict[int, Pending]
-    _ids: Any
-    _request_count: Any
-    _lanes_on: bool
-    _lane_of: Callable[[int], DirectLane | None] | None
+    ``enabled``: ``Config.direct_calls``; lanes are used only if the transport offers them too.
+    """
 
-    if TYPE_CHECKING:  # provided by ClientService
+    def __init__(
+        self,
+        transport: ClientTransport,
+        requests: RequestTable,
+        connections: Connections,
+        clock: Callable[[], float],
+        enabled: bool,
+    ) -> None:
+        self._requests = requests
+        self._connections = connections
+        self._clock = clock
+        # The transport's optional hooks, looked up here and nowhere else: its lanes, and a
+        # deferred wake-up (ZmqClientTransport.wake_later: a blocking caller woken by the
+        # dispatcher right before it polls again; other transports wake at once).
+        self._lane_of: Callable[[int], DirectLane | None] | None = getattr(transport, "lane", None)
+        self.wake_later: Callable[[Wakeup], None] | None = getattr(transport, "wake_later", None)
+        self.enabled = enabled and self._lane_of is not None
 
-        def _expire(self, rid: int) -> None: ...
-
-        def _disconnected(self, rid: int, address: str, reason: str) -> None: ...
-
-    def _init_lanes(self, enabled: bool) -> None:
-        self._lane_pending = {}
-        self._lane_of = getattr(self._transport, "lane", None)
-        self._lanes_on = enabled and self._lane_of is not None
-
-    def _lane_call(
+    def call(
         self,
         op: RequestType,
         endpoint: str,
@@ -83,9 +80,10 @@ class LaneCalls:
         convert: Callable[[Message], Any],
     ) -> Any:
         """``convert(reply)`` of a request made on this thread's lane, or NO_LANE."""
-        if op not in _LANE_OPS or self._pending or self._closing:
+        requests = self._requests
+        if op not in _LANE_OPS or not requests.shared_idle() or requests.closed:
             return NO_LANE
-        ep = self._endpoints.get(endpoint)  # a dict read under the GIL; no lock needed
+        ep = self._connections.get(endpoint)  # a dict read under the GIL; no lock needed
         if ep is None or not ep.acked:
             return NO_LANE
         conn = ep.connection
@@ -93,64 +91,41 @@ class LaneCalls:
         lane = None if conn is None else self._lane_of(conn)
         if lane is None or conn is None:
             return NO_LANE
-        rid = next(self._ids)
-        next(self._request_count)
+        rid = requests.new_request()
         done = LaneCompletion()
         now = self._clock()
-        self._lane_pending[rid] = Pending(done, conn, op_name(op), device, prop, timeout, now)
+        if not requests.add_lane(rid, Pending(done, conn, op_name(op), device, prop, timeout, now)):
+            return self._outcome(done, convert)  # closed meanwhile
         # No entry on the timer (two lock round trips per call): the caller, waking every
         # WAIT_SLICE while its reply is overdue, ends the request itself at its deadline.
         deadline = now + timeout
+        clock = self._clock
 
         def ended() -> bool:
-            if done.outcome is None and self._clock() >= deadline:
-                self._expire(rid)
+            if done.outcome is None and clock() >= deadline:
+                requests.expire(rid)
             return done.outcome is not None
 
-        if ep.connection != conn or self._closing:
-            # Lost or closing between the check and the registration: the scan that fails
-            # the requests of a lost connection may have missed our entry.
-            self._disconnected(rid, ep.address, ep.last_reason or "connection lost")
+        if ep.connection != conn:
+            # Lost between the check and the registration: the scan that ends the requests
+            # of a lost connection may have missed our entry.
+            requests.disconnected(rid, ep.address, ep.last_reason or "connection lost")
         else:
             frames = encode_routed(Kind.REQUEST, op, rid, device, prop, selector, body)
             try:
-                message = lane.call(frames, rid, ended, self._clock())
+                message = lane.call(frames, rid, ended, now)
             except TransportError as exc:
-                self._disconnected(rid, ep.address, str(exc))
+                requests.disconnected(rid, ep.address, str(exc))
             else:
                 if message is not None:
-                    return convert(self._lane_reply(rid, message, done))
-        return self._lane_outcome(done, convert)
-
-    def _lane_reply(self, rid: int, message: Message, done: LaneCompletion) -> Message:
-        p = self._lane_pending.pop(rid, None)
-        if p is None:
-            # Ended meanwhile (deadline, disconnection, close): that outcome stands.
-            self._counters.late_replies += 1
-            outcome = done.outcome
-            if isinstance(outcome, BaseException):
-                raise outcome
-            assert outcome is not None
-            return outcome
-        if message.header.request_type is RequestType.EXCEPTION:
-            self._counters.errors += 1
-        else:
-            self._counters.replies += 1
-        self._counters.round_trips.observe(p.op, p.device, self._clock() - p.sent_at)
-        return message
+                    return convert(requests.lane_reply(rid, message, done))
+        return self._outcome(done, convert)
 
     @staticmethod
-    def _lane_outcome(done: LaneCompletion, convert: Callable[[Message], Any]) -> Any:
+    def _outcome(done: LaneCompletion, convert: Callable[[Message], Any]) -> Any:
         outcome = done.outcome
         if isinstance(outcome, BaseException):
             raise outcome
         if outcome is None:  # cannot happen: every path above ended the request
             raise RdaError("internal error: a lane request ended without an outcome")
         return convert(outcome)
-
-    def _take_pending(self, rid: int) -> Pending | None:
-        """Remove request ``rid`` from whichever table holds it."""
-        p = self._pending.pop(rid, None)
-        if p is None:
-            p = self._lane_pending.pop(rid, None)
-        return p

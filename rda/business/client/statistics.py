@@ -1,8 +1,10 @@
-"""Counters of a client service and their frozen snapshot (STYLE.md 12).
+"""Counters of a client service and their frozen snapshot.
 
-Most counters have a single writer (the dispatcher thread: replies, late replies, gaps,
-drops, reconnects); those are plain integer increments. Counters written from several threads
-(timeouts from the timer, listener errors from the workers) are bumped under one small lock,
+The counters of requests (replies, errors, late replies, timeouts, disconnected requests, round
+trips) are the request table's (requests.py), written under its lock as each request ends.
+:class:`ClientCounters` holds the others. Most have a single writer (the dispatcher thread:
+notifications, gaps); reconnects are written under the connections' lock; counters written
+from several threads (listener errors from the workers, drops) are bumped under one small lock,
 and only on those rare paths, never per message.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from rda.business.histogram import CappedHistograms, HistogramSnapshot
+from rda.business.histogram import HistogramSnapshot
 from rda.transport.api import ClientTransportStatistics
 
 __all__ = [
@@ -93,28 +95,18 @@ class ClientStatistics:
 
 
 class ClientCounters:
-    """The mutable counters behind :class:`ClientStatistics`."""
+    """The mutable counters behind :class:`ClientStatistics` other than the request table's."""
 
-    def __init__(self, device_limit: int = 200) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Thread-safe on its own: replies complete on the dispatcher and on lane callers.
-        self.round_trips = CappedHistograms(ROUND_TRIP_TYPES, device_limit)
         # Dispatcher-only writers.
-        self.replies = 0
-        self.errors = 0
-        self.late_replies = 0
         self.notifications = 0
         self.gaps = 0
-        self.dropped = 0
+        # Written under the connections' lock (connections.Connections.on_connected).
         self.reconnects = 0
-        self.disconnected_requests = 0
         # Several writers: use the add_* methods.
-        self.timeouts = 0
+        self.dropped = 0
         self.listener_errors = 0
-
-    def add_timeout(self) -> None:
-        with self._lock:
-            self.timeouts += 1
 
     def add_listener_error(self) -> None:
         with self._lock:

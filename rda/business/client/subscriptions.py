@@ -6,7 +6,7 @@ constant-time work: it reads the 8-byte sequence number at the start of the DATA
 message on: into the bounded queue read by ``poll``/iteration, or to the client scheduler
 (group = subscription id, so one subscription's listener calls run in order and never on the
 dispatcher). The body is decoded on first access of ``Notification.data``, in the consumer's
-thread (STYLE.md 6).
+thread.
 
 ``Notification.gap`` counts the updates missed before this one: those the server's sequence
 numbers say were never received (conflated towards a slow client, or lost), plus those this
@@ -171,8 +171,8 @@ class Notification:
 
 
 # Notification.from_message runs once per notification a consumer reads: the slots are set
-# through their descriptors (what object.__setattr__ finds after a lookup in the type; 0.53
-# instead of 0.80 us for the eight).
+# through their descriptors, what object.__setattr__ finds after a lookup in the type
+# (docs/performance.md, "The client's request path").
 _new_notification = object.__new__
 _set_message, _set_name, _set_data, _set_context, _set_error, _set_update, _set_gap, _set_seq = (
     vars(Notification)[slot].__set__

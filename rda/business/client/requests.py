@@ -1,0 +1,285 @@
+"""The client's request table: request ids, the requests waiting for their reply, their
+deadlines, and how each one ends: exactly once, with the counters that ending changes.
+
+Every request a ``ClientService`` sends takes an id from one counter (subscriptions take
+theirs from it too) and has an entry here until it ends: by its reply, by its deadline, by the
+loss of the connection it went on, or by the client closing. Two tables: requests sent through
+the shared connections, whose deadlines are on the timer (:meth:`RequestTable.add`), and
+requests on callers' lanes (lanes.py, :meth:`RequestTable.add_lane`), whose callers watch their
+own deadline. A lane is taken only while the shared table is empty (:meth:`shared_idle`), so a
+request on a lane never overtakes one sent before it through the shared connection.
+
+Exactly once: a request ends when its entry is removed, every removal happens under the
+table's lock, and whoever removed the entry completes the request. The counters that an ending
+changes (replies, errors, late replies, timeouts, disconnected requests, the round-trip
+histograms) are updated in the same critical section: one lock acquisition per completion, and
+no count is lost however many threads complete requests at once (the dispatcher, lane callers,
+the timer, a closing thread). The request is completed (its caller woken) after the lock is
+released.
+
+Adding an entry takes no lock: one dict store, then a look at ``closed``. :meth:`close` sets
+``closed`` before it removes the entries one at a time, so an entry stored as the client closes
+is removed either by close or by the adder's own look, never by both nor by neither. The
+adder's caller closes the same gap for a connection lost at that moment by checking the
+connection again after adding (``ClientService``; :meth:`connection_lost` scans a snapshot).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rda.business.client.replies import LaneCompletion, Pending, complete
+from rda.business.client.statistics import ROUND_TRIP_TYPES
+from rda.business.client.timer import Timer
+from rda.business.histogram import CappedHistograms, HistogramSnapshot
+from rda.serialization._header import RequestType
+from rda.serialization._message import Message
+from rda.serialization.errors import (
+    DisconnectedError,
+    NotAuthorizedError,
+    RdaError,
+    TimeoutError,
+)
+from rda.transport.reasons import HANDSHAKE_REFUSED, NOT_RDA
+
+__all__ = ["RequestCounts", "RequestTable", "disconnect_error"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCounts:
+    """The request table's part of ``ClientStatistics`` (same names, same meanings)."""
+
+    requests: int
+    replies: int
+    errors: int
+    pending: int
+    timeouts: int
+    late_replies: int
+    disconnected_requests: int
+    round_trips: tuple[dict[str, HistogramSnapshot], dict[str, HistogramSnapshot]]
+
+
+def disconnect_error(p: Pending, address: str, reason: str) -> RdaError:
+    """The error a request ends with when the connection it went on is lost."""
+    if reason.startswith(HANDSHAKE_REFUSED):
+        # Retrying cannot help: the server does not accept this client (or its key).
+        return NotAuthorizedError(f"{p.op} {p.device}/{p.property}: {address}: {reason}")
+    if reason.startswith(NOT_RDA):
+        # Not "lost": there never was an rda connection (a wrong port, another service).
+        return DisconnectedError(f"{p.op} {p.device}/{p.property}: {reason}")
+    return DisconnectedError(
+        f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
+    )
+
+
+class RequestTable:
+    """Ids, pending requests, deadlines and completion (see the module docstring).
+
+    ``clock`` is the client's clock; ``max_wait`` makes the timer thread re-read a clock it
+    cannot sleep on (a fake one); ``device_limit`` caps the per-device round-trip histograms.
+    The table's timer (:attr:`timer`) also runs the client's other delayed work (reconnection
+    attempts, directory moves).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        device_limit: int = 200,
+        max_wait: float | None = None,
+    ) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        # ``next`` on an itertools.count is atomic: ids need no lock.
+        self._ids = itertools.count(1)
+        self._made = itertools.count()
+        self._shared: dict[int, Pending] = {}
+        # Requests on lanes: apart from ``_shared``, whose emptiness says "nothing sent through
+        # the shared connections is in flight".
+        self._lane: dict[int, Pending] = {}
+        self._closed = False
+        # Counters, written under ``_lock`` only.
+        self._replies = 0
+        self._errors = 0
+        self._late = 0
+        self._timeouts = 0
+        self._disconnected = 0
+        self._round_trips = CappedHistograms(ROUND_TRIP_TYPES, device_limit, self._lock)
+        self.timer = Timer(
+            clock, max_wait=max_wait, expire=self.expire, live=self._shared.__contains__
+        )
+
+    # -- ids and entries ---------------------------------------------------------------------
+
+    def new_id(self) -> int:
+        """An id that is not a request's (a subscription's): not counted in ``requests``."""
+        return next(self._ids)
+
+    def new_request(self) -> int:
+        """The id of a request about to be made, counted in ``requests``."""
+        next(self._made)
+        return next(self._ids)
+
+    def add(self, rid: int, pending: Pending) -> bool:
+        """Register a request sent through a shared connection, with its deadline on the timer.
+        False when the client closed meanwhile (the request is then ended: client closed)."""
+        self._shared[rid] = pending
+        if self._closed:
+            self._end_closed(rid)
+            return False
+        # No handle to cancel: an ending removes the entry, and the timer skips a dead key.
+        self.timer.deadline(pending.sent_at + pending.timeout, rid)
+        return True
+
+    def add_lane(self, rid: int, pending: Pending) -> bool:
+        """Register a request on a caller's lane (its caller watches the deadline). False when
+        the client closed meanwhile (the request is then ended: client closed)."""
+        self._lane[rid] = pending
+        if self._closed:
+            self._end_closed(rid)
+            return False
+        return True
+
+    def shared_idle(self) -> bool:
+        """True when no request sent through a shared connection waits for its reply."""
+        return not self._shared
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def reply(self, message: Message) -> None:
+        """A REPLY or EXCEPTION arrived on a shared connection (dispatcher thread)."""
+        with self._lock:
+            p = self._shared.pop(message.header.id, None)
+            if p is None:
+                self._late += 1  # ended already (deadline, cancel): dropped
+                return
+            if message.header.request_type is RequestType.EXCEPTION:
+                self._errors += 1
+            else:
+                self._replies += 1
+            self._round_trips.add(p.op, p.device, self._clock() - p.sent_at)
+        complete(p.future, message)
+
+    def lane_reply(self, rid: int, message: Message, done: LaneCompletion) -> Message:
+        """The reply a caller read on its lane: the message, or, when the request ended
+        meanwhile (deadline, disconnection, close), that outcome (raised)."""
+        with self._lock:
+            p = self._lane.pop(rid, None)
+            if p is None:
+                self._late += 1
+            else:
+                if message.header.request_type is RequestType.EXCEPTION:
+                    self._errors += 1
+                else:
+                    self._replies += 1
+                self._round_trips.add(p.op, p.device, self._clock() - p.sent_at)
+                return message
+        outcome = done.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None  # whoever removed the entry recorded an outcome
+        return outcome
+
+    def count_late(self) -> None:
+        """An answer for an id nothing waits for (a notification of an ended subscription)."""
+        with self._lock:
+            self._late += 1
+
+    def expire(self, rid: int) -> None:
+        """Request ``rid``'s deadline passed (the timer, or a lane caller): it ends with
+        ``rda.TimeoutError``, unless it ended already."""
+        with self._lock:
+            p = self._take(rid)
+            if p is None:
+                return
+            self._timeouts += 1
+        error = TimeoutError(
+            f"{p.op} {p.device}/{p.property}: no reply within {p.timeout:g} s (request abandoned)"
+        )
+        complete(p.future, error)
+
+    def abandon(self, rid: int) -> None:
+        """The caller cancelled its future: forget the request (a reply is then late)."""
+        with self._lock:
+            self._shared.pop(rid, None)
+
+    def disconnected(self, rid: int, address: str, reason: str) -> None:
+        """Request ``rid``'s connection to ``address`` was lost (``reason``)."""
+        with self._lock:
+            p = self._take(rid)
+            if p is None:
+                return
+            self._disconnected += 1
+        complete(p.future, disconnect_error(p, address, reason))
+
+    def connection_lost(self, connection: int, address: str, reason: str) -> None:
+        """End every request, shared or on a lane, that went on ``connection``."""
+        lost: list[Pending] = []
+        with self._lock:
+            for table in (self._shared, self._lane):
+                # A snapshot: adders store without the lock; one that stores after it sees the
+                # connection gone and ends its request itself.
+                for rid, p in list(table.items()):
+                    if p.connection == connection:
+                        del table[rid]
+                        lost.append(p)
+            self._disconnected += len(lost)
+        for p in lost:
+            complete(p.future, disconnect_error(p, address, reason))
+
+    def close(self) -> None:
+        """End every pending request: the client closes. Idempotent."""
+        ended: list[Pending] = []
+        with self._lock:
+            self._closed = True
+            for table in (self._shared, self._lane):
+                # One entry at a time (popitem is atomic): an entry stored meanwhile is taken
+                # by a later round, or by its adder, who sees ``_closed``.
+                while table:
+                    ended.append(table.popitem()[1])
+            self._disconnected += len(ended)
+        for p in ended:
+            complete(p.future, self._closed_error(p))
+
+    def _end_closed(self, rid: int) -> None:
+        with self._lock:
+            p = self._take(rid)
+            if p is None:
+                return  # close took it
+            self._disconnected += 1
+        complete(p.future, self._closed_error(p))
+
+    @staticmethod
+    def _closed_error(p: Pending) -> RdaError:
+        return DisconnectedError(f"{p.op} {p.device}/{p.property}: client closed")
+
+    def _take(self, rid: int) -> Pending | None:
+        # Lock held.
+        p = self._shared.pop(rid, None)
+        if p is None:
+            p = self._lane.pop(rid, None)
+        return p
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def counts(self) -> RequestCounts:
+        """The counters and the requests in flight (read together under the lock), and the
+        round-trip histograms."""
+        with self._lock:
+            counts = (
+                # The count is readable only through its repr, "count(N)".
+                int(repr(self._made)[6:-1]),
+                self._replies,
+                self._errors,
+                len(self._shared) + len(self._lane),
+                self._timeouts,
+                self._late,
+                self._disconnected,
+            )
+        return RequestCounts(*counts, round_trips=self._round_trips.snapshot())
