@@ -120,7 +120,7 @@ def serve_timed() -> None:
 
 
 def server_and_client(n: int = 10000, passes: int = 3) -> list[dict[str, Any]]:
-    from rda.business.client import lanes
+    from rda.business.client import requests
     from rda.transport import _zmq_common as common
     from rda.transport import zmq_lane
 
@@ -150,7 +150,7 @@ def server_and_client(n: int = 10000, passes: int = 3) -> list[dict[str, Any]]:
     common.send_frames, common.recv_copied = marked_send, marked_recv
     after: dict[str, int] = {}
     timed(zmq_lane, "decode_frames", after)
-    timed(lanes.LaneCalls, "_lane_reply", after)
+    timed(requests.RequestTable, "lane_reply", after)
     call = client.round_trip("get_scalar")
     for _ in range(2000):
         call()
