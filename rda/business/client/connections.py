@@ -79,15 +79,17 @@ class Connections:
         # events are ignored.
         self._discarded: set[int] = set()
         self._unwatch: Callable[[], None] | None = None
+        # ``get(address)``: the endpoint at ``address`` if there is one. The table's own
+        # ``dict.get`` (a lane caller's lookup, once per call: no Python frame, no lock).
+        self.get: Callable[[str], Endpoint | None] = self._endpoints.get
+        # ``resolved(device)``: where ``device`` was last resolved, or None (``resolve`` asks
+        # the directory then). The table's own ``dict.get``: every request looks here first.
+        self.resolved: Callable[[str], str | None] = self._device_endpoints.get
 
     def __len__(self) -> int:
         return len(self._endpoints)
 
     # -- endpoints -------------------------------------------------------------------------
-
-    def get(self, address: str) -> Endpoint | None:
-        """The endpoint at ``address`` if there is one (a dict read: no lock)."""
-        return self._endpoints.get(address)
 
     def endpoints(self) -> list[Endpoint]:
         with self._lock:

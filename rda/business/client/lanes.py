@@ -59,7 +59,7 @@ class LaneCaller:
         enabled: bool,
     ) -> None:
         self._requests = requests
-        self._connections = connections
+        self._endpoint_at = connections.get
         self._clock = clock
         # The transport's optional hooks, looked up here and nowhere else: its lanes, and a
         # deferred wake-up (ZmqClientTransport.wake_later: a blocking caller woken by the
@@ -81,9 +81,9 @@ class LaneCaller:
     ) -> Any:
         """``convert(reply)`` of a request made on this thread's lane, or NO_LANE."""
         requests = self._requests
-        if op not in _LANE_OPS or not requests.shared_idle() or requests.closed:
+        if op not in _LANE_OPS or requests.shared_waiting() or requests.closed:
             return NO_LANE
-        ep = self._connections.get(endpoint)  # a dict read under the GIL; no lock needed
+        ep = self._endpoint_at(endpoint)  # a dict read under the GIL; no lock needed
         if ep is None or not ep.acked:
             return NO_LANE
         conn = ep.connection
@@ -91,10 +91,10 @@ class LaneCaller:
         lane = None if conn is None else self._lane_of(conn)
         if lane is None or conn is None:
             return NO_LANE
-        rid = requests.new_request()
         done = LaneCompletion()
         now = self._clock()
-        if not requests.add_lane(rid, Pending(done, conn, op_name(op), device, prop, timeout, now)):
+        rid = requests.add_lane(Pending(done, conn, op_name(op), device, prop, timeout, now))
+        if not rid:
             return self._outcome(done, convert)  # closed meanwhile
         # No entry on the timer (two lock round trips per call): the caller, waking every
         # WAIT_SLICE while its reply is overdue, ends the request itself at its deadline.

@@ -6,7 +6,7 @@ theirs from it too) and has an entry here until it ends: by its reply, by its de
 loss of the connection it went on, or by the client closing. Two tables: requests sent through
 the shared connections, whose deadlines are on the timer (:meth:`RequestTable.add`), and
 requests on callers' lanes (lanes.py, :meth:`RequestTable.add_lane`), whose callers watch their
-own deadline. A lane is taken only while the shared table is empty (:meth:`shared_idle`), so a
+own deadline. A lane is taken only while the shared table is empty (``shared_waiting``), so a
 request on a lane never overtakes one sent before it through the shared connection.
 
 Exactly once: a request ends when its entry is removed, every removal happens under the
@@ -18,10 +18,11 @@ the timer, a closing thread). The request is completed (its caller woken) after 
 released.
 
 Adding an entry takes no lock: one dict store, then a look at ``closed``. :meth:`close` sets
-``closed`` before it removes the entries one at a time, so an entry stored as the client closes
-is removed either by close or by the adder's own look, never by both nor by neither. The
-adder's caller closes the same gap for a connection lost at that moment by checking the
-connection again after adding (``ClientService``; :meth:`connection_lost` scans a snapshot).
+``closed`` (under the lock) before it removes the entries one at a time, so an entry stored as
+the client closes is removed either by close or by the adder's own look, never by both nor by
+neither. The adder's caller closes the same gap for a connection lost at that moment by
+checking the connection again after adding (``ClientService``; :meth:`connection_lost` scans a
+snapshot).
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ class RequestTable:
         # Requests on lanes: apart from ``_shared``, whose emptiness says "nothing sent through
         # the shared connections is in flight".
         self._lane: dict[int, Pending] = {}
-        self._closed = False
+        # Set once by close(); read without the lock (see the module docstring).
+        self.closed = False
+        # The number of requests sent through a shared connection still waiting (a lane is
+        # taken only when it is 0): the table's own ``__len__``, no Python frame per call.
+        self.shared_waiting: Callable[[], int] = self._shared.__len__
         # Counters, written under ``_lock`` only.
         self._replies = 0
         self._errors = 0
@@ -126,29 +131,24 @@ class RequestTable:
         """Register a request sent through a shared connection, with its deadline on the timer.
         False when the client closed meanwhile (the request is then ended: client closed)."""
         self._shared[rid] = pending
-        if self._closed:
+        if self.closed:
             self._end_closed(rid)
             return False
         # No handle to cancel: an ending removes the entry, and the timer skips a dead key.
         self.timer.deadline(pending.sent_at + pending.timeout, rid)
         return True
 
-    def add_lane(self, rid: int, pending: Pending) -> bool:
-        """Register a request on a caller's lane (its caller watches the deadline). False when
-        the client closed meanwhile (the request is then ended: client closed)."""
+    def add_lane(self, pending: Pending) -> int:
+        """Register a request on a caller's lane (its caller watches the deadline): its id,
+        counted in ``requests``; 0 when the client closed meanwhile (the request is then
+        ended: client closed)."""
+        next(self._made)
+        rid = next(self._ids)
         self._lane[rid] = pending
-        if self._closed:
+        if self.closed:
             self._end_closed(rid)
-            return False
-        return True
-
-    def shared_idle(self) -> bool:
-        """True when no request sent through a shared connection waits for its reply."""
-        return not self._shared
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+            return 0
+        return rid
 
     # -- endings -----------------------------------------------------------------------------
 
@@ -237,10 +237,10 @@ class RequestTable:
         """End every pending request: the client closes. Idempotent."""
         ended: list[Pending] = []
         with self._lock:
-            self._closed = True
+            self.closed = True
             for table in (self._shared, self._lane):
                 # One entry at a time (popitem is atomic): an entry stored meanwhile is taken
-                # by a later round, or by its adder, who sees ``_closed``.
+                # by a later round, or by its adder, who sees ``closed``.
                 while table:
                     ended.append(table.popitem()[1])
             self._disconnected += len(ended)

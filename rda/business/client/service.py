@@ -222,6 +222,7 @@ class ClientService:
             rng_seed=rng_seed,
             owns_directory=directory is None,
         )
+        self._resolved = self._connections.resolved
         self._lanes = LaneCaller(
             self._transport,
             self._requests,
@@ -282,6 +283,9 @@ class ClientService:
     def endpoint_of(self, device: str) -> str:
         """The endpoint serving ``device``: resolved through the directory on first use, then
         kept, and resolved again whenever its connection is lost (the device may have moved)."""
+        address = self._resolved(device)  # once per request: no Python frame when known
+        if address is not None:
+            return address
         return self._connections.resolve(device)
 
     def statistics(self) -> ClientStatistics:
