@@ -96,6 +96,11 @@ class RequestTable:
         # ``next`` on an itertools.count is atomic: ids need no lock.
         self._ids = itertools.count(1)
         self._made = itertools.count()
+        # ``new_id()``: an id that is not a request's (a subscription's). ``count_request()``:
+        # count a request about to be made (in ``requests``; a lane request is counted by
+        # ``add_lane``). The counters' own ``__next__``: no Python frame on the request path.
+        self.new_id: Callable[[], int] = self._ids.__next__
+        self.count_request: Callable[[], int] = self._made.__next__
         self._shared: dict[int, Pending] = {}
         # Requests on lanes: apart from ``_shared``, whose emptiness says "nothing sent through
         # the shared connections is in flight".
@@ -118,25 +123,18 @@ class RequestTable:
 
     # -- ids and entries ---------------------------------------------------------------------
 
-    def new_id(self) -> int:
-        """An id that is not a request's (a subscription's): not counted in ``requests``."""
-        return next(self._ids)
-
-    def new_request(self) -> int:
-        """The id of a request about to be made, counted in ``requests``."""
-        next(self._made)
-        return next(self._ids)
-
-    def add(self, rid: int, pending: Pending) -> bool:
-        """Register a request sent through a shared connection, with its deadline on the timer.
-        False when the client closed meanwhile (the request is then ended: client closed)."""
+    def add(self, pending: Pending) -> int:
+        """Register a request sent through a shared connection, with its deadline on the
+        timer: its id; 0 when the client closed meanwhile (the request is then ended: client
+        closed). The caller counted it with ``count_request`` when it set out to make it."""
+        rid = next(self._ids)
         self._shared[rid] = pending
         if self.closed:
             self._end_closed(rid)
-            return False
+            return 0
         # No handle to cancel: an ending removes the entry, and the timer skips a dead key.
         self.timer.deadline(pending.sent_at + pending.timeout, rid)
-        return True
+        return rid
 
     def add_lane(self, pending: Pending) -> int:
         """Register a request on a caller's lane (its caller watches the deadline): its id,

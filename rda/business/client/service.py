@@ -443,8 +443,8 @@ class ClientService:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
         requests, connections = self._requests, self._connections
-        rid = requests.new_request()
-        ep = connections.endpoint(endpoint)
+        requests.count_request()
+        ep = connections.get(endpoint) or connections.endpoint(endpoint)
         if ep.connection is None and ep.was_connected and op is not RequestType.ADMIN:
             # The connection was lost and nothing is re-opening it yet: the device may have
             # moved, so ask the directory before dialling the old address again.
@@ -459,7 +459,8 @@ class ClientService:
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
-        if not requests.add(rid, Pending(fut, conn, name, device, prop, timeout, self._clock())):
+        rid = requests.add(Pending(fut, conn, name, device, prop, timeout, self._clock()))
+        if not rid:
             return  # the client closed meanwhile: ended
         if isinstance(fut, ReplyFuture):
             fut.on_cancel = requests.abandon
