@@ -809,11 +809,7 @@ NOT_MEASUREMENTS = {
 #: report of this test's branch lists them line by line). Remove an entry once it is fixed:
 #: the test fails on an entry that no longer finds anything.
 PENDING: dict[str, set[str]] = {
-    "rda/business/client/statistics.py": {"outside"},
-    "rda/business/client/subscriptions.py": {"outside", "figure"},
     "rda/business/client/replies.py": {"outside"},
-    "rda/business/client/service.py": {"outside"},
-    "rda/business/client/timer.py": {"outside"},
 }
 
 

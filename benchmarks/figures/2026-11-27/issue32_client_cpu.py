@@ -70,6 +70,9 @@ class Answering:
     def lane(self, connection: int) -> Lane | None:
         return Lane() if self.lanes else None
 
+    def wake_later(self, waker: Any) -> None:
+        waker.set()
+
     def start(self) -> None:
         pass
 

@@ -12,9 +12,9 @@ cost two lock round trips per call).
 
 When a call takes the lane (``Config.direct_calls``, on by default):
 
-* the transport offers lanes (the ZeroMQ one; the in-memory transport does not) and the
-  shared connection to the server is established (handshake done): a lane never has to
-  discover a dead or refusing server on its own;
+* the transport offers a lane (``ClientTransport.lane``) and the shared connection to the
+  server is established (handshake done): a lane never has to discover a dead or refusing
+  server on its own;
 * no request sent through the shared connection is still waiting for its reply. A request
   on the lane could overtake one of those, and a client's requests to a device are answered
   in the order it sent them (a server runs one device's requests in FIFO order): an ``ap.set``
@@ -33,8 +33,7 @@ from rda.business.client.requests import RequestTable
 from rda.serialization._header import RequestType
 from rda.serialization._message import BodyKind, Buffer, Message
 from rda.serialization.errors import RdaError, TransportError
-from rda.transport._mailbox import Wakeup
-from rda.transport.api import ClientTransport, DirectLane
+from rda.transport.api import ClientTransport, DirectLane, Waker
 from rda.transport.protocol import Kind, encode_routed
 
 __all__ = ["NO_LANE", "LaneCaller"]
@@ -47,7 +46,8 @@ _LANE_OPS = frozenset({RequestType.GET, RequestType.SET})
 class LaneCaller:
     """The lane side of a client service (see the module docstring).
 
-    ``enabled``: ``Config.direct_calls``; lanes are used only if the transport offers them too.
+    ``enabled``: ``Config.direct_calls``; a call takes a lane only when the transport offers
+    one for the connection (``ClientTransport.lane``).
     """
 
     def __init__(
@@ -61,12 +61,12 @@ class LaneCaller:
         self._requests = requests
         self._endpoint_at = connections.get
         self._clock = clock
-        # The transport's optional hooks, looked up here and nowhere else: its lanes, and a
-        # deferred wake-up (ZmqClientTransport.wake_later: a blocking caller woken by the
-        # dispatcher right before it polls again; other transports wake at once).
-        self._lane_of: Callable[[int], DirectLane | None] | None = getattr(transport, "lane", None)
-        self.wake_later: Callable[[Wakeup], None] | None = getattr(transport, "wake_later", None)
-        self.enabled = enabled and self._lane_of is not None
+        # The transport's lanes, and its deferred wake-up (ZmqClientTransport.wake_later: a
+        # blocking caller woken by the dispatcher right before it polls again), reached here
+        # and nowhere else in the client.
+        self._lane_of: Callable[[int], DirectLane | None] = transport.lane
+        self.wake_later: Callable[[Waker], None] = transport.wake_later
+        self.enabled = enabled
 
     def call(
         self,
@@ -87,7 +87,6 @@ class LaneCaller:
         if ep is None or not ep.acked:
             return NO_LANE
         conn = ep.connection
-        assert self._lane_of is not None
         lane = None if conn is None else self._lane_of(conn)
         if lane is None or conn is None:
             return NO_LANE

@@ -1,7 +1,7 @@
 """``ClientService``: the client runtime (docs/architecture.md, "How a get travels").
 
 One transport (one dispatcher thread) per service and one connection per server endpoint,
-opened on first use. Requests are multiplexed (seed 003): each gets a 64-bit id and waits in
+opened on first use. Requests are multiplexed: each gets a 64-bit id and waits in
 the request table until the reply with that id arrives, so one connection carries any number
 of concurrent requests. Each request has a deadline; when it passes, the caller gets
 ``rda.TimeoutError``, and a reply arriving afterwards is dropped and counted

@@ -1,7 +1,7 @@
 """One timer thread with a heap: request deadlines and reconnection attempts of a client.
 
-Every request a client sends gets a deadline (seed 003: a timed-out request must be abandoned
-cleanly, not wait forever). One thread per client service serves all of them from a heap,
+Every request a client sends gets a deadline (a timed-out request must be abandoned cleanly,
+not wait forever). One thread per client service serves all of them from a heap,
 rather than one ``threading.Timer`` thread per request.
 
 Cancelling is O(1): the entry is only marked, and skipped when it reaches the top. Replies
