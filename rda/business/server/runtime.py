@@ -218,7 +218,7 @@ class Server:
         self._registry = SubscriptionRegistry(transport)
         runner.attach(transport)
         subscriptions.attach(self._registry, runner.fetch)
-        if self._inline.everything and not _hands_over(transport):
+        if self._inline.everything and not transport.hands_over:
             # Nobody would dispatch while a long handler runs: only the declared ones inline.
             self._inline = self._inline.declared_only()
             runner.inline = self._inline or None
@@ -487,12 +487,6 @@ class Server:
         """Answer every request whose deadline has passed now; returns how many (for tests
         driving a fake clock; the watcher thread does this by itself)."""
         return 0 if self._deadlines is None else self._deadlines.run_due()
-
-
-def _hands_over(transport: ServerTransport) -> bool:
-    """Whether ``transport`` hands the dispatching over to a standby thread while a handler
-    runs long (then every get and set may start inline). The one place this is asked."""
-    return bool(getattr(transport, "hands_over", False))
 
 
 def _connectable(endpoint: str) -> str:
