@@ -2,7 +2,7 @@
 
 The dispatcher completes a request's future with the *undecoded* reply message; converting it
 (decoding the body, mapping an EXCEPTION frame to its rda error) happens when someone asks for
-the result, in their thread (STYLE.md 6).
+the result, in their thread (decode late: a reply nobody reads is never decoded).
 
 Two kinds of completion: :class:`ReplyFuture` (a ``concurrent.futures.Future``, what
 ``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: the
