@@ -36,9 +36,9 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.business.server.subscriptions import SubscriptionCallback
-from rda.serialization import _binary
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import UpdateType
+from rda.serialization import binary
+from rda.serialization.data import Data, DataType
+from rda.serialization.header import UpdateType
 
 SCALAR = Data(current=1.5)
 OBJECT = Data()
@@ -53,7 +53,7 @@ _FROZEN.flags.writeable = False
 MIB_READ_ONLY = Data(values=_FROZEN)
 
 PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
-RAW_PAYLOADS = {name: _binary.encode(d) for name, d in PAYLOADS.items()}
+RAW_PAYLOADS = {name: binary.encode(d) for name, d in PAYLOADS.items()}
 MIB_BYTES = len(RAW_PAYLOADS["MIB"])  # what a 1 MiB get moves, for MB/s
 
 

@@ -30,8 +30,8 @@ from rda.business.client.access import AccessPoint
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
 
 WAIT = 60.0
 

@@ -35,11 +35,11 @@ from rda.business.directory import StaticDirectory
 from rda.business.security import ClientSecurity, KeyPair, ServerSecurity, generate_keypair
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization import _binary
-from rda.serialization._data import Data
+from rda.serialization import binary
+from rda.serialization.data import Data
 
 SCALAR = Data(current=1.5)
-RAW_SCALAR = _binary.encode(SCALAR)
+RAW_SCALAR = binary.encode(SCALAR)
 POLICY_RULES = 50
 
 

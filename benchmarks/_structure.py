@@ -45,7 +45,7 @@ from _in_flight import raw_window
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 COUNTS: dict[str, int] = {"send": 0, "recv": 0, "events": 0, "poll": 0}
 # Set in the environment of a ``--serve`` child that must count (the structural passes only:

@@ -41,8 +41,8 @@ import zmq
 
 import rda
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
 from rda.testing import LocalEtcd
 
 TTL = 2.0

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rda.serialization import Data, DataType, DecodeError, DecodeLimits, _binary
+from rda.serialization import Data, DataType, DecodeError, DecodeLimits, binary
 
 T = DataType
 _INTERESTING = [0, 1, 2, 7, 8, 9, 0x10, 0x19, 0x20, 0x21, 0x7F, 0x80, 0xFF]
@@ -71,7 +71,7 @@ def corpus() -> list[Seed]:
         Data(deep={"a": {"b": {"c": {"d": [{"e": "x"}]}}}}),
         Data(f32=np.array([1.5, -2.0], np.float32), i64=np.array([[1, 2], [3, 4]])),
     ]
-    seeds: list[Seed] = [(_binary.encode_python(d), ()) for d in items]
+    seeds: list[Seed] = [(binary.encode_python(d), ()) for d in items]
     # Out of band: 1-D and N-D, at the top, nested and in a Data array (64 KiB and up each).
     big = [
         Data(a=_frozen(np.arange(9000.0)), x=1),
@@ -83,7 +83,7 @@ def corpus() -> list[Seed]:
     ]
     for d in big:
         arrays: list[Any] = []
-        body = _binary.encode_python(d, arrays)
+        body = binary.encode_python(d, arrays)
         seeds.append((body, tuple(bytes(a) for a in arrays)))
     return seeds
 
@@ -162,7 +162,7 @@ def _outcome(
 
 def run_child(seed: int, chunk: int, count: int, compare: bool, index_file: str) -> None:
     """Decode one chunk; print its counts as JSON. Writes each input's index first."""
-    compiled = _binary.COMPILED
+    compiled = binary.COMPILED
     if compiled is None:
         raise SystemExit("the compiled codec is not built")
     counts = dict.fromkeys(
@@ -180,7 +180,7 @@ def run_child(seed: int, chunk: int, count: int, compare: bool, index_file: str)
             if bad:
                 counts["other_exceptions"] += 1
             elif compare:
-                pkind, pvalue = _outcome(_binary.decode_python, buffer, limits, arrays)
+                pkind, pvalue = _outcome(binary.decode_python, buffer, limits, arrays)
                 if pkind != kind or (kind == "data" and pvalue != value):
                     counts["disagreements"] += 1
                     bad = True

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from rda.serialization import BodyKind, DecodeError, Header, RequestType, UpdateType
-from rda.serialization._header import HeaderFlags
+from rda.serialization.header import HeaderFlags
 from rda.transport import protocol
 from rda.transport.protocol import LARGE_BODY, Kind, encode_message
 

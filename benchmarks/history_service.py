@@ -43,9 +43,9 @@ from rda.business.server.requests import GetRequest
 from rda.pipeline.recorder.query import HistoryReader
 from rda.pipeline.recorder.serve import encode_chunk
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext, UpdateType
 
 CHUNK = 5000
 
@@ -134,7 +134,7 @@ def history_pull(seconds: int, rate: float, array: bool) -> dict[str, Any]:
                 recorder.store, recorder.journal, lambda: recorder.converter.max_seq, "bench"
             )
             sample = reader.chunk("DEV", "Prop", start, start + count * step, max_rows=chunk_rows)
-            payload = _binary.encode(encode_chunk(sample, True))
+            payload = binary.encode(encode_chunk(sample, True))
             raw = _raw_pyzmq([payload] * max(1, -(-count // chunk_rows)))
         finally:
             client.close()

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 
 def _cpu() -> float:

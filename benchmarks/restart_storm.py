@@ -60,7 +60,7 @@ def serve_rda(port: int) -> None:
     import rda
     from rda.business.server.devices import Device
     from rda.business.server.requests import GetRequest
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
     class Value(Device):
         @Device.property("Value")
@@ -81,7 +81,7 @@ def client_rda(endpoint: str, clients: int, subs: int) -> None:
     from rda.business.client.service import ClientService
     from rda.business.config import Config
     from rda.business.directory import StaticDirectory
-    from rda.serialization._header import UpdateType
+    from rda.serialization.header import UpdateType
 
     lock = threading.Lock()
     directory = StaticDirectory({"*": endpoint})

@@ -34,8 +34,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rda.serialization import Data, _binary
-from rda.serialization._binary import Codec
+from rda.serialization import Data, binary
+from rda.serialization.binary import Codec
 
 PAPER_CPP_US = 4.22
 PAPER_MSGPACK_US = 13.42
@@ -59,7 +59,7 @@ def best_ns(fn: Callable[[], Any], cycles: int) -> int:
 
 def codecs() -> list[Codec]:
     """Both implementations of the binary codec, compiled first; only pure when not built."""
-    return [c for c in (_binary.COMPILED, _binary.PYTHON) if c is not None]
+    return [c for c in (binary.COMPILED, binary.PYTHON) if c is not None]
 
 
 # One closure per case, over the codec's functions bound once (no attribute look-up per cycle).
@@ -90,7 +90,7 @@ def main() -> None:
     packb, unpackb = msgpack.packb, msgpack.unpackb
     dumps, loads = pickle.dumps, pickle.loads
     proto = pickle.HIGHEST_PROTOCOL
-    raw = _binary.PYTHON.encode(data)
+    raw = binary.PYTHON.encode(data)
 
     def msgpack_lists() -> Any:
         return unpackb(packb(lists))
@@ -142,7 +142,7 @@ def main() -> None:
         "machine": platform.machine(),
         "cycles": cycles,
         "repeats": repeats,
-        "implementation_in_use": _binary.implementation,
+        "implementation_in_use": binary.implementation,
         "paper_object": {
             "us_per_cycle": {k: round(v, 3) for k, v in us.items()},
             "bytes": {

@@ -50,8 +50,8 @@ import pyspark
 
 from rda.pipeline.history.api import History
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = REPO / "examples" / "history_job.py"

@@ -48,8 +48,7 @@ if TYPE_CHECKING:
     )
     from rda.business.server.statistics import ServerStatistics
     from rda.business.server.subscriptions import SubscriptionCallback, SubscriptionSource
-    from rda.serialization._data import Data, DataType
-    from rda.serialization._header import DataContext, UpdateType
+    from rda.serialization.data import Data, DataType
     from rda.serialization.errors import (
         DecodeError,
         DisconnectedError,
@@ -67,6 +66,7 @@ if TYPE_CHECKING:
         TimeoutError,
         TransportError,
     )
+    from rda.serialization.header import DataContext, UpdateType
 
 __version__ = "0.1.0"
 
@@ -105,10 +105,10 @@ _EXPORTS: dict[str, str] = {
     "SubscriptionCallback": "rda.business.server.subscriptions",
     "SubscriptionSource": "rda.business.server.subscriptions",
     "security": "rda.security",
-    "Data": "rda.serialization._data",
-    "DataType": "rda.serialization._data",
-    "DataContext": "rda.serialization._header",
-    "UpdateType": "rda.serialization._header",
+    "Data": "rda.serialization.data",
+    "DataType": "rda.serialization.data",
+    "DataContext": "rda.serialization.header",
+    "UpdateType": "rda.serialization.header",
     "DecodeError": "rda.serialization.errors",
     "DisconnectedError": "rda.serialization.errors",
     "HistoryUnavailableError": "rda.serialization.errors",

@@ -31,7 +31,7 @@ from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import Directory
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 __all__ = ["AccessPoint", "ClientService", "Subscription"]
 

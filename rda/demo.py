@@ -43,8 +43,8 @@ from rda.business.security import (
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device, prop
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 __all__ = [
     "CYCLES",

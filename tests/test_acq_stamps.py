@@ -21,8 +21,8 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.pipeline.history.local import local_get
 from rda.pipeline.recorder.metrics import RecorderCollector
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext, UpdateType
 from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, wait_until
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 

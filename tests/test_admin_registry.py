@@ -28,7 +28,7 @@ from rda.business.server.statistics import (
     ServerStatistics,
     SourceSnapshot,
 )
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError
 from rda.transport.api import ServerTransportStatistics
 

@@ -29,7 +29,7 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import NoSuchDeviceError, OverloadError, RemoteError
 from rda.testing import wait_until
 

@@ -15,8 +15,8 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.business.server.subscriptions import SubscriptionCallback
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
 
 
 class Handler(RequestReplyCallback):

@@ -23,11 +23,11 @@ from rda.business.policy import DenialLog, Policy, PolicyError
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device
 from rda.business.server.requests import ClientInfo, GetRequest, SetRequest
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import NotAuthorizedError, RemoteError
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind
 from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, RawPeer
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -250,7 +250,7 @@ def test_denials_in_admin_stats_and_metrics(stand: Stand) -> None:
 
 def test_a_client_cannot_forge_the_authenticated_principal(stand: Stand) -> None:
     forger = stand.raw({"application": "raw", "authenticated_principal": "ada", "principal": "ada"})
-    ctx = _binary.encode(Data(timeout_ms=5000))
+    ctx = binary.encode(Data(timeout_ms=5000))
     header = Header(RequestType.GET, 7, "PS1", "Current")
     forger.send(encode_message(Kind.REQUEST, header, [(BodyKind.REQUEST_CONTEXT, ctx)]))
     reply = _next_reply(forger)

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from rda.business.client.history import Backfill
 from rda.business.client.statistics import ClientCounters
 from rda.business.client.subscriptions import Notification, Subscription
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.errors import DisconnectedError, HistoryUnavailableError
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -22,8 +23,7 @@ from rda.serialization._header import (
     UpdateType,
     encode_context,
 )
-from rda.serialization._message import BodyKind, Buffer, Message
-from rda.serialization.errors import DisconnectedError, HistoryUnavailableError
+from rda.serialization.message import BodyKind, Buffer, Message
 from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
 
 RECORDED = {n: n * 10 for n in range(1, 40)}  # counter value -> acquisition stamp
@@ -34,7 +34,7 @@ def live(sub: Subscription, n: int, seq: int, update: UpdateType) -> Message:
         RequestType.NOTIFICATION_DATA, sub.id, "CNT", "Count", "", update, HeaderFlags.NONE
     )
     body: list[tuple[BodyKind, Buffer]] = [
-        (BodyKind.DATA, _binary.encode(Data(n=n))),
+        (BodyKind.DATA, binary.encode(Data(n=n))),
         (BodyKind.DATA_CONTEXT, encode_context(DataContext(acq_stamp=RECORDED[n]), seq)),
     ]
     event = decode_frames(encode_message(Kind.REPLY, header, body), from_server=True)

@@ -1,7 +1,7 @@
 """The binary wire codec: round trips, golden bytes, fuzzing, zero-copy and decode limits.
 
 Every test runs against both implementations, the pure-Python one and the compiled one
-(``rda.serialization._binary.PYTHON`` / ``COMPILED``): see the ``implementation`` fixture.
+(``rda.serialization.binary.PYTHON`` / ``COMPILED``): see the ``implementation`` fixture.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rda.serialization import Data, DataType, DecodeError, DecodeLimits, _binary, decode, encode
+from rda.serialization import Data, DataType, DecodeError, DecodeLimits, binary, decode, encode
 
 T = DataType
 
@@ -26,7 +26,7 @@ def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the module once per codec: the tests call the module-level ``encode``/``decode``,
     rebound here, so each test body stays the one contract both implementations must meet.
     Module scope: hypothesis refuses function-scoped fixtures around ``@given``."""
-    codec = _binary.PYTHON if request.param == "python" else _binary.COMPILED
+    codec = binary.PYTHON if request.param == "python" else binary.COMPILED
     if codec is None:
         pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
     names = globals()

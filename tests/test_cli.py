@@ -24,7 +24,7 @@ from rda.admin.cli.main import cli
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import (
     DisconnectedError,
     NoSuchDeviceError,
@@ -218,7 +218,7 @@ def test_directory_list(server: tuple[Server, Corrector]) -> None:
 SERVED = textwrap.dedent(
     """
     from rda.business.server.devices import Device
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
     class Thermometer(Device):
         @Device.property("Reading")

@@ -26,7 +26,7 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device, PropertyValidationError
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import NotAuthorizedError
 from rda.transport._handshake import handshake_failure, speaks_zmtp
 

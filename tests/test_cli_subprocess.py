@@ -29,7 +29,7 @@ SERVED = textwrap.dedent(
     """
     import threading
     from rda.business.server.devices import Device
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
     class Counter(Device):
         def __init__(self):

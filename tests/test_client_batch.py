@@ -20,9 +20,9 @@ from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification, Subscription
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -30,7 +30,7 @@ from rda.serialization._header import (
     UpdateType,
     encode_context,
 )
-from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.serialization.message import BodyKind, Message, encode_exception
 from rda.testing import MemoryNetwork, RecordingClientHandler, RecordingServerHandler, wait_until
 from rda.transport.api import (
     Buffer,
@@ -211,7 +211,7 @@ def service(no_thread_leak: None) -> Iterator[Fixture]:
         client.close()
 
 
-BODY = _binary.encode(Data(current=1.0))
+BODY = binary.encode(Data(current=1.0))
 
 
 def notification(

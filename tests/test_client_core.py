@@ -19,9 +19,9 @@ from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -29,7 +29,7 @@ from rda.serialization._header import (
     UpdateType,
     encode_context,
 )
-from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.serialization.message import BodyKind, Message, encode_exception
 from rda.testing import wait_until
 from rda.testing._clock import FakeClock
 from rda.transport.api import (
@@ -140,7 +140,7 @@ def client(no_thread_leak: None) -> Iterator[Fixture]:
 
 def data_body(data: Data, seq: int = 0, cycle: str = "") -> list[tuple[BodyKind, bytes]]:
     return [
-        (BodyKind.DATA, _binary.encode(data)),
+        (BodyKind.DATA, binary.encode(data)),
         (BodyKind.DATA_CONTEXT, encode_context(DataContext(cycle, 1, 2), seq)),
     ]
 
@@ -309,7 +309,7 @@ def test_admin_sends_the_command_as_device_and_returns_the_reply_data(client: Fi
     assert request.header.request_type is RequestType.ADMIN
     assert request.header.device == "log-level"
     assert request.data == Data(level="DEBUG")
-    reply = [(BodyKind.DATA, _binary.encode(Data(previous="INFO")))]
+    reply = [(BodyKind.DATA, binary.encode(Data(previous="INFO")))]
     transport.reply(conn, RequestType.REPLY, request.header.id, reply, device="log-level", prop="")
     caller.join(10)
     assert results == [Data(previous="INFO")]

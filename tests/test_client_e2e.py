@@ -21,8 +21,8 @@ from rda.business.server.requests import (
     SubscriptionRequest,
 )
 from rda.business.server.subscriptions import SubscriptionCallback
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
 from rda.testing import wait_until
 
 

@@ -22,9 +22,9 @@ from rda.business.config import Config
 from rda.business.directory import FileDirectory, StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError
+from rda.serialization.header import UpdateType
 from rda.testing import wait_until
 
 CONFIG = Config(request_timeout=5.0, reconnect_initial=0.02, reconnect_max=0.5)

@@ -23,7 +23,7 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, TimeoutError
 from rda.testing import FakeClock, wait_until
 

@@ -16,16 +16,16 @@ import pytest
 import rda.serialization.errors as errors
 from rda.business.client.service import ClientService
 from rda.business.config import Config
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import (
     DataContext,
     Header,
     RequestType,
     UpdateType,
     encode_context,
 )
-from rda.serialization._message import BodyKind, Message, encode_exception
+from rda.serialization.message import BodyKind, Message, encode_exception
 from rda.testing import wait_until
 from rda.testing._clock import FakeClock
 from rda.testing._memory import MemoryNetwork
@@ -121,12 +121,12 @@ class FakeServer:
             with self.lock:
                 self.subs.pop((peer, h.id), None)
         elif rt is RequestType.ADMIN:
-            self.reply(peer, h, RequestType.REPLY, [(BodyKind.DATA, _binary.encode(Data(ok=1)))])
+            self.reply(peer, h, RequestType.REPLY, [(BodyKind.DATA, binary.encode(Data(ok=1)))])
 
     @staticmethod
     def value_body(value: Data, seq: int = 0) -> list[tuple[BodyKind, bytes]]:
         return [
-            (BodyKind.DATA, _binary.encode(value)),
+            (BodyKind.DATA, binary.encode(value)),
             (BodyKind.DATA_CONTEXT, encode_context(DataContext("CYCLE", 5, 6), seq)),
         ]
 

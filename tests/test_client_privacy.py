@@ -2,7 +2,7 @@
 ``rda/business/client/`` reads or calls another object's ``_private`` member.
 
 Checked over the syntax tree: every ``x._name`` attribute (dunders aside) must be on ``self``
-or ``cls``. A private module imported by name (``from rda.serialization._data import Data``)
+or ``cls``. A private module imported by name (``from rda.serialization.data import Data``)
 is an import, not an attribute, and is tests/test_layout.py's business.
 """
 

@@ -39,7 +39,7 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, RemoteError, TimeoutError
 
 CLIENT_DIR = str(Path(rda.business.client.__file__).parent)

@@ -22,12 +22,12 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.data import Data
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import FakeClock, wait_until
-from rda.transport._mailbox import Wakeup
 from rda.transport.api import TransportSettings
+from rda.transport.mailbox import Wakeup
 from rda.transport.protocol import Kind, encode_message
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport

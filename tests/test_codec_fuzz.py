@@ -13,13 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rda.serialization import _binary
+from rda.serialization import binary
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_codec.py"
 
 
 def test_compiled_decoder_survives_and_agrees_with_pure_python_on_20k_fuzzed_inputs() -> None:
-    assert _binary.COMPILED is not None, "the compiled codec was not built"
+    assert binary.COMPILED is not None, "the compiled codec was not built"
     cmd = [sys.executable, str(SCRIPT), "--count", "20000", "--chunk", "10000", "--seed", "7"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50, check=False)
     report = json.loads(proc.stdout)

@@ -21,9 +21,9 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest
-from rda.serialization._data import Data
-from rda.serialization._message import Message
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError
+from rda.serialization.message import Message
 from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.peer_info import connect_info, rda_version

@@ -14,7 +14,7 @@ import pytest
 from rda.pipeline.recorder.converter import Converter, compact, partition_path
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
 from rda.pipeline.recorder.schema import arrow_type_of
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 DAY1 = int(datetime.datetime(2024, 3, 1, 23, 59, tzinfo=datetime.UTC).timestamp() * 1e9)
 DAY2 = DAY1 + 120 * 10**9  # two minutes later: 2024-03-02

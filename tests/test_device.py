@@ -15,9 +15,9 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device, DeviceProperty, PropertyValidationError, prop
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, RemoteError
+from rda.serialization.header import DataContext, UpdateType
 from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)

@@ -24,7 +24,7 @@ of inline code (`` `...` ``, a span may cross a line break) outside fenced block
   (``ClientService._on_connected``): the next part is defined in its body (def, class,
   assignment, annotation), assigned as ``self.part`` in one of its methods, or found on a base
   class (named in the source, or, for a class of ``rda``, on the imported class); a module or
-  package of that name (``_zmq_common.send_frames``, ``_relay.Relay._stand_by``): the next
+  package of that name (``_zmq_common.send_frames``, ``relay.Relay._stand_by``): the next
   part is a top-level name of one of them or a sub-module, then as for a class; an importable
   module (``asyncio.to_thread``, ``np.shares_memory``): imported and walked. Any other first
   part is a variable (``sub.close``, ``request.complete``): it must be bound somewhere in the
@@ -758,10 +758,10 @@ def test_the_checker_tells_a_good_name_from_a_bad_one() -> None:
 
 
 def test_the_recipe_before_issue_32_fails() -> None:
-    """The "new value type" recipe named tables of ``_binary.py`` that had moved to
+    """The "new value type" recipe named tables of ``binary.py`` that had moved to
     ``_binary_format.py`` under other names: the check finds them, and passes the fix."""
     before = (
-        "2. `serialization/_binary.py`: `_SCALAR_STRUCTS` and the tag-indexed `_SCALAR_TYPES`,\n"
+        "2. `serialization/binary.py`: `_SCALAR_STRUCTS` and the tag-indexed `_SCALAR_TYPES`,\n"
         "   `_ARRAY_TYPES`, `_ARRAY_DTYPES`, `_encode_into`, `_read_data` / `_read_other`\n"
     )
     # _SCALAR_TYPES passes: a plain identifier is looked up anywhere in the source (the
@@ -775,7 +775,7 @@ def test_the_recipe_before_issue_32_fails() -> None:
 
 
 def test_paths_resolve_by_folder_context_or_uniqueness() -> None:
-    assert check("`business/server/runtime.py` then `builder.py`, `_relay.py`, `ops/`") == []
+    assert check("`business/server/runtime.py` then `builder.py`, `relay.py`, `ops/`") == []
     # Two files are called replies.py: a bare one needs a path before it in the section.
     assert [p.span for p in check("`replies.py`")] == ["replies.py"]
     assert check("`business/client/access.py`, then `replies.py`") == []

@@ -18,10 +18,8 @@ from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.outcomes import is_handler_fault, outcome_of
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import HEADER_FIXED, Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import (
     DecodeError,
     LocalDecodeError,
@@ -34,6 +32,8 @@ from rda.serialization.errors import (
     error_from_remote,
     wire_type,
 )
+from rda.serialization.header import HEADER_FIXED, Header, RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import MemoryNetwork, OneServerDirectory, RawPeer, free_port, wait_until
 from rda.transport import protocol
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
@@ -75,7 +75,7 @@ def test_the_base_classes_catch_both_sides_and_origin_says_which() -> None:
 
 def test_as_remote_keeps_message_offset_and_traceback() -> None:
     try:
-        _binary.decode(GARBAGE)
+        binary.decode(GARBAGE)
     except DecodeError as exc:
         # The codec cannot know whose bytes it reads: the base class.
         assert type(exc) is DecodeError
@@ -226,7 +226,7 @@ class Handler(RequestReplyCallback):
 
     def get(self, request: GetRequest) -> None:
         if request.property == "Own":
-            request.complete(_binary.decode(GARBAGE))  # the server's bug, not the client's
+            request.complete(binary.decode(GARBAGE))  # the server's bug, not the client's
             return
         request.complete(Data(value=1))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import rda
-from rda.serialization._header import UpdateType
+from rda.serialization.header import UpdateType
 from rda.testing import LocalEtcd, wait_until
 
 RDA = str(Path(sys.executable).with_name("rda"))
@@ -32,7 +32,7 @@ SERVED = textwrap.dedent(
     import os
     import threading
     from rda.business.server.devices import Device
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
     class Counter(Device):
         def __init__(self):

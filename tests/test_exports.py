@@ -20,7 +20,7 @@ def test_every_public_name_exists_and_is_listed_once() -> None:
 def test_public_classes_are_the_layer_classes_not_copies() -> None:
     from rda.business.client.service import ClientService
     from rda.business.server.builder import ServerBuilder as BusinessBuilder
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
     assert rda.ClientService is ClientService
     assert rda.Data is Data

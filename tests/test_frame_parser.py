@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rda.serialization import BodyKind, Header, RequestType, _header
+from rda.serialization import BodyKind, Header, RequestType
+from rda.serialization import header as header_codec
 from rda.serialization.errors import DecodeError
 from rda.transport import protocol
 from rda.transport.protocol import LARGE_BODY, Incoming, Kind, decode_frames, encode_message
@@ -79,7 +80,7 @@ def test_large_bodies_are_the_received_frames_and_names_are_decoded_once() -> No
     big = memoryview(bytearray(LARGE_BODY))
     header = Header(RequestType.REPLY, 2**64 - 1, "DÉV", "Prop", "CPS.USER.ALL")
     frames = encode_message(Kind.REPLY, header, [(BodyKind.DATA, big), (BodyKind.DATA, b"x")])
-    _header._NAMES.clear()  # a cache: other tests may have filled it to its bound
+    header_codec._NAMES.clear()  # a cache: other tests may have filled it to its bound
     event = decode_frames(list(frames), from_server=True)
     assert isinstance(event, Incoming)
     assert event.message.header == header

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rda.serialization._header import (
+from rda.serialization.errors import DecodeError
+from rda.serialization.header import (
     PROTOCOL_VERSION,
     DataContext,
     Header,
@@ -20,7 +21,6 @@ from rda.serialization._header import (
     encode_context,
     encode_header,
 )
-from rda.serialization.errors import DecodeError
 
 names = st.text(max_size=40)
 

@@ -18,8 +18,8 @@ import pytest
 
 from rda.pipeline.history.api import BASE_COLUMNS, History, to_pandas
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 # The JVM starts in the first test; the store is built once per module.
 pytestmark = pytest.mark.timeout(300)

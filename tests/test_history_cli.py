@@ -18,9 +18,9 @@ from rda._cli import build
 from rda.admin.cli.common import ExitCode
 from rda.pipeline.history.cli import NOT_FOUND, parse_cli_time
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import RemoteError
+from rda.serialization.header import DataContext
 
 START = datetime.datetime(2026, 11, 20, 22, 0, tzinfo=datetime.UTC)
 T0 = int(START.timestamp()) * 10**9

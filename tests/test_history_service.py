@@ -32,9 +32,9 @@ from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest
 from rda.pipeline.recorder.query import Cursor, HistoryReader
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import HistoryUnavailableError, NotAuthorizedError
+from rda.serialization.header import DataContext, UpdateType
 from rda.testing import wait_until
 
 T0 = 1_790_000_000_000_000_000  # 2026-09-21, a fixed day for network-free stores

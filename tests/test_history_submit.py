@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -24,7 +24,7 @@ from rda.admin.cli.main import LazyGroup
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 ROOT = Path(__file__).resolve().parent.parent
 # What no command-line or client use should pay for unless it needs it.
@@ -78,7 +78,7 @@ def test_names_work_after_lazy_loading() -> None:
     lines = _python(
         "import sys, rda\n"
         "d = rda.Data(x=1.5)\n"
-        "print(d['x'], type(d) is sys.modules['rda.serialization._data'].Data)\n"
+        "print(d['x'], type(d) is sys.modules['rda.serialization.data'].Data)\n"
         # The codec alone: the client's transport and its settings are not loaded with it.
         "print(sorted(m for m in ('zmq', 'pydantic', 'prometheus_client') if m in sys.modules))\n"
         "from rda import ClientService\n"

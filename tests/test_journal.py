@@ -16,7 +16,7 @@ from rda.pipeline.recorder.journal import (
     write_durably,
 )
 from rda.pipeline.recorder.schema import arrow_type_of
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 
 def _builder(rows: list[tuple[str, Data | None, int]]) -> SegmentBuilder:

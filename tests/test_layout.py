@@ -233,3 +233,37 @@ def test_only_the_console_script_reaches_the_panel() -> None:
         and any(_within(t, {"rda.panel"}) for t in _rda_targets(path, mods))
     )
     assert reaching == ["rda._cli"]
+
+
+def private_imports_across_packages(root: Path) -> list[str]:
+    """``module -> _private module`` for every import (function-level included) of a private
+    module (``_name``) from outside the package that holds it. A module used outside its
+    package has a public name (or its package re-exports what others need)."""
+    mods = modules(root)
+    found = []
+    for name, path in sorted(mods.items()):
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for target in sorted(_rda_targets(path, mods)):
+            parts = target.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])
+                    if not _within(package, {owner}):
+                        found.append(f"{name} -> {target}")
+                    break
+    return found
+
+
+def test_private_modules_are_not_imported_across_packages() -> None:
+    assert private_imports_across_packages(ROOT) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path: Path) -> None:
+    (tmp_path / "rda" / "a").mkdir(parents=True)
+    (tmp_path / "rda" / "b").mkdir()
+    for package in ("rda", "rda/a", "rda/b"):
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "rda" / "a" / "_inner.py").write_text("X = 1\n")
+    (tmp_path / "rda" / "a" / "friend.py").write_text("from rda.a._inner import X\n")
+    (tmp_path / "rda" / "b" / "user.py").write_text("from rda.a._inner import X\n")
+    assert private_imports_across_packages(tmp_path) == ["rda.b.user -> rda.a._inner"]

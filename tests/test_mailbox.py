@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from rda.serialization._message import Message
+from rda.serialization.message import Message
 from rda.testing import wait_until
 from rda.transport import _zmq_common as common
-from rda.transport._mailbox import Mailbox
+from rda.transport.mailbox import Mailbox
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 

@@ -7,14 +7,14 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from rda.serialization._header import (
+from rda.serialization.header import (
     PROTOCOL_VERSION,
     Header,
     HeaderFlags,
     RequestType,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.message import BodyKind, Message
 from rda.testing import (
     CONFORMANCE_CHECKS,
     FakeClock,

@@ -14,7 +14,7 @@ from rda.serialization import (
     Header,
     Message,
     RequestType,
-    _binary,
+    binary,
     encode,
 )
 
@@ -23,13 +23,13 @@ from rda.serialization import (
 def decode_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Count calls to the binary decoder that Message uses."""
     calls: list[Any] = []
-    real = _binary.decode
+    real = binary.decode
 
     def counting(buffer: Any, limits: Any = None) -> Data:
         calls.append(buffer)
         return real(buffer, limits)
 
-    monkeypatch.setattr(_binary, "decode", counting)
+    monkeypatch.setattr(binary, "decode", counting)
     return calls
 
 

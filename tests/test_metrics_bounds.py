@@ -35,11 +35,11 @@ from rda.business.server.statistics import (
     REQUEST_TYPES,
     RequestCounters,
 )
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, NoSuchDeviceError, OverloadError
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind
 from rda.testing import FakeClock, MemoryNetwork, RawPeer, wait_until
 from rda.transport.api import ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -126,7 +126,7 @@ class Stand:
     ) -> tuple[str, str] | None:
         """Send one request, wait for its answer: None for a reply, else (type, message)."""
         rid = next(self.ids)
-        body = [] if data is None else [(BodyKind.DATA, _binary.encode(data))]
+        body = [] if data is None else [(BodyKind.DATA, binary.encode(data))]
         peer.send(encode_message(Kind.REQUEST, Header(rtype, rid, device, prop), body))
         while True:
             event = decode_frames(peer.recv(10.0), from_server=True)

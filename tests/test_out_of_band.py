@@ -21,11 +21,11 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import DecodeError
+from rda.serialization.header import RequestType
+from rda.serialization.message import BodyKind
 from rda.testing import MemoryNetwork, OneServerDirectory
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -41,15 +41,15 @@ from rda.transport.protocol import (
 WAIT = 10.0
 
 
-def codecs() -> tuple[_binary.Codec, _binary.Codec]:
+def codecs() -> tuple[binary.Codec, binary.Codec]:
     """Both implementations; `make test` builds the compiled one, so its absence fails."""
-    if _binary.COMPILED is None:
+    if binary.COMPILED is None:
         pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
-    return _binary.PYTHON, _binary.COMPILED
+    return binary.PYTHON, binary.COMPILED
 
 
 @pytest.fixture(params=["python", "compiled"])
-def codec(request: pytest.FixtureRequest) -> _binary.Codec:
+def codec(request: pytest.FixtureRequest) -> binary.Codec:
     return codecs()[request.param == "compiled"]
 
 
@@ -83,7 +83,7 @@ def sample() -> Data:
 # -- the codec ---------------------------------------------------------------------------------
 
 
-def test_big_read_only_arrays_leave_the_body_and_come_back_as_views(codec: _binary.Codec) -> None:
+def test_big_read_only_arrays_leave_the_body_and_come_back_as_views(codec: binary.Codec) -> None:
     data = sample()
     arrays: list[Any] = []
     body = codec.encode(data, arrays)
@@ -100,10 +100,10 @@ def test_big_read_only_arrays_leave_the_body_and_come_back_as_views(codec: _bina
 
 
 def test_without_a_list_or_for_writable_arrays_the_bytes_are_the_old_ones(
-    codec: _binary.Codec,
+    codec: binary.Codec,
 ) -> None:
     data = sample()
-    assert codec.encode(data, None) == codec.encode(data) == _binary.PYTHON.encode(data)
+    assert codec.encode(data, None) == codec.encode(data) == binary.PYTHON.encode(data)
     writable = Data(wave=np.arange(20_000.0))
     arrays: list[Any] = []
     assert codec.encode(writable, arrays) == codec.encode(writable) and arrays == []
@@ -142,7 +142,7 @@ def _errors(body: bytes, arrays: list[Any]) -> list[str]:
 def test_arrays_that_do_not_match_the_body_are_a_decode_error(case: str, fragment: str) -> None:
     data = Data(a=big(), m=frozen(np.zeros((3, 40_000), dtype=np.int16)))
     arrays: list[Any] = []
-    body = _binary.PYTHON.encode(data, arrays)
+    body = binary.PYTHON.encode(data, arrays)
     given_arrays = {
         "none": [],
         "too_few": arrays[:1],
@@ -179,7 +179,7 @@ def test_corrupted_bodies_with_arrays_never_crash_and_both_agree(
 ) -> None:
     data = Data(a=big(9_000), m=frozen(np.ones((2, 10_000), dtype=np.int32)), x=1)
     arrays: list[Any] = []
-    body = bytearray(_binary.PYTHON.encode(data, arrays))
+    body = bytearray(binary.PYTHON.encode(data, arrays))
     body[position % len(body)] = value
     given_arrays = [bytes(arrays[0])[: len(arrays[0]) + cut], arrays[1]]
     outcomes = []
@@ -195,7 +195,7 @@ def test_a_small_array_body_in_the_packed_frame_is_found_as_well() -> None:
     # The encoder sends ARRAY bodies as frames of their own; the decoder takes either
     # placement. A 1-D float64 reference with 32 bytes of array is four zeros.
     arrays: list[Any] = []
-    body = _binary.encode(Data(a=big()), arrays)
+    body = binary.encode(Data(a=big()), arrays)
     frames = encode_routed(
         Kind.REPLY,
         RequestType.REPLY,

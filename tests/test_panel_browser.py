@@ -156,8 +156,8 @@ PAST = 120  # recorded PS1/Acquisition values, one every 2 s up to a few seconds
 def record_past(root: Path) -> Path:
     """A recorder store holding the last 4 minutes of PS1/Acquisition (a slow sine)."""
     from rda.pipeline.recorder.service import Recorder, Sample
-    from rda.serialization._data import Data
-    from rda.serialization._header import DataContext
+    from rda.serialization.data import Data
+    from rda.serialization.header import DataContext
 
     recorder = Recorder(root, recorder_id="panel-test", convert=True, convert_interval=3600.0)
     recorder.start()

@@ -33,9 +33,9 @@ from rda.panel.session import MAX_VIEWS
 from rda.panel.source import PanelSource, SetRefused
 from rda.panel.views import ViewSlot
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import HistoryUnavailableError, RemoteError
+from rda.serialization.header import DataContext
 from rda.testing import wait_until
 
 

@@ -12,9 +12,9 @@ pytest.importorskip("starlette")
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import IMAGE_MAX, context_json, data_json, decimate, image
 from rda.panel.views import MAX_POINTS, ViewSlot
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, NotAuthorizedError
+from rda.serialization.header import DataContext, UpdateType
 from rda.testing import FakeClock
 
 # -- render ----------------------------------------------------------------------------------

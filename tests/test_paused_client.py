@@ -31,7 +31,7 @@ from rda.business.config import Config
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.testing import wait_until
 
 CHILD = textwrap.dedent(

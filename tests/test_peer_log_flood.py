@@ -2,7 +2,7 @@
 
 Before, each malformed message wrote one WARNING line and each refused CURVE handshake one
 more (50,000 bad messages: 50,000 lines in 2 s). Now every line a peer can cause goes through
-``rda.transport._ratelog.RateLimitedLog``: one line per kind per second, the next one saying how
+``rda.transport.ratelog.RateLimitedLog``: one line per kind per second, the next one saying how
 many were not logged, while the counters count every event (the helper itself:
 tests/test_ratelog.py). The server's clock is a FakeClock
 that only moves when told, so "within one second" is exact, not a race with the machine.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._message import Message
+from rda.serialization.message import Message
 from rda.testing import FakeClock, wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import encode_heartbeat
@@ -84,7 +84,7 @@ def test_bad_messages_from_a_peer_are_counted_each_but_logged_once_a_second(
 def test_refused_curve_handshakes_are_logged_once_a_second(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from rda.transport._curve import ServerCurve
+    from rda.transport.curve import ServerCurve
 
     public, secret = zmq.curve_keypair()
     stranger_public, stranger_secret = zmq.curve_keypair()

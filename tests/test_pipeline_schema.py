@@ -17,7 +17,7 @@ from rda.pipeline.recorder.schema import (
     partition_escape,
     signature,
 )
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 
 SCALARS = [
     (DataType.BOOL, True, pa.bool_()),

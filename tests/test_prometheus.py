@@ -38,7 +38,7 @@ from rda.business.server.builder import Server
 from rda.demo import demo_builder
 from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import RdaError
 from rda.testing import free_port, wait_until
 

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rda.serialization._header import (
+from rda.serialization.errors import DecodeError, ProtocolError
+from rda.serialization.header import (
     HEADER_FIXED,
     PROTOCOL_VERSION,
     DataContext,
@@ -35,8 +36,7 @@ from rda.serialization._header import (
     encode_context,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
-from rda.serialization.errors import DecodeError, ProtocolError
+from rda.serialization.message import BodyKind, Message, decode_exception, encode_exception
 from rda.transport.protocol import (
     LARGE_BODY,
     Buffer,
@@ -65,7 +65,7 @@ GOLDEN = Path(__file__).parent / "golden"
 DOC = Path(__file__).parent.parent / "docs" / "protocol.md"
 
 ACQ_CONTEXT = DataContext("CPS.USER.SFT", 1_700_000_000_000_000_000, 1_700_000_000_123_456_789)
-# Opaque stand-ins for binary-encoded Data frames (rda.serialization._binary).
+# Opaque stand-ins for binary-encoded Data frames (rda.serialization.binary).
 OPAQUE_DATA = b"<binary Data>"
 OPAQUE_REQUEST_CONTEXT = b"<binary Data: filters, timeout_ms>"
 

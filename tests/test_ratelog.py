@@ -1,4 +1,4 @@
-"""``rda.transport._ratelog.RateLimitedLog``: one line per kind per interval (issue 27, 2)."""
+"""``rda.transport.ratelog.RateLimitedLog``: one line per kind per interval (issue 27, 2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from rda.testing import FakeClock
-from rda.transport._ratelog import RateLimitedLog
+from rda.transport.ratelog import RateLimitedLog
 
 
 def test_rate_limited_log_one_line_per_kind_per_interval(

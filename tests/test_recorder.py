@@ -19,9 +19,9 @@ import pytest
 import rda.pipeline.recorder.journal as journal_module
 from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, Sample, parse_pattern
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import DecodeError, RemoteError
+from rda.serialization.header import DataContext
 from rda.testing import wait_until
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
@@ -365,7 +365,7 @@ def test_one_recorder_id_runs_once_per_root(tmp_path: Path) -> None:
 
 def test_the_core_never_imports_pyarrow() -> None:
     code = (
-        "import sys, rda, rda.business.client.service, rda.business.server.builder, rda.serialization._data;"
+        "import sys, rda, rda.business.client.service, rda.business.server.builder, rda.serialization.data;"
         "import rda.admin.cli.main;"
         "print('pyarrow' in sys.modules)"
     )

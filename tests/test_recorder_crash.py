@@ -27,8 +27,8 @@ CHILD = r"""
 import sys, time
 import numpy as np
 from rda.pipeline.recorder.service import Recorder, Sample
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 import rda.pipeline.recorder.converter as converter
 import rda.pipeline.recorder.journal as journal

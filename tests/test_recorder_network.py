@@ -29,8 +29,8 @@ from rda.business.server.subscriptions import SubscriptionCallback
 from rda.demo import build_demo_server
 from rda.pipeline.recorder.cli import record
 from rda.pipeline.recorder.service import Recorder
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext, UpdateType
 from rda.testing import wait_until
 
 T0 = 1_750_000_000_000_000_000

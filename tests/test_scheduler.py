@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rda.business.scheduler import GroupTaskScheduler, OverflowPolicy, SchedulerStatistics
-from rda.serialization import _binary
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization import binary
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import wait_until
 
 WAIT = 10.0  # generous bound for conditions that normally hold within milliseconds
@@ -367,7 +367,7 @@ def test_a_dropped_task_never_decodes_its_body(
         decoded.append(bytes(frame))
         return {"decoded": bytes(frame)}
 
-    monkeypatch.setattr(_binary, "decode", counting_decode, raising=False)
+    monkeypatch.setattr(binary, "decode", counting_decode, raising=False)
 
     def message(body: bytes) -> Message:
         header = Header(RequestType.SET, 1, "PS1", "Setting")

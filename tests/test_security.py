@@ -24,8 +24,8 @@ from rda.business.server.requests import (
     SubscriptionRequest,
 )
 from rda.business.server.subscriptions import SubscriptionCallback
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
 from rda.testing import FakeClock, wait_until
 
 MARKER = "PLAINTEXT-MARKER-7f3a9c"

@@ -26,11 +26,11 @@ from rda.business.server.subscriptions import (
     SubscriptionSource,
     UnsubscribeRequest,
 )
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, Header, HeaderFlags, RequestType, UpdateType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError
+from rda.serialization.header import DataContext, Header, HeaderFlags, RequestType, UpdateType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import wait_until
 from rda.transport.api import (
     Buffer,
@@ -153,9 +153,9 @@ def request(
         ctx["filters"] = filters
     body: list[tuple[BodyKind, Buffer]] = []
     if data is not None:
-        body.append((BodyKind.DATA, _binary.encode(data)))
+        body.append((BodyKind.DATA, binary.encode(data)))
     if rtype is not RequestType.UNSUBSCRIBE:
-        body.append((BodyKind.REQUEST_CONTEXT, _binary.encode(ctx)))
+        body.append((BodyKind.REQUEST_CONTEXT, binary.encode(ctx)))
     frames = encode_message(Kind.REQUEST, Header(rtype, rid, device, prop, selector), body)
     event = decode_frames([bytes(f) for f in frames], from_server=False)
     assert isinstance(event, Incoming)
@@ -484,7 +484,7 @@ def test_admin_answers_in_its_own_group_while_a_device_is_blocked(make: Factory)
         frames = encode_message(
             Kind.REQUEST,
             Header(RequestType.ADMIN, 77, "ping"),
-            [(BodyKind.DATA, _binary.encode(Data(n=1)))],
+            [(BodyKind.DATA, binary.encode(Data(n=1)))],
         )
         event = decode_frames(frames, from_server=False)
         assert isinstance(event, Incoming)

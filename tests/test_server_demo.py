@@ -10,8 +10,8 @@ from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.demo import CYCLES, build_demo_server
-from rda.serialization._header import UpdateType
 from rda.serialization.errors import RemoteError
+from rda.serialization.header import UpdateType
 from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)

@@ -16,11 +16,11 @@ from rda.business.config import Config
 from rda.business.directory import FileDirectory, StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, Header, RequestType, UpdateType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, OverloadError, RemoteError, TimeoutError
+from rda.serialization.header import DataContext, Header, RequestType, UpdateType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import wait_until
 from rda.transport.protocol import (
     ConnectAck,
@@ -177,7 +177,7 @@ class RawClient:
                 return event
 
     def request(self, rtype: RequestType, rid: int, device: str, prop: str) -> Message:
-        ctx = _binary.encode(Data(timeout_ms=5000))
+        ctx = binary.encode(Data(timeout_ms=5000))
         header = Header(rtype, rid, device, prop)
         self.sock.send_multipart(
             encode_message(Kind.REQUEST, header, [(BodyKind.REQUEST_CONTEXT, ctx)])

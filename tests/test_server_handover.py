@@ -1,4 +1,4 @@
-"""Optimistic inline handlers and the leader/followers hand-over (rda.transport._relay).
+"""Optimistic inline handlers and the leader/followers hand-over (rda.transport.relay).
 
 A get or set starts on the dispatcher; when it runs long, the standby takes the lead, so the
 server keeps receiving: per-device order, admin, heartbeats and other devices' requests go on;
@@ -19,16 +19,16 @@ from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import OverloadError
 from rda.testing import FakeClock, wait_until
-from rda.transport._relay import Relay
 from rda.transport.api import (
     ClientHandler,
     ClientTransport,
     ServerTransportStatistics,
     TransportSettings,
 )
+from rda.transport.relay import Relay
 from rda.transport.zmq_client import ZmqClientTransport
 from rda.transport.zmq_server import ZmqServerTransport
 

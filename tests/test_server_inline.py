@@ -19,7 +19,7 @@ from rda.business.scheduler import GroupTaskScheduler
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.testing import wait_until
 
 WAIT = 10.0

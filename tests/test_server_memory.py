@@ -13,10 +13,10 @@ from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType, UpdateType
-from rda.serialization._message import BodyKind
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import Header, RequestType, UpdateType
+from rda.serialization.message import BodyKind
 from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory, RawPeer
 from rda.transport.api import ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -94,7 +94,7 @@ def _next_reply(peer: RawPeer, timeout: float = 10.0) -> Incoming | None:
 
 
 def _get(peer: RawPeer, rid: int, prop: str, timeout_ms: int) -> None:
-    ctx = _binary.encode(Data(timeout_ms=timeout_ms))
+    ctx = binary.encode(Data(timeout_ms=timeout_ms))
     header = Header(RequestType.GET, rid, "DEV", prop)
     peer.send(encode_message(Kind.REQUEST, header, [(BodyKind.REQUEST_CONTEXT, ctx)]))
 

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
-from rda.transport._ratelog import RateLimitedLog
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import Message
 from rda.transport.api import PeerStatistics, TransportSettings
 from rda.transport.client_session import ClientSession, ClientSessions, LaneSession
 from rda.transport.peer_info import connect_ack_info, connect_info
@@ -33,6 +32,7 @@ from rda.transport.protocol import (
     encode_message,
     encode_reconnect,
 )
+from rda.transport.ratelog import RateLimitedLog
 from rda.transport.reasons import (
     FORGOTTEN,
     HEARTBEAT_TIMEOUT,

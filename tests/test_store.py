@@ -22,8 +22,8 @@ from rda.pipeline.recorder.converter import Converter
 from rda.pipeline.recorder.schema import SchemaCatalog
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.pipeline.recorder.store import Store
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 START = datetime.datetime(2026, 11, 20, 23, 0, tzinfo=datetime.UTC)
 T0 = int(START.timestamp()) * 10**9

@@ -31,9 +31,9 @@ from rda.pipeline.stream.sources import (
     plan_segments,
     read_segment_rows,
 )
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import RemoteError
+from rda.serialization.header import DataContext
 from rda.testing import wait_until
 
 T0 = 1_795_300_000_000_000_000

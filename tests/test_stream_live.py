@@ -13,9 +13,9 @@ from rda.business.config import Config
 from rda.business.server.builder import Server
 from rda.demo import build_demo_server
 from rda.pipeline.stream.live import LiveDataSource, LiveStreamReader, notification_row
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import DecodeError
+from rda.serialization.header import DataContext
 from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)

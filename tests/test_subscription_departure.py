@@ -20,10 +20,10 @@ from rda.business.server.subscriptions import (
     SubscriptionSource,
     UnsubscribeRequest,
 )
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType, UpdateType
-from rda.serialization._message import BodyKind
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import Header, RequestType, UpdateType
+from rda.serialization.message import BodyKind
 from rda.testing import FakeClock, MemoryNetwork, RawPeer
 from rda.transport.api import ServerHandler, TransportSettings
 from rda.transport.protocol import (
@@ -122,7 +122,7 @@ def _subscribed_raw_peer(network: MemoryNetwork) -> RawPeer:
     peer = network.raw_peer("srv")
     peer.send(encode_connect({"application": "raw"}))
     assert isinstance(decode_frames(peer.recv(), from_server=True), ConnectAck)
-    context = _binary.encode(Data(timeout_ms=5000))
+    context = binary.encode(Data(timeout_ms=5000))
     for sub_id, device in SUBSCRIPTIONS.items():
         header = Header(RequestType.SUBSCRIBE, sub_id, device, "Acquisition")
         peer.send(encode_message(Kind.REQUEST, header, [(BodyKind.REQUEST_CONTEXT, context)]))

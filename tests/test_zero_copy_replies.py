@@ -26,11 +26,11 @@ from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device as DeclaredDevice
 from rda.business.server.replies import hand_over
 from rda.business.server.requests import GetRequest, RequestReplyCallback
-from rda.serialization import _binary
+from rda.serialization import binary
 from rda.serialization import errors as rda_errors
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
+from rda.serialization.message import BodyKind, Message
 from rda.testing import FakeClock, MemoryNetwork, OneServerDirectory
 from rda.transport.api import Buffer, ClientHandler, ServerHandler, TransportSettings
 from rda.transport.protocol import Incoming, decode_frames
@@ -528,10 +528,10 @@ def test_both_codecs_count_the_same_writable_arrays() -> None:
         strings=[["a", "b"], ["c", "d"]],
         strided=np.empty(2 * N)[::2],
     )
-    counts = {codec.name: codec.writable_arrays(data) for codec in (_binary.PYTHON,)}
-    if _binary.COMPILED is None:
+    counts = {codec.name: codec.writable_arrays(data) for codec in (binary.PYTHON,)}
+    if binary.COMPILED is None:
         pytest.fail("the compiled codec (rda.serialization._cbinary) was not built")
-    counts["compiled"] = _binary.COMPILED.writable_arrays(data)
+    counts["compiled"] = binary.COMPILED.writable_arrays(data)
     assert counts == {"python": 3, "compiled": 3}
 
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import (
+from rda.serialization.header import (
     HEADER_FIXED,
     PROTOCOL_VERSION,
     Header,
     RequestType,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.message import BodyKind, Message
 from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import PROTOCOL_VERSION, Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.header import PROTOCOL_VERSION, Header, RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import FakeClock, wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (

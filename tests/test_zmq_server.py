@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import zmq
 
-from rda.serialization._header import (
+from rda.serialization.header import (
     PROTOCOL_VERSION,
     Header,
     HeaderFlags,
     RequestType,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.message import BodyKind, Message
 from rda.testing import FakeClock, wait_until
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
 from rda.transport.api import TransportSettings

@@ -9,8 +9,8 @@ from typing import Any
 
 import zmq
 
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.testing import wait_until
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import Kind, encode_message

@@ -26,7 +26,7 @@ import pydantic
 from rda.admin.metrics import metrics_endpoint
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
 from rda.business.server.statistics import DeviceSnapshot, HistogramSnapshot
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 
 __all__ = ["histogram_quantile", "plain"]
 

@@ -27,7 +27,7 @@ import pydantic
 
 from rda.business.server.outcomes import register_client_error
 from rda.business.server.statistics import ClientSnapshot, ServerStatistics, SourceSnapshot
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, RdaError
 
 __all__ = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 __all__ = ["AcquiredData", "new_acquired", "stamped", "stamped_data"]
 

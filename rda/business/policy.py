@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 import pydantic
 
 from rda.serialization.errors import NotAuthorizedError, RdaError
-from rda.transport._ratelog import RateLimitedLog
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = [
     "ANONYMOUS",
@@ -401,7 +401,7 @@ class DenialLog:
     A misconfigured client retrying a forbidden set in a loop must not flood the log (nor
     slow the dispatcher thread with I/O): the first denial is logged at once, later ones within
     the interval only counted, and the next logged line says how many were suppressed
-    (``rda.transport._ratelog``, shared by every line a remote peer can cause). The exact
+    (``rda.transport.ratelog``, shared by every line a remote peer can cause). The exact
     figures per (principal, operation) are in the statistics.
     """
 

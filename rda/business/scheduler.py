@@ -384,7 +384,7 @@ class InlineRule:
     """Which gets and sets a server runs on its dispatcher when their device group is idle
     (``GroupTaskScheduler.run_inline``): by default all of them (optimistic: a handler that
     takes long is left to finish on its thread while a standby thread takes over the
-    dispatching, ``rda.transport._relay``), none with ``everything=False`` except those whose
+    dispatching, ``rda.transport.relay``), none with ``everything=False`` except those whose
     ``device/property`` matches one of ``patterns`` (glob), and never those that match one of
     ``blocking`` (``ServerBuilder.blocking_properties``, ``Device`` properties declared
     ``blocking=True``): those always run on a worker.

@@ -8,7 +8,7 @@
   being the file stem;
 * :class:`ServerSecurity` / :class:`ClientSecurity`: what ``ServerBuilder.security`` and
   ``ClientService(security=...)`` take; they hand the transports plain key material
-  (``rda.transport._curve``), which cannot import this layer.
+  (``rda.transport.curve``), which cannot import this layer.
 
 Every fault in a key file is one :class:`KeyFileError` naming the file and the fault.
 """
@@ -26,7 +26,7 @@ import zmq
 import zmq.utils.z85
 
 from rda.business.config import ConfigError
-from rda.transport._curve import ClientCurve, ServerCurve
+from rda.transport.curve import ClientCurve, ServerCurve
 
 __all__ = [
     "ClientSecurity",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data, DataType
+from rda.serialization.header import DataContext
 
 __all__ = [
     "IMAGE_MAX",

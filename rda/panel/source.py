@@ -24,7 +24,7 @@ from typing import Any
 from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification, Subscription
 from rda.panel.views import ViewSlot, describe_error
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import RdaError, RemoteError
 
 __all__ = ["ADMIN_TIMEOUT", "Feed", "PanelSource", "SetRefused"]

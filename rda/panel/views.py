@@ -21,7 +21,7 @@ from typing import Any
 
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import context_json, numeric_fields
-from rda.serialization._header import UpdateType
+from rda.serialization.header import UpdateType
 
 __all__ = ["MAX_FPS", "MAX_POINTS", "Frame", "ViewSlot", "describe_error"]
 

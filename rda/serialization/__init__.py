@@ -4,9 +4,11 @@
 ``pip install``) or "python" (the fallback, or forced with ``RDA_PURE_PYTHON=1``).
 """
 
-from rda.serialization._binary import DecodeLimits, decode, encode, implementation
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import (
+from rda.serialization._text import from_csv, from_json, to_csv, to_json
+from rda.serialization.binary import DecodeLimits, decode, encode, implementation
+from rda.serialization.data import Data, DataType
+from rda.serialization.errors import DecodeError, RdaError
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -17,9 +19,7 @@ from rda.serialization._header import (
     encode_context,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message, decode_exception, encode_exception
-from rda.serialization._text import from_csv, from_json, to_csv, to_json
-from rda.serialization.errors import DecodeError, RdaError
+from rda.serialization.message import BodyKind, Message, decode_exception, encode_exception
 
 __all__ = [
     "BodyKind",

@@ -36,7 +36,7 @@ from rda.serialization._binary_format import (
     U32,
     DecodeLimits,
 )
-from rda.serialization._data import NUMERIC_DTYPES, Data, DataType
+from rda.serialization.data import NUMERIC_DTYPES, Data, DataType
 from rda.serialization.errors import DecodeError
 
 __all__ = ["decode_python"]

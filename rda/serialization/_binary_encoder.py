@@ -34,7 +34,7 @@ from rda.serialization._binary_format import (
     TAG_STRING,
     U32,
 )
-from rda.serialization._data import NUMERIC_DTYPES, Data, DataType
+from rda.serialization.data import NUMERIC_DTYPES, Data, DataType
 
 __all__ = ["encode_python", "writable_arrays_python"]
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rda.serialization._data import NUMERIC_DTYPES, DataType
+from rda.serialization.data import NUMERIC_DTYPES, DataType
 
 __all__ = [
     "ARRAY_DTYPES",

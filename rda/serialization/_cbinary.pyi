@@ -3,7 +3,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rda.serialization._binary_format import DecodeLimits
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 OUT_OF_BAND_MIN: int
 

@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import DecodeError
 
 cnp.import_array()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rda.serialization._binary_format import DEFAULT_LIMITS, DecodeLimits
-from rda.serialization._data import INT_RANGES, NUMERIC_DTYPES, Data, DataType, check_name
+from rda.serialization.data import INT_RANGES, NUMERIC_DTYPES, Data, DataType, check_name
 from rda.serialization.errors import DecodeError
 
 __all__ = ["from_csv", "from_json", "to_csv", "to_json"]

@@ -42,14 +42,14 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from rda.serialization._header import (
+from rda.serialization.header import (
     DataContext,
     Header,
     RequestType,
     encode_context,
     encode_header,
 )
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.message import BodyKind, Message
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
 from rda.transport.api import (
     Buffer,

@@ -5,7 +5,7 @@ ONE dispatcher at a time calls every handler; other threads reach it only throug
 :class:`Inbox` (user commands bounded by ``send_hwm`` so a flooding sender blocks, network
 deliveries unbounded); a call made on the dispatcher thread itself (from a handler) is queued
 locally and run right after the current item, never re-entrantly and never blocking. A server
-dispatcher hands over as the ZeroMQ one does (``rda.transport._relay``: leader/followers):
+dispatcher hands over as the ZeroMQ one does (``rda.transport.relay``: leader/followers):
 when a handler runs longer than ``handover_after``, a standby thread takes the lead and the
 handler finishes on its own thread.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rda.testing._clock import FakeClock
-from rda.transport._relay import Relay
 from rda.transport.api import Buffer
+from rda.transport.relay import Relay
 
 __all__ = ["Barrier", "ClientEnd", "Dispatcher", "Inbox", "Link", "frames_size", "wire_copy"]
 
@@ -98,7 +98,7 @@ class Inbox:
 
     def put_command(self, item: object, wait: bool = True) -> bool:
         """Queue a user command; blocks while ``hwm`` commands wait (``wait=False``: goes in
-        over ``hwm``, see ``_mailbox.Mailbox.put``). False once closed."""
+        over ``hwm``, see ``mailbox.Mailbox.put``). False once closed."""
         with self._cond:
             if wait:
                 self._wait_for_room_locked()

@@ -19,10 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rda.serialization._message import Message
 from rda.serialization.errors import TransportError
+from rda.serialization.message import Message
 from rda.testing._dispatch import Dispatcher, Link
-from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -34,6 +33,7 @@ from rda.transport.client_session import ClientSession, ClientSessions, LaneSess
 from rda.transport.lanes import REFRESH_SHARE, WAIT_SLICE, LanePool, PooledLane
 from rda.transport.peer_info import connect_info
 from rda.transport.protocol import encode_connect
+from rda.transport.ratelog import RateLimitedLog
 from rda.transport.state import ConnState
 
 __all__ = ["MemoryClientTransport"]

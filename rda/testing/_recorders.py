@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rda.serialization._message import Message
+from rda.serialization.message import Message
 
 __all__ = ["RecordingClientHandler", "RecordingServerHandler"]
 

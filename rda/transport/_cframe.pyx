@@ -6,7 +6,7 @@ Every get, set and notification is one packed frame (kind byte, fixed header, na
 table, small bodies; docs/protocol.md) that a dispatcher thread parses before anything else
 can happen: in pure Python that parse was a third of the client dispatcher's time per
 notification (py-spy). Here it is C, and it builds the same objects: a ``Header`` (its slots
-set directly, as ``_header.decode_header`` does), a ``Message`` whose small bodies are
+set directly, as ``header.decode_header`` does), a ``Message`` whose small bodies are
 memoryview slices of the received frame and whose large bodies are the received frames.
 
 It *accepts* only: anything this parser does not take as it is (a short frame, another
@@ -26,7 +26,7 @@ from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from rda.serialization._header import (
+from rda.serialization.header import (
     _FLAGS,
     _NAMES,
     _NAMES_KEY_MAX,
@@ -38,7 +38,7 @@ from rda.serialization._header import (
     Header,
     RequestType,
 )
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.message import BodyKind, Message
 
 cdef extern from "Python.h":
     int PyObject_GenericSetAttr(object o, object name, object value) except -1

@@ -1,7 +1,7 @@
 """Pieces shared by the ZeroMQ client and server transports.
 
 * :class:`Selector`: the dispatcher's poll over its ZeroMQ sockets and its mailbox
-  (``_mailbox``: the hand-off from user and worker threads, RDA3 paper "Communication with the
+  (``mailbox``: the hand-off from user and worker threads, RDA3 paper "Communication with the
   Business Layer", bounded so that a flooding producer blocks instead of growing memory).
 * :func:`decode_monitor_event`: socket-monitor messages, so a closed TCP connection is noticed
   in milliseconds instead of after the heartbeat timeout.
@@ -26,8 +26,8 @@ import zmq
 
 from rda.serialization.errors import TransportError
 from rda.transport import _direct_zmq
-from rda.transport._mailbox import Mailbox
 from rda.transport.api import TransportSettings
+from rda.transport.mailbox import Mailbox
 
 __all__ = [
     "BATCH",
@@ -311,7 +311,7 @@ class Selector:
             self._dirty.update(s for s, _ in ready)
         if mailbox is not None:
             if not ready:
-                # Set the flag, THEN look at the queue (see _mailbox for why that order).
+                # Set the flag, THEN look at the queue (see mailbox.py for why that order).
                 mailbox.sleeping = True
             if mailbox.items:
                 mailbox.sleeping = False

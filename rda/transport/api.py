@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rda.serialization._message import Message
+from rda.serialization.message import Message
 
 __all__ = [
     "BatchClientHandler",
@@ -56,7 +56,7 @@ class TransportSettings:
     # How long ``close`` waits for the dispatcher to finish.
     close_timeout: float = 2.0
     # Server: a dispatcher inside a handler for longer than this hands its sockets to a
-    # standby thread, which becomes the dispatcher (``_relay``); 0 disables the standby.
+    # standby thread, which becomes the dispatcher (``relay``); 0 disables the standby.
     handover_after: float = 0.002
     # Client: a connection still without CONNECT_ACK after this long is reported disconnected.
     connect_timeout: float = 5.0
@@ -101,7 +101,7 @@ class ServerTransportStatistics:
     # Clients' direct lanes (transport/zmq_lane.py) connected now; not counted in ``peers``.
     lanes: int = 0
     # Handlers that ran on the dispatcher past ``handover_after``: each time a standby took
-    # the lead (transport/_relay.py). Many of them mean handlers that block belong on workers.
+    # the lead (transport/relay.py). Many of them mean handlers that block belong on workers.
     handovers: int = 0
 
 
@@ -165,7 +165,7 @@ def batch_receiver(
 
 
 class Waker(Protocol):
-    """What a blocked caller waits on (``rda.transport._mailbox.Wakeup``): set once the
+    """What a blocked caller waits on (``rda.transport.mailbox.Wakeup``): set once the
     reply it waits for is there."""
 
     def set(self) -> None: ...

@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rda.serialization._message import Message
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
-from rda.transport._ratelog import RateLimitedLog
+from rda.serialization.message import Message
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -48,6 +47,7 @@ from rda.transport.protocol import (
     encode_connect,
     encode_heartbeat,
 )
+from rda.transport.ratelog import RateLimitedLog
 from rda.transport.reasons import (
     CLOSED_LOCALLY,
     FORGOTTEN,

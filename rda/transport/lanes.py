@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from rda.serialization._message import Message
+from rda.serialization.message import Message
 from rda.transport.api import Buffer
 from rda.transport.client_session import LaneSession
 

@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rda.serialization._header import (
+from rda.serialization.errors import DecodeError, RemoteDecodeError, RemoteProtocolError, as_remote
+from rda.serialization.header import (
     HEADER_FIXED,
     PROTOCOL_VERSION,
     Header,
@@ -38,8 +39,7 @@ from rda.serialization._header import (
     encode_header,
     encoded_names,
 )
-from rda.serialization._message import BodyKind, Message
-from rda.serialization.errors import DecodeError, RemoteDecodeError, RemoteProtocolError, as_remote
+from rda.serialization.message import BodyKind, Message
 
 __all__ = [
     "CLIENT_KINDS",

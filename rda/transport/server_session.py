@@ -31,11 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, Message, encode_exception
 from rda.serialization.errors import DecodeError, ProtocolError, RemoteProtocolError
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind, Message, encode_exception
 from rda.transport._outbox import Outbox, PutResult
-from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -58,6 +57,7 @@ from rda.transport.protocol import (
     encode_refusal,
     join_tail,
 )
+from rda.transport.ratelog import RateLimitedLog
 from rda.transport.reasons import CLOSED_LOCALLY, HEARTBEAT_TIMEOUT, LANE_IDLE, RECONNECTED
 from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, HeartbeatTracker, next_state
 

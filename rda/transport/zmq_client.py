@@ -2,7 +2,7 @@
 
 Threading (docs/architecture.md, RDA3 paper "Dispatcher Thread"): the thread named
 ``rda-client-dispatcher`` owns every zmq socket of this transport. User threads reach it through
-a bounded mailbox (``_mailbox``: a deque of Python objects, 2 x ``send_hwm`` messages, and a
+a bounded mailbox (``mailbox``: a deque of Python objects, 2 x ``send_hwm`` messages, and a
 wake-up descriptor written only while the dispatcher sleeps), so a flooding producer blocks.
 Calls made *on* the dispatcher thread (from a handler) skip the mailbox and act directly: that
 is both the fastest path and the only one that cannot deadlock on a full mailbox.
@@ -32,9 +32,7 @@ import zmq
 
 from rda.serialization.errors import TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ClientCurve, apply_client
 from rda.transport._handshake import handshake_failure
-from rda.transport._mailbox import Mailbox
 from rda.transport.api import (
     Buffer,
     ClientHandler,
@@ -43,7 +41,9 @@ from rda.transport.api import (
     Waker,
 )
 from rda.transport.client_session import ClientSession, ClientSessions
+from rda.transport.curve import ClientCurve, apply_client
 from rda.transport.lanes import REFRESH_SHARE, LanePool, PooledLane
+from rda.transport.mailbox import Mailbox
 from rda.transport.peer_info import connect_info, rda_version
 from rda.transport.reasons import HANDSHAKE_REFUSED
 from rda.transport.state import ConnState
@@ -75,7 +75,7 @@ class _Sockets:
 class ZmqClientTransport(common.DispatcherShell):
     """:class:`rda.transport.api.ClientTransport` over ZeroMQ DEALER sockets.
 
-    With ``curve`` every DEALER is a CURVE client (``_curve``); a refused security handshake
+    With ``curve`` every DEALER is a CURVE client (``curve``); a refused security handshake
     is reported as a disconnection whose reason starts with ``HANDSHAKE_REFUSED``.
     """
 

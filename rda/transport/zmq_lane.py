@@ -36,15 +36,15 @@ from typing import Any
 
 import zmq
 
-from rda.serialization._message import Message
 from rda.serialization.errors import TransportError
+from rda.serialization.message import Message
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ClientCurve, apply_client
-from rda.transport._ratelog import RateLimitedLog
 from rda.transport.api import Buffer, TransportSettings
 from rda.transport.client_session import LaneSession
+from rda.transport.curve import ClientCurve, apply_client
 from rda.transport.lanes import WAIT_SLICE, LanePool
 from rda.transport.protocol import encode_connect
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = ["Lane", "open_lanes"]
 

@@ -1,8 +1,8 @@
 """The server transport: one dispatcher at a time over one ROUTER for every client.
 
 The dispatcher (first the thread ``rda-server-dispatcher``; a standby takes the lead when a
-handler it runs takes long: ``_relay``) owns the ROUTER and its monitor, and takes replies and
-notifications from other threads out of its bounded mailbox (``_mailbox``; a producer blocks
+handler it runs takes long: ``relay``) owns the ROUTER and its monitor, and takes replies and
+notifications from other threads out of its bounded mailbox (``mailbox``; a producer blocks
 at 2 x ``send_hwm`` messages). The protocol's rules (validation, handshake, heartbeats, the
 per-peer outboxes, what is counted) are ``server_session.PeerTable``'s; this module moves
 frames between it and the ROUTER and runs its timers. docs/transport.md has the details:
@@ -28,10 +28,7 @@ import zmq
 
 from rda.serialization.errors import TransportError
 from rda.transport import _zmq_common as common
-from rda.transport._curve import ServerCurve, ZapHandler, apply_server
-from rda.transport._mailbox import Mailbox
 from rda.transport._outbox import RetryBackoff
-from rda.transport._relay import Relay
 from rda.transport.api import (
     Buffer,
     PeerStatistics,
@@ -39,9 +36,12 @@ from rda.transport.api import (
     ServerTransportStatistics,
     TransportSettings,
 )
+from rda.transport.curve import ServerCurve, ZapHandler, apply_server
+from rda.transport.mailbox import Mailbox
 from rda.transport.peer_info import connect_ack_info, rda_version
 from rda.transport.protocol import Kind, join_tail
 from rda.transport.reasons import PEER_GONE
+from rda.transport.relay import Relay
 from rda.transport.server_session import HEARTBEAT_FRAMES, Peer, PeerTable
 from rda.transport.state import ConnEvent
 
@@ -72,7 +72,7 @@ class ZmqServerTransport(common.DispatcherShell):
     ``sndhwm`` is the ROUTER's per-peer ZeroMQ send high-water mark (messages libzmq buffers
     for one peer before its pipe reports full and the transport's own queue takes over).
     With ``curve`` the ROUTER is a CURVE server and its ZAP handler runs on the dispatcher
-    (``_curve``): the ZAP User-Id reaches ``on_peer_connected`` as
+    (``curve``): the ZAP User-Id reaches ``on_peer_connected`` as
     ``client_info["authenticated_principal"]``.
     """
 
@@ -109,7 +109,7 @@ class ZmqServerTransport(common.DispatcherShell):
 
     @property
     def hands_over(self) -> bool:
-        """True: a long handler on the dispatcher is handed over (``_relay``)."""
+        """True: a long handler on the dispatcher is handed over (``relay``)."""
         return self._settings.handover_after > 0
 
     def start(self) -> None:
@@ -150,7 +150,7 @@ class ZmqServerTransport(common.DispatcherShell):
 
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
         if self._on_dispatcher():
-            # A handler on the dispatcher: a standby may take the lead at any moment (_relay).
+            # A handler on the dispatcher: a standby may take the lead at any moment (relay.py).
             with self._relay.lock:
                 if self._on_dispatcher():
                     self._table.send(peer, frames, conflate_key)

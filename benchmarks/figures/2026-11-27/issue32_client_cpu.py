@@ -21,9 +21,9 @@ from typing import Any
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -31,12 +31,12 @@ from rda.serialization._header import (
     UpdateType,
     encode_context,
 )
-from rda.serialization._message import BodyKind, Buffer, Message
+from rda.serialization.message import BodyKind, Buffer, Message
 from rda.transport.api import ClientHandler, ClientTransportStatistics, TransportSettings
 from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message, encode_routed
 
 BODY = [
-    (BodyKind.DATA, _binary.encode(Data(x=1.0))),
+    (BodyKind.DATA, binary.encode(Data(x=1.0))),
     (BodyKind.DATA_CONTEXT, encode_context(DataContext("", 1, 2), 0)),
 ]
 

@@ -34,9 +34,9 @@ from rda.admin.format import format_duration, format_mapping, format_value, huma
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import default_directory
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data
 from rda.serialization.errors import NotAuthorizedError, RdaError
+from rda.serialization.header import DataContext
 from rda.transport.reasons import HANDSHAKE_REFUSED
 
 __all__ = ["admin", "get", "set_", "subscribe"]

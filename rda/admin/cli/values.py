@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import RdaError
 
 __all__ = ["BadValueError", "build_data", "merge_data", "parse_assignments", "parse_literal"]

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rda.business.client.replies import get_result, set_result
 from rda.business.common import AcquiredData
-from rda.serialization import _binary
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Buffer, Message, encode_data_body
+from rda.serialization import binary
+from rda.serialization.data import Data, DataType
+from rda.serialization.header import RequestType
+from rda.serialization.message import BodyKind, Buffer, Message, encode_data_body
 
 if TYPE_CHECKING:
     from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
@@ -96,7 +96,7 @@ def build_request_context(timeout_ms: int | None, filters: Data | None) -> bytes
         context.append("timeout_ms", timeout_ms, DataType.INT64)
     if filters is not None:
         context.append("filters", filters)
-    frame = _binary.encode(context)
+    frame = binary.encode(context)
     if filters is None and len(_CONTEXTS) < 256:
         _CONTEXTS[timeout_ms] = frame
     return frame

@@ -26,9 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rda.business.client.subscriptions import Entry, Notification, Subscription
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import DataContext, RequestType, UpdateType
-from rda.serialization._message import Message
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import (
     DisconnectedError,
     HistoryUnavailableError,
@@ -39,6 +37,8 @@ from rda.serialization.errors import (
     TransportError,
     error_from_remote,
 )
+from rda.serialization.header import DataContext, RequestType, UpdateType
+from rda.serialization.message import Message
 
 __all__ = ["HISTORY_PREFIX", "Backfill", "backfill_rows", "history_iter", "to_ns"]
 

@@ -30,9 +30,9 @@ from typing import Any
 from rda.business.client.connections import Connections
 from rda.business.client.replies import LaneCompletion, Pending, op_name
 from rda.business.client.requests import RequestTable
-from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Buffer, Message
 from rda.serialization.errors import RdaError, TransportError
+from rda.serialization.header import RequestType
+from rda.serialization.message import BodyKind, Buffer, Message
 from rda.transport.api import ClientTransport, DirectLane, Waker
 from rda.transport.protocol import Kind, encode_routed
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from rda.business.client.subscriptions import remote_error
 from rda.business.common import AcquiredData, new_acquired
-from rda.serialization._data import Data
-from rda.serialization._header import RequestType
-from rda.serialization._message import Message
+from rda.serialization.data import Data
 from rda.serialization.errors import RemoteProtocolError
-from rda.transport._mailbox import Wakeup
+from rda.serialization.header import RequestType
+from rda.serialization.message import Message
+from rda.transport.mailbox import Wakeup
 
 __all__ = [
     "LaneCompletion",

@@ -36,14 +36,14 @@ from rda.business.client.replies import LaneCompletion, Pending, complete
 from rda.business.client.statistics import ROUND_TRIP_TYPES
 from rda.business.client.timer import Timer
 from rda.business.histogram import CappedHistograms, HistogramSnapshot
-from rda.serialization._header import RequestType
-from rda.serialization._message import Message
 from rda.serialization.errors import (
     DisconnectedError,
     NotAuthorizedError,
     RdaError,
     TimeoutError,
 )
+from rda.serialization.header import RequestType
+from rda.serialization.message import Message
 from rda.transport.reasons import HANDSHAKE_REFUSED, NOT_RDA
 
 __all__ = ["RequestCounts", "RequestTable", "disconnect_error"]

@@ -53,17 +53,17 @@ from rda.business.client.subscription_set import Subscriptions
 from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.config import Config
 from rda.business.directory import Directory, default_directory, server_key_of
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Buffer, Message
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, NoSuchDeviceError, RdaError, TransportError
+from rda.serialization.header import RequestType
+from rda.serialization.message import BodyKind, Buffer, Message
 from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_routed
 
 if TYPE_CHECKING:  # zmq stays unloaded for clients on the in-memory transport
     from rda.business.security import ClientSecurity
-    from rda.transport._curve import ClientCurve
+    from rda.transport.curve import ClientCurve
 
 __all__ = ["AccessPoint", "ClientService", "Notification", "Subscription", "TransportFactory"]
 
@@ -274,7 +274,7 @@ class ClientService:
             failed.set_exception(exc)
             return failed
         body: list[tuple[BodyKind, Buffer]] = [
-            (BodyKind.DATA, _binary.encode(to_data(args, f"admin {command}")))
+            (BodyKind.DATA, binary.encode(to_data(args, f"admin {command}")))
         ]
         return self.request(
             RequestType.ADMIN, endpoint, command, "", "", body, timeout, admin_result

@@ -20,9 +20,9 @@ from rda.business.client.requests import RequestTable
 from rda.business.client.statistics import ClientCounters
 from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.scheduler import GroupTaskScheduler
-from rda.serialization._data import Data
-from rda.serialization._header import RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.data import Data
+from rda.serialization.header import RequestType
+from rda.serialization.message import BodyKind, Message
 from rda.transport.api import ClientTransport
 from rda.transport.protocol import Kind, encode_routed
 

@@ -24,15 +24,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from rda.business.client.statistics import ClientCounters
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, RequestType, UpdateType
-from rda.serialization._message import Message
+from rda.serialization.data import Data
 from rda.serialization.errors import (
     LocalProtocolError,
     RdaError,
     RemoteProtocolError,
     error_from_remote,
 )
+from rda.serialization.header import DataContext, RequestType, UpdateType
+from rda.serialization.message import Message
 
 __all__ = ["Notification", "Subscription", "remote_error"]
 

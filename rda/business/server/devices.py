@@ -48,9 +48,9 @@ from rda.business.server.subscriptions import (
     SubscriptionSource,
     UnsubscribeRequest,
 )
-from rda.serialization._data import Data
-from rda.serialization._header import DataContext, UpdateType
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, RdaError
+from rda.serialization.header import DataContext, UpdateType
 
 __all__ = [
     "Device",

@@ -29,9 +29,9 @@ from rda.business.server.lifecycle import SubscriptionLifecycle
 from rda.business.server.requests import ClientInfo
 from rda.business.server.runner import ADMIN_GROUP, TYPE_NAMES, BoundAdminHandler, RequestRunner
 from rda.business.server.statistics import RequestCounters
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import Message
 from rda.serialization.errors import RemoteProtocolError
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import Message
 
 __all__ = ["ADMIN_GROUP", "BoundAdminHandler", "Dispatch", "PeerState"]
 

@@ -35,9 +35,9 @@ from rda.business.server.subscriptions import (
     SubscriptionSource,
     UnsubscribeRequest,
 )
-from rda.serialization._data import Data
-from rda.serialization._header import UpdateType
-from rda.transport._ratelog import RateLimitedLog
+from rda.serialization.data import Data
+from rda.serialization.header import UpdateType
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = ["Fetch", "SubscriptionLifecycle"]
 

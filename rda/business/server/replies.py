@@ -27,7 +27,7 @@ copied into the DATA body at encode time, because whoever holds it could write t
 libzmq is still sending it, and the client would get torn data. But the usual get handler
 builds a fresh array, completes with it and returns: then nothing but the reply can reach it,
 and the copy protects nobody. So, when a get is completed on the thread running its handler
-and its Data holds big writable arrays (``_binary.writable_arrays``), the runner asks twice:
+and its Data holds big writable arrays (``binary.writable_arrays``), the runner asks twice:
 
 1. at ``complete()``, :func:`held_only_by_the_handler`: is each such array reachable only
    through the reply and the locals of the frames running the handler (which end when it
@@ -75,11 +75,11 @@ import numpy as np
 
 from rda.business.common import AcquiredData
 from rda.business.server.requests import describe_error
-from rda.serialization import _binary
-from rda.serialization._binary_format import DEFAULT_LIMITS, OUT_OF_BAND_MIN
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import Header, RequestType, encode_context
-from rda.serialization._message import BodyKind, encode_data_body, encode_exception
+from rda.serialization import binary
+from rda.serialization.binary import DEFAULT_LIMITS, OUT_OF_BAND_MIN
+from rda.serialization.data import Data, DataType
+from rda.serialization.header import Header, RequestType, encode_context
+from rda.serialization.message import BodyKind, encode_data_body, encode_exception
 from rda.transport.api import Buffer
 from rda.transport.protocol import Kind, encode_routed
 
@@ -123,7 +123,7 @@ def get_reply_frames(header: Header, result: AcquiredData) -> list[Buffer]:
 def admin_reply_frames(header: Header, result: Data) -> list[Buffer]:
     """An admin command's REPLY: its result as the DATA body (never out of band: admin
     results are small and the client's admin path decodes DATA alone)."""
-    body = [(BodyKind.DATA, _binary.encode(result))]
+    body = [(BodyKind.DATA, binary.encode(result))]
     h = header
     return encode_routed(Kind.REPLY, RequestType.REPLY, h.id, h.device, h.property, "", body)
 
@@ -217,7 +217,7 @@ def _walk(
     ones; with ``freeze``, the first are made read-only. ``callers``: the references to
     ``acquired`` the calling functions hold; ``frames``: those other frames hold, by id."""
     data = acquired.data
-    total = _binary.writable_arrays(data)
+    total = binary.writable_arrays(data)
     if not total:
         return 0, 0
     if _getrefcount(acquired) > callers + frames.get(id(acquired), 0) + _LOCAL:

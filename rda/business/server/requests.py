@@ -22,11 +22,11 @@ from typing import Any
 
 from rda.business.common import AcquiredData, stamped, stamped_data
 from rda.business.policy import ANONYMOUS
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import BodyKind, Message
+from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError, wire_type
-from rda.transport._ratelog import RateLimitedLog
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import BodyKind, Message
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = [
     "AUTHENTICATED_PRINCIPAL",

@@ -3,7 +3,7 @@
 :class:`RequestRunner` gets each request the dispatcher accepted (:meth:`~RequestRunner.start`)
 and runs it at once on the dispatcher when its device is idle (the inline rule, ``InlineRule``:
 ``GroupTaskScheduler.run_inline``; a handler that takes long is handed over: the transport's
-standby thread takes the dispatching meanwhile, rda.transport._relay), or submits it to a
+standby thread takes the dispatching meanwhile, rda.transport.relay), or submits it to a
 worker in its device's group. Running it (:meth:`~RequestRunner.run`): check the client's
 deadline, call the user callback, arm the deadline watcher if the callback returned without
 answering. Whichever thread answers the request (``complete``/``fail``, a raised callback, a
@@ -49,10 +49,8 @@ from rda.business.server.requests import (
 )
 from rda.business.server.statistics import RequestCounters
 from rda.business.server.subscriptions import SubscriptionCallback
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import Header, RequestType
-from rda.serialization._message import Message
+from rda.serialization import binary
+from rda.serialization.data import Data
 from rda.serialization.errors import (
     DecodeError,
     NoSuchDeviceError,
@@ -60,8 +58,10 @@ from rda.serialization.errors import (
     RdaError,
     TimeoutError,
 )
-from rda.transport._ratelog import RateLimitedLog
+from rda.serialization.header import Header, RequestType
+from rda.serialization.message import Message
 from rda.transport.api import Buffer, ServerTransport
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = ["ADMIN_GROUP", "TYPE_NAMES", "BoundAdminHandler", "RequestRunner"]
 
@@ -119,7 +119,7 @@ class RequestRunner:
         self._accepted = accepted
         self._updated = updated
         # Gets and sets start on the dispatcher when their device is idle (InlineRule; a long
-        # one is handed over: rda.transport._relay); Server narrows it for other transports.
+        # one is handed over: rda.transport.relay); Server narrows it for other transports.
         self.inline = inline if inline else None
         # Lines a client can cause (its requests make handlers fail): one per kind per second.
         self._log = RateLimitedLog(log, clock=clock)
@@ -332,7 +332,7 @@ class RequestRunner:
             outcome = outcome_of(error)
         elif rtype is RequestType.GET:
             assert result is not None  # GetRequest.complete guarantees it
-            if _binary.writable_arrays(result.data):
+            if binary.writable_arrays(result.data):
                 # Big writable arrays: copied now, unless completed inside the handler (on the
                 # thread running it, below its runner's frame) and held by nothing its return
                 # does not end (replies.py).

@@ -44,7 +44,7 @@ from rda.business.server.subscriptions import (
     SubscriptionRegistry,
     SubscriptionSource,
 )
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 from rda.serialization.errors import RdaError
 from rda.transport.api import (
     PeerStatistics,
@@ -55,7 +55,7 @@ from rda.transport.api import (
 )
 
 if TYPE_CHECKING:  # zmq stays unloaded for servers on the in-memory transport
-    from rda.transport._curve import ServerCurve
+    from rda.transport.curve import ServerCurve
 
 __all__ = ["AdminHandler", "Hook", "Server", "TransportFactory"]
 

@@ -34,9 +34,9 @@ from threading import Lock
 from rda.business.common import AcquiredData
 from rda.business.server.requests import ClientInfo, SubscriptionRequest, describe_error
 from rda.business.server.statistics import SourceSnapshot
-from rda.serialization import _binary
-from rda.serialization._data import Data
-from rda.serialization._header import (
+from rda.serialization import binary
+from rda.serialization.data import Data
+from rda.serialization.header import (
     DataContext,
     Header,
     HeaderFlags,
@@ -45,7 +45,7 @@ from rda.serialization._header import (
     encode_context,
     encode_header,
 )
-from rda.serialization._message import BodyKind, encode_data_body, encode_exception
+from rda.serialization.message import BodyKind, encode_data_body, encode_exception
 from rda.transport.api import Buffer, PeerStatistics, ServerTransport
 from rda.transport.protocol import encode_tail
 
@@ -79,7 +79,7 @@ def _tail(bodies: Bodies, context: bytes) -> list[Buffer]:
 
 
 def filters_key(filters: Data | None) -> bytes:
-    return b"" if filters is None else bytes(_binary.encode(filters))
+    return b"" if filters is None else bytes(binary.encode(filters))
 
 
 class _Subscriber:

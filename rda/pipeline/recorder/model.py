@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rda.serialization._header import DataContext
+from rda.serialization.header import DataContext
 
 __all__ = ["Closable", "RecorderStatistics", "Sample", "default_id", "parse_pattern"]
 

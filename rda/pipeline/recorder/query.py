@@ -42,7 +42,7 @@ from rda.pipeline.recorder.journal import Journal, read_segment
 from rda.pipeline.recorder.readback import rows_to_data
 from rda.pipeline.recorder.schema import partition_escape
 from rda.pipeline.recorder.store import Store
-from rda.serialization._data import Data
+from rda.serialization.data import Data
 
 __all__ = ["Chunk", "Cursor", "HistoryReader", "HistoryRow"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from rda.pipeline.recorder.schema import ND_NAMES
-from rda.serialization._data import Data, DataType
+from rda.serialization.data import Data, DataType
 
 __all__ = ["rows_to_data"]
 

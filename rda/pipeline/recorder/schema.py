@@ -67,7 +67,7 @@ ND_NAMES = ("elements", "dims")
 
 
 class DataLike(Protocol):
-    """What the recorder needs from ``rda.serialization._data.Data``."""
+    """What the recorder needs from ``rda.serialization.data.Data``."""
 
     def items(self) -> Iterable[tuple[str, Any]]: ...
 

@@ -38,9 +38,9 @@ from rda.business.common import AcquiredData
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.pipeline.recorder.query import Chunk, Cursor, HistoryReader
-from rda.serialization._data import Data, DataType
-from rda.serialization._header import DataContext
+from rda.serialization.data import Data, DataType
 from rda.serialization.errors import NoSuchDeviceError
+from rda.serialization.header import DataContext
 
 __all__ = [
     "HISTORY_PREFIX",

@@ -11,7 +11,7 @@ Cython extension ``_cbinary`` and the pure Python, which is split in three:
 This module picks one at import: the compiled codec when it was built (and ``RDA_PURE_PYTHON``
 is not set), else the pure one. ``implementation`` names it, ``encode``/``decode`` are it, and
 both stay reachable as ``PYTHON`` and ``COMPILED``. The rest of rda imports the codec from
-here (``rda.serialization._binary``), the names above included.
+here (``rda.serialization.binary``), the names above included.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-# Re-exported (``X as X``): the pure functions and the default limits, used as _binary.X.
+# Re-exported (``X as X``): the pure functions and the default limits, used as binary.X.
 from rda.serialization._binary_decoder import decode_python as decode_python
 from rda.serialization._binary_encoder import encode_python as encode_python
 from rda.serialization._binary_encoder import writable_arrays_python as writable_arrays_python
 from rda.serialization._binary_format import DEFAULT_LIMITS as DEFAULT_LIMITS
-from rda.serialization._binary_format import OUT_OF_BAND, OUT_OF_BAND_MIN, DecodeLimits
-from rda.serialization._data import Data
+from rda.serialization._binary_format import OUT_OF_BAND, DecodeLimits
+from rda.serialization._binary_format import OUT_OF_BAND_MIN as OUT_OF_BAND_MIN
+from rda.serialization.data import Data
 
 __all__ = [
     "OUT_OF_BAND",

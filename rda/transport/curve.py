@@ -20,7 +20,7 @@ import zmq
 import zmq.utils.z85
 
 from rda.serialization.errors import TransportError
-from rda.transport._ratelog import RateLimitedLog
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = [
     "ZAP_ENDPOINT",
@@ -139,7 +139,7 @@ class ZapHandler:
         self._principals = {zmq.utils.z85.decode(k): name for name, k in curve.clients.items()}
         self.denied = 0
         self.accepted = 0
-        # Anyone can attempt a handshake: its lines are rate-limited (``_ratelog``).
+        # Anyone can attempt a handshake: its lines are rate-limited (``ratelog``).
         self._log = RateLimitedLog(log)
         sock = context.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)

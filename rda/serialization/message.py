@@ -16,19 +16,19 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from rda.serialization import _binary
-from rda.serialization._header import DataContext, Header, decode_context
+from rda.serialization import binary
 from rda.serialization.errors import DecodeError, as_remote
+from rda.serialization.header import DataContext, Header, decode_context
 
 if TYPE_CHECKING:
-    from rda.serialization._data import Data
+    from rda.serialization.data import Data
 
 __all__ = ["BodyKind", "Message", "decode_exception", "encode_data_body", "encode_exception"]
 
 Buffer = bytes | memoryview
 
 _EXC_FIXED = struct.Struct("<H")
-_SEQ = struct.Struct("<Q")  # the first field of a DATA_CONTEXT body (_header.CONTEXT_FIXED)
+_SEQ = struct.Struct("<Q")  # the first field of a DATA_CONTEXT body (header.CONTEXT_FIXED)
 
 T = TypeVar("T")
 
@@ -69,15 +69,15 @@ class BodyKind(enum.IntEnum):
     REQUEST_CONTEXT = 3
     EXCEPTION = 4
     # The elements of one big read-only array of the DATA body, in the order the body refers
-    # to them (``_binary.encode(data, arrays)``): sent as a frame of its own, never copied.
+    # to them (``binary.encode(data, arrays)``): sent as a frame of its own, never copied.
     ARRAY = 5
 
 
 def encode_data_body(data: Data) -> list[tuple[BodyKind, Buffer]]:
     """A value's bodies: DATA, then an ARRAY per big read-only array it refers to, each sent
-    as a frame of its own instead of copied into DATA (``_binary.encode(data, arrays)``)."""
+    as a frame of its own instead of copied into DATA (``binary.encode(data, arrays)``)."""
     arrays: list[Buffer] = []
-    body = _binary.encode(data, arrays)
+    body = binary.encode(data, arrays)
     if not arrays:
         return [(BodyKind.DATA, body)]
     return [(BodyKind.DATA, body), *[(BodyKind.ARRAY, array) for array in arrays]]
@@ -181,9 +181,9 @@ class Message:
         # A try costs nothing until something is raised (Python 3.11's zero-cost exceptions).
         try:
             if self._body is None and BodyKind.ARRAY not in self._spans:
-                return _binary.decode(frame)  # the usual message: no out-of-band arrays
+                return binary.decode(frame)  # the usual message: no out-of-band arrays
             arrays = self.arrays()
-            return _binary.decode(frame, None, arrays) if arrays else _binary.decode(frame)
+            return binary.decode(frame, None, arrays) if arrays else binary.decode(frame)
         except DecodeError as exc:
             raise as_remote(exc) from None
 
@@ -207,7 +207,7 @@ class Message:
         ``timeout_ms`` (int64, the client's deadline for this request)."""
         frame = self.frame(BodyKind.REQUEST_CONTEXT)
         try:
-            return None if frame is None else _binary.decode(frame)
+            return None if frame is None else binary.decode(frame)
         except DecodeError as exc:
             raise as_remote(exc) from None
 
