@@ -408,8 +408,10 @@ class Data(MutableMapping[str, Any]):
             self.append(name, value)
 
     @classmethod
-    def _from_parts(cls, values: dict[str, Any], types: dict[str, DataType]) -> Data:
-        """Build from already valid dicts (used by decoders: no per-field checks)."""
+    def from_parts(cls, values: dict[str, Any], types: dict[str, DataType]) -> Data:
+        """Build from dicts already known valid (names checked, values stored as their types
+        say): no per-field checks. For codecs and readers of stored columns, not for values
+        from outside: those go through ``Data(...)`` or ``append``."""
         self = cls.__new__(cls)
         self._values = values
         self._types = types
@@ -527,7 +529,7 @@ class Data(MutableMapping[str, Any]):
 
     def copy(self) -> Data:
         """A shallow copy: a new field table sharing the values."""
-        return Data._from_parts(dict(self._values), dict(self._types))
+        return Data.from_parts(dict(self._values), dict(self._types))
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dicts. Arrays stay numpy arrays, Data arrays become lists of dicts, and
@@ -555,7 +557,7 @@ class Data(MutableMapping[str, Any]):
 
 def _restore(values: dict[str, Any], types: dict[str, DataType]) -> Data:
     """Unpickle a Data (see ``Data.__reduce__``)."""
-    return Data._from_parts(values, types)
+    return Data.from_parts(values, types)
 
 
 _WIDTH_SCALARS: dict[DataType, Any] = {

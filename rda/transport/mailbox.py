@@ -217,11 +217,12 @@ class Wakeup:
     def __del__(self) -> None:
         self.close()
 
+    @classmethod
+    def forget_all(cls) -> None:
+        """Every thread gets a new wake-up on its next wait (run in a forked child: it must
+        not share its parent's descriptors, where a set in one process could be consumed by a
+        wait in the other; the child's copies close with the old objects)."""
+        cls._local = threading.local()
 
-def _forget_wakeups() -> None:
-    # A forked child must not share its parent's descriptors: a set in one process could be
-    # consumed by a wait in the other. The child's copies close with the old objects.
-    Wakeup._local = threading.local()
 
-
-os.register_at_fork(after_in_child=_forget_wakeups)
+os.register_at_fork(after_in_child=Wakeup.forget_all)

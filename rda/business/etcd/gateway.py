@@ -144,7 +144,9 @@ class EtcdGateway:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _order(self) -> list[str]:
+    def endpoints_in_order(self) -> list[str]:
+        """The gateway's endpoints, the one that answered last first (a watch and a call try
+        them in this order)."""
         first = self._current
         return [
             self.endpoints[(first + i) % len(self.endpoints)] for i in range(len(self.endpoints))
@@ -153,7 +155,7 @@ class EtcdGateway:
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers."""
         causes: list[str] = []
-        for base in self._order():
+        for base in self.endpoints_in_order():
             try:
                 response = self._client.post(f"{base}/v3/{path}", json=body)
             except httpx.TransportError as exc:
@@ -252,7 +254,7 @@ class WatchStream:
             }
         }
         causes: list[str] = []
-        for base in self._gateway._order():
+        for base in self._gateway.endpoints_in_order():
             if self._stopped.is_set():
                 return
             try:

@@ -140,7 +140,7 @@ def rows_to_data(array: pa.Array) -> list[Data | None]:
     # The values are already what Data holds (they were recorded from Data, and Arrow gives
     # back Python scalars, little-endian arrays, lists of str): built without per-field checks,
     # as a decoder does, which is what makes a 5,000-row chunk cost milliseconds.
-    make = Data._from_parts
+    make = Data.from_parts
     field_names = [name for name, _, _ in typed]
     if typed and all(valid) and all(child.null_count == 0 for child in array.flatten()):
         kinds = dict(zip(field_names, [kind for _, _, kind in typed], strict=True))
