@@ -263,16 +263,16 @@ class Dispatcher(ABC):
             log.warning("%s did not stop within %.1f s (a handler blocks?)", self._name, timeout)
 
     def _post(self, item: object, wait: bool = True) -> None:
-        relay = self._relay
-        if relay is not None and self._on_dispatcher():
+        if self._on_dispatcher():
+            relay = self._relay
+            if relay is None:
+                self._local.append(item)
+                return
             # A handler on the dispatcher: a standby may take the lead at any moment.
             with relay.lock:
                 if self._on_dispatcher():
                     self._local.append(item)
                     return
-        elif self._on_dispatcher():
-            self._local.append(item)
-            return
         self._inbox.put_command(item, wait)
 
     def wait_for_room(self) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +28,7 @@ from rda.transport.api import (
     Waker,
 )
 from rda.transport.client_session import ClientSession, ClientSessions, LaneSession
-from rda.transport.lanes import REFRESH_SHARE, WAIT_SLICE, LanePool, PooledLane
+from rda.transport.lanes import REFRESH_SHARE, WAIT_SLICE, Lane, LanePool, PooledLane
 from rda.transport.peer_info import connect_info
 from rda.transport.protocol import encode_connect
 from rda.transport.ratelog import RateLimitedLog
@@ -144,23 +142,7 @@ class MemoryClientTransport(Dispatcher):
         self._stop(self._settings.close_timeout if timeout is None else timeout, kill=False)
 
     def statistics(self) -> ClientTransportStatistics:
-        lanes, (m_in, m_out, b_in, b_out, errors, stale) = self._lanes.counts()
-        s = self._sessions
-        stats = s.statistics(lanes, stale)
-        return ClientTransportStatistics(
-            messages_in=stats.messages_in + m_in,
-            messages_out=stats.messages_out + m_out,
-            bytes_in=stats.bytes_in + b_in,
-            bytes_out=stats.bytes_out + b_out,
-            connections=stats.connections,
-            heartbeat_timeouts=stats.heartbeat_timeouts,
-            decode_errors=stats.decode_errors + errors,
-            disconnects=stats.disconnects,
-            queued_until_connected=stats.queued_until_connected,
-            handler_errors=stats.handler_errors,
-            lanes=lanes,
-            lane_stale_replies=stale,
-        )
+        return self._sessions.statistics(self._lanes.counts())
 
     def lane(self, connection: int) -> PooledLane | None:
         """The calling thread's own lane to the server of ``connection`` (a link of its
@@ -282,64 +264,34 @@ class _LinkWire:
         self._inbox.pause_commands(paused)
 
 
-class _MemoryLane:
-    """A calling thread's own link to one server (``api.DirectLane``), as ``zmq_lane.Lane``
-    is its own DEALER: it sends and waits for the reply on the calling thread."""
+class _MemoryLane(Lane):
+    """A calling thread's own link to one server (see ``lanes.Lane``), as
+    ``zmq_lane.ZmqLane`` is its own DEALER."""
 
-    __slots__ = (
-        "__weakref__",
-        "_gone",
-        "_link",
-        "_lock",
-        "_network",
-        "_orphaned",
-        "_replies",
-        "authenticated_principal",
-        "connection",
-        "session",
-        "thread",
-    )
+    __slots__ = ("_gone", "_link", "_network", "_replies", "authenticated_principal")
 
     def __init__(
         self, network: Network, session: LaneSession, connection: int, principal: str | None
     ) -> None:
+        super().__init__(connection, session)
         self._network = network
         # The same identity as the transport's connections, as a ZeroMQ lane has the same
         # CURVE keys: the server reads it here (``MemoryServerTransport``).
         self.authenticated_principal = principal
-        self.session = session
-        self.connection = connection
-        self.thread = weakref.ref(threading.current_thread())
         self._replies: queue.SimpleQueue[list[memoryview] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
         self._gone = False
-        # Set by a close that found the lane in use: the owner closes it on its way out.
-        self._orphaned = False
         self._link: Link | None = network.open_link(session.address, self, 0)
 
     @property
     def closed(self) -> bool:
         return self._link is None or self._gone
 
-    def call(
-        self, frames: Sequence[Buffer], request_id: int, ended: Callable[[], bool], now: float
-    ) -> Message | None:
-        session = self.session
-        with self._lock:
-            link = self._link
-            if link is None or self._gone:
-                raise TransportError(f"the lane to {session.address} is closed")
-            hello = session.needs_hello(now)
-            if hello:
-                self._network.client_send(link, session.hello)
-            self._network.client_send(link, frames)
-            session.sent(frames, now, hello)
-            try:
-                return self._wait(request_id, ended)
-            finally:
-                if self._orphaned and self._link is not None:
-                    self._network.close_link(self._link)
-                    self._link = None
+    def _send(self, frames: Sequence[Buffer], hello: bool) -> None:
+        link = self._link
+        assert link is not None  # checked under the lock by call()
+        if hello:
+            self._network.client_send(link, self.session.hello)
+        self._network.client_send(link, frames)
 
     def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
         session = self.session
@@ -356,17 +308,10 @@ class _MemoryLane:
             if message is not None:
                 return message
 
-    def close(self, timeout: float) -> bool:
-        if not self._lock.acquire(timeout=timeout):
-            self._orphaned = True
-            return False
-        try:
-            if self._link is not None:
-                self._network.close_link(self._link)
-                self._link = None
-        finally:
-            self._lock.release()
-        return True
+    def _release(self) -> None:
+        if self._link is not None:
+            self._network.close_link(self._link)
+            self._link = None
 
     # --- called by the network (any thread) ---
 

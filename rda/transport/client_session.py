@@ -151,20 +151,25 @@ class ClientSessions:
         self.queued = 0  # messages sent before CONNECT_ACK (they waited for it)
         self.handler_errors = 0
 
-    def statistics(self, lanes: int = 0, lane_stale_replies: int = 0) -> ClientTransportStatistics:
+    def statistics(
+        self, lane_counts: tuple[int, list[int]] | None = None
+    ) -> ClientTransportStatistics:
+        """The counters, with the lanes' (``LanePool.counts()``: open lanes, and their
+        messages and bytes in and out, decode errors and stale replies) added in."""
+        lanes, (m_in, m_out, b_in, b_out, errors, stale) = lane_counts or (0, [0] * 6)
         return ClientTransportStatistics(
-            messages_in=self.messages_in,
-            messages_out=self.messages_out,
-            bytes_in=self.bytes_in,
-            bytes_out=self.bytes_out,
+            messages_in=self.messages_in + m_in,
+            messages_out=self.messages_out + m_out,
+            bytes_in=self.bytes_in + b_in,
+            bytes_out=self.bytes_out + b_out,
             connections=self.connected,
             heartbeat_timeouts=self.heartbeat_timeouts,
-            decode_errors=self.decode_errors,
+            decode_errors=self.decode_errors + errors,
             disconnects=self.disconnects,
             queued_until_connected=self.queued,
             handler_errors=self.handler_errors,
             lanes=lanes,
-            lane_stale_replies=lane_stale_replies,
+            lane_stale_replies=stale,
         )
 
     # ------------------------------------------------------------------ opening and sending

@@ -11,17 +11,19 @@ backwards; all closed with the transport.
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from rda.serialization.errors import TransportError
 from rda.serialization.message import Message
 from rda.transport.api import Buffer
 from rda.transport.client_session import LaneSession
 
-__all__ = ["LANE_LIMIT", "REFRESH_SHARE", "WAIT_SLICE", "LanePool", "PooledLane"]
+__all__ = ["LANE_LIMIT", "REFRESH_SHARE", "WAIT_SLICE", "Lane", "LanePool", "PooledLane"]
 
 log = logging.getLogger("rda.transport.lane")
 
@@ -51,6 +53,83 @@ class PooledLane(Protocol):
     def close(self, timeout: float) -> bool:
         """Close once no call uses it (any thread); False if it stayed in use."""
         ...
+
+
+class Lane(abc.ABC):
+    """One thread's own connection to one server: what every transport's lane shares.
+
+    Only the thread that made it calls :meth:`call`, which holds the lane's lock for the whole
+    call: the CONNECT first when the session says so, the request, then the wait for its
+    reply. :meth:`close` (any thread) takes the same lock, so a lane is never closed under a
+    call; a close that finds it in use leaves the closing to the owner, on its way out. A
+    transport supplies the I/O: ``_send``, ``_wait``, ``_release`` and ``closed``.
+    """
+
+    __slots__ = ("__weakref__", "_lock", "_orphaned", "connection", "session", "thread")
+
+    def __init__(self, connection: int, session: LaneSession) -> None:
+        # Held by the owner for a whole call, and by whoever closes the lane.
+        self._lock = threading.Lock()
+        # Set by a close that found the lane in use: the owner closes it on its way out.
+        self._orphaned = False
+        self.connection = connection  # the shared connection this lane was opened under
+        self.session = session
+        self.thread = weakref.ref(threading.current_thread())
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    def call(
+        self,
+        frames: Sequence[Buffer],
+        request_id: int,
+        ended: Callable[[], bool],
+        now: float,
+    ) -> Message | None:
+        """Send one request and wait on this thread for its reply.
+
+        Returns None when ``ended()`` became true first (the owner decided the request's fate)
+        and raises ``TransportError`` when the lane is closed or the send fails; the caller
+        then fails the request as it would a lost connection.
+        """
+        session = self.session
+        with self._lock:
+            if self.closed:
+                raise TransportError(f"the lane to {session.address} is closed")
+            hello = session.needs_hello(now)
+            self._send(frames, hello)
+            session.sent(frames, now, hello)
+            try:
+                return self._wait(request_id, ended)
+            finally:
+                if self._orphaned:
+                    self._release()
+
+    def close(self, timeout: float) -> bool:
+        """Close once no call uses it (any thread); False if it stayed in use."""
+        if not self._lock.acquire(timeout=timeout):
+            self._orphaned = True
+            return False
+        try:
+            self._release()
+        finally:
+            self._lock.release()
+        return True
+
+    @abc.abstractmethod
+    def _send(self, frames: Sequence[Buffer], hello: bool) -> None:
+        """Send the request, after the session's CONNECT when ``hello``; raise
+        ``TransportError`` when that fails."""
+
+    @abc.abstractmethod
+    def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
+        """The reply to ``request_id`` (through ``session.received``), or None once
+        ``ended()``; wake at least every ``WAIT_SLICE`` to ask."""
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Close the I/O (idempotent; under the lane's lock)."""
 
 
 class LanePool:

@@ -386,8 +386,7 @@ class PeerTable:
         if p is None:
             self.dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
             return
-        if p.outbox or not self._write(p, frames):
-            self._enqueue(p, frames, key)
+        self._send(p, frames, key)
 
     def publish(
         self,

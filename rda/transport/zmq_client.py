@@ -18,7 +18,6 @@ heartbeat timeout, refused handshake, ``connect_timeout``) is reported once thro
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
@@ -135,20 +134,8 @@ class ZmqClientTransport(common.DispatcherShell):
             self._mailbox.put((_DISCONNECT, connection, None))
 
     def statistics(self) -> ClientTransportStatistics:
-        stats = self._sessions.statistics()
-        if self._lanes is None:
-            return stats
-        lanes, (m_in, m_out, b_in, b_out, errors, stale) = self._lanes.counts()
-        return dataclasses.replace(
-            stats,
-            messages_in=stats.messages_in + m_in,
-            messages_out=stats.messages_out + m_out,
-            bytes_in=stats.bytes_in + b_in,
-            bytes_out=stats.bytes_out + b_out,
-            decode_errors=stats.decode_errors + errors,
-            lanes=lanes,
-            lane_stale_replies=stale,
-        )
+        lanes = self._lanes
+        return self._sessions.statistics(None if lanes is None else lanes.counts())
 
     def lane(self, connection: int) -> PooledLane | None:
         """The calling thread's own lane (zmq_lane) to the server of ``connection``, while

@@ -28,9 +28,7 @@ the socket.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,72 +40,43 @@ from rda.transport import _zmq_common as common
 from rda.transport.api import Buffer, TransportSettings
 from rda.transport.client_session import LaneSession
 from rda.transport.curve import ClientCurve, apply_client
-from rda.transport.lanes import WAIT_SLICE, LanePool
+from rda.transport.lanes import WAIT_SLICE, Lane, LanePool
 from rda.transport.protocol import encode_connect
 from rda.transport.ratelog import RateLimitedLog
 
-__all__ = ["Lane", "open_lanes"]
+__all__ = ["ZmqLane", "open_lanes"]
 
 log = logging.getLogger("rda.transport.lane")
 # Shared by every lane of the process: what a server sends is logged once per kind per second.
 _peer_log = RateLimitedLog(log)
 
 
-class Lane:
-    """One thread's DEALER to one server; only that thread calls :meth:`call`."""
+class ZmqLane(Lane):
+    """One thread's DEALER to one server (see ``lanes.Lane``)."""
 
-    __slots__ = ("_lock", "_orphaned", "_sock", "connection", "session", "thread")
+    __slots__ = ("_sock",)
 
     def __init__(self, sock: zmq.Socket[bytes], connection: int, session: LaneSession) -> None:
+        super().__init__(connection, session)
         self._sock: zmq.Socket[bytes] | None = sock
-        # Held by the owner for a whole call, and by whoever closes the socket.
-        self._lock = threading.Lock()
-        # Set by a close that found the lane in use: the owner closes it on its way out.
-        self._orphaned = False
-        self.connection = connection  # the shared connection this lane was opened under
-        self.session = session
-        self.thread = weakref.ref(threading.current_thread())
 
     @property
     def closed(self) -> bool:
         return self._sock is None
 
-    def call(
-        self,
-        frames: Sequence[Buffer],
-        request_id: int,
-        ended: Callable[[], bool],
-        now: float,
-    ) -> Message | None:
-        """Send one request and wait on this thread for its reply.
+    def _send(self, frames: Sequence[Buffer], hello: bool) -> None:
+        sock = self._sock
+        assert sock is not None  # checked under the lock by call()
+        try:
+            if hello:
+                common.send_frames(sock, self.session.hello, block=True)
+            common.send_frames(sock, frames, block=True)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"sending to {self.session.address} failed: {exc}") from exc
 
-        Returns None when ``ended()`` became true first (the owner decided the request's fate)
-        and raises ``TransportError`` when the lane is closed or the send fails; the caller
-        then fails the request as it would a lost connection.
-        """
-        session = self.session
-        with self._lock:
-            sock = self._sock
-            if sock is None:
-                raise TransportError(f"the lane to {session.address} is closed")
-            hello = session.needs_hello(now)
-            try:
-                if hello:
-                    common.send_frames(sock, session.hello, block=True)
-                common.send_frames(sock, frames, block=True)
-            except zmq.ZMQError as exc:
-                raise TransportError(f"sending to {session.address} failed: {exc}") from exc
-            session.sent(frames, now, hello)
-            try:
-                return self._wait(sock, request_id, ended)
-            finally:
-                if self._orphaned:
-                    common.close_socket(sock)
-                    self._sock = None
-
-    def _wait(
-        self, sock: zmq.Socket[bytes], request_id: int, ended: Callable[[], bool]
-    ) -> Message | None:
+    def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
+        sock = self._sock
+        assert sock is not None
         received = self.session.received
         while True:
             try:
@@ -123,18 +92,10 @@ class Lane:
             if message is not None:
                 return message
 
-    def close(self, timeout: float) -> bool:
-        """Close the socket once no call uses it (any thread); False if it stayed in use."""
-        if not self._lock.acquire(timeout=timeout):
-            self._orphaned = True
-            return False
-        try:
-            if self._sock is not None:
-                common.close_socket(self._sock)
-                self._sock = None
-        finally:
-            self._lock.release()
-        return True
+    def _release(self) -> None:
+        if self._sock is not None:
+            common.close_socket(self._sock)
+            self._sock = None
 
 
 def open_lanes(
@@ -147,7 +108,7 @@ def open_lanes(
     hello = encode_connect({**info, "lane": True})
     max_size = settings.max_message_size
 
-    def open_lane(address: str, connection: int, refresh_after: float) -> Lane | None:
+    def open_lane(address: str, connection: int, refresh_after: float) -> ZmqLane | None:
         sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
@@ -166,6 +127,6 @@ def open_lanes(
         except BaseException:
             common.close_socket(sock)
             raise
-        return Lane(sock, connection, LaneSession(address, hello, refresh_after, max_size))
+        return ZmqLane(sock, connection, LaneSession(address, hello, refresh_after, max_size))
 
     return LanePool(open_lane)

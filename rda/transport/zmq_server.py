@@ -39,7 +39,7 @@ from rda.transport.api import (
 from rda.transport.curve import ServerCurve, ZapHandler, apply_server
 from rda.transport.mailbox import Mailbox
 from rda.transport.peer_info import connect_ack_info, rda_version
-from rda.transport.protocol import Kind, join_tail
+from rda.transport.protocol import Kind
 from rda.transport.reasons import PEER_GONE
 from rda.transport.relay import Relay
 from rda.transport.server_session import HEARTBEAT_FRAMES, Peer, PeerTable
@@ -287,8 +287,7 @@ class ZmqServerTransport(common.DispatcherShell):
                 if op == _SEND:
                     send(target, frames, key)
                 elif op == _PUBLISH:
-                    for peer, sub, header in target:
-                        send(peer, join_tail(header, frames), sub if key else None)
+                    table.publish(target, frames, key)
                 elif op == _DISCONNECT:
                     table.disconnect(target)
                 if self._closing:
