@@ -16,7 +16,7 @@ $(BIN)/python:
 # editable install builds rda/serialization/_cbinary.*.so, rda/transport/_cframe.*.so and
 # rda/transport/_czmq.*.so in place).
 $(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx | $(BIN)/python
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel,pva]'
 	touch $(STAMP)
 
 # Spark (the pipeline extra) needs a Java runtime: install a headless JRE only when `java` is
