@@ -406,6 +406,35 @@ def test_listener_runs_in_order_off_the_dispatcher_and_survives_raising(client: 
         sub.poll(0)
 
 
+@pytest.mark.parametrize(
+    "frame",
+    [b"", b"\xff\xff", b"\x00\x03ab\xff", b"\x00\x02\xff\xfebad"],
+    ids=["empty", "type-length-past-end", "cut", "not-utf8"],
+)
+def test_a_malformed_error_notification_is_an_error_not_a_raise(
+    client: Fixture, frame: bytes
+) -> None:
+    """Issue 37, item 4: reading ``Notification.error`` of an error notification whose
+    EXCEPTION body does not decode raised ``RemoteDecodeError`` (a listener asking ``n.error``
+    crashed) instead of returning the error. Checked against main at 1201aa1: every case raised
+    ``RemoteDecodeError: exception type length 65535 runs past the 2-byte frame`` and the like.
+    Now ``.error`` is that decode error, naming the access point, and ``.data`` raises it."""
+    service, transport, _ = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, _)] = transport.requests()
+    notify(transport, conn, sub.id, 1, 7, UpdateType.FIRST)
+    transport.reply(conn, RequestType.NOTIFICATION_EXC, sub.id, [(BodyKind.EXCEPTION, frame)])
+    notify(transport, conn, sub.id, 3, 8)
+    first, bad, after = sub.poll(0), sub.poll(0), sub.poll(0)
+    assert first is not None and bad is not None and after is not None
+    error = bad.error
+    assert isinstance(error, errors.RemoteDecodeError)
+    assert str(error).startswith("PS1/Acquisition: malformed error notification: ")
+    with pytest.raises(errors.RemoteDecodeError):
+        _ = bad.data
+    assert after.error is None and after.data == Data(v=8)
+
+
 def test_rejected_subscription_reports_the_error_then_ends(client: Fixture) -> None:
     service, transport, _ = client
     sub = service.access_point("PS1", "Acquisition").subscribe()

@@ -28,6 +28,7 @@ from rda.serialization.data import Data
 from rda.serialization.errors import (
     LocalProtocolError,
     RdaError,
+    RemoteDecodeError,
     RemoteProtocolError,
     error_from_remote,
 )
@@ -60,6 +61,20 @@ def remote_error(device: str, prop: str, type_name: str, message: str) -> RdaErr
     if device and device not in message:
         message = f"{device}/{prop}: {message}"
     return error_from_remote(type_name, message)
+
+
+def _error_of(message: Message, device: str, prop: str) -> RdaError:
+    """The error an error notification carries; never raises (a listener reads ``n.error``
+    to learn whether the update failed, and a malformed error body is a failed update)."""
+    try:
+        exc = message.exception
+    except RemoteDecodeError as bad:
+        return RemoteDecodeError(f"{device}/{prop}: malformed error notification: {bad}")
+    if exc is None:
+        return RemoteProtocolError(
+            f"{device}/{prop}: {message.header.request_type.name} without an EXCEPTION frame"
+        )
+    return remote_error(device, prop, exc[0], exc[1])
 
 
 class Notification:
@@ -121,15 +136,7 @@ class Notification:
             assert message is not None
             error = None
             if message.header.request_type is not RequestType.NOTIFICATION_DATA:
-                device, prop = self._name
-                exc = message.exception
-                if exc is None:
-                    error = RemoteProtocolError(
-                        f"{device}/{prop}: {message.header.request_type.name} without an "
-                        "EXCEPTION frame"
-                    )
-                else:
-                    error = remote_error(device, prop, exc[0], exc[1])
+                error = _error_of(message, *self._name)
             object.__setattr__(self, "_error", error)
         return error  # type: ignore[no-any-return]
 
