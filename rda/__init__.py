@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         default_directory,
     )
     from rda.business.etcd.directory import EtcdDirectory
+    from rda.business.metadata import Alarm, Field, PropertyDescription, Severity
     from rda.business.scheduler import GroupTaskScheduler
     from rda.business.server.builder import Server
     from rda.business.server.devices import Device, prop
@@ -92,6 +93,10 @@ _EXPORTS: dict[str, str] = {
     "StaticDirectory": "rda.business.directory",
     "default_directory": "rda.business.directory",
     "EtcdDirectory": "rda.business.etcd.directory",
+    "Alarm": "rda.business.metadata",
+    "Field": "rda.business.metadata",
+    "PropertyDescription": "rda.business.metadata",
+    "Severity": "rda.business.metadata",
     "GroupTaskScheduler": "rda.business.scheduler",
     "Server": "rda.business.server.builder",
     "Device": "rda.business.server.devices",
@@ -146,6 +151,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AccessPoint",
     "AcquiredData",
+    "Alarm",
     "ChainDirectory",
     "ClientInfo",
     "ClientService",
@@ -161,6 +167,7 @@ __all__ = [
     "DirectoryUnavailableError",
     "DisconnectedError",
     "EtcdDirectory",
+    "Field",
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",
@@ -172,6 +179,7 @@ __all__ = [
     "NotAuthorizedError",
     "Notification",
     "OverloadError",
+    "PropertyDescription",
     "ProtocolError",
     "RdaError",
     "RemoteDecodeError",
@@ -183,6 +191,7 @@ __all__ = [
     "ServerConnectionStatistics",
     "ServerStatistics",
     "SetRequest",
+    "Severity",
     "StaticDirectory",
     "Subscription",
     "SubscriptionCallback",
