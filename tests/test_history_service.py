@@ -521,3 +521,51 @@ def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
     assert "serving history at tcp://127.0.0.1:" in result.stderr
     # It registered there (and unregistered on the way out).
     assert directory.exists() and "recorder-cli" not in directory.read_text()
+
+
+def test_cli_record_serve_binds_loopback_by_default(stand: Stand, tmp_path: Path) -> None:
+    """``rda record --serve`` without an endpoint listens on 127.0.0.1 only, as every other
+    server does by default (docs/security.md), never on every interface in plaintext.
+
+    Issue 37, item 9: on main at 566c0d8 the flag's default was ``tcp://*:0``: the history
+    server listened on 0.0.0.0 (checked by running this test with PYTHONPATH=/work/main: the
+    listening socket's address was 0.0.0.0). The printed endpoint says 127.0.0.1 either way
+    (a wildcard bind is announced by its loopback address), so the socket itself is checked."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    rda_bin = str(Path(sys.executable).with_name("rda"))
+    args = [rda_bin, "--endpoint", stand.server.endpoint, "record", str(tmp_path / "other")]
+    args += ["CNT/Count", "--id", "bind", "--duration", "120s", "--serve"]
+    env = {**os.environ, "RDA_DIRECTORY_FILE": str(tmp_path / "bind-directory.json")}
+    proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "serving history at" not in line:
+            line = proc.stderr.readline()
+            assert line, "rda record ended before serving"
+        port = int(line.rsplit(":", 1)[1])
+        assert _listening_addresses(port) == ["127.0.0.1"]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """The IPv4 addresses a TCP socket listens on at ``port`` (Linux ``/proc/net/tcp``:
+    local address as little-endian hex, state ``0A`` is LISTEN)."""
+    import socket
+    import struct
+
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        address, _, hex_port = fields[1].partition(":")
+        if fields[3] == "0A" and int(hex_port, 16) == port:
+            found.append(socket.inet_ntoa(struct.pack("<I", int(address, 16))))
+    return found

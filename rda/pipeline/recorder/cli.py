@@ -93,11 +93,12 @@ def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
     "--serve",
     "serve_endpoint",
     is_flag=False,
-    flag_value="tcp://*:0",
+    flag_value="tcp://127.0.0.1:0",
     default=None,
     metavar="[ENDPOINT]",
     help="Serve the recorded history over rda (history:<device>, registered in the "
-    "directory); ENDPOINT defaults to tcp://*:0, a free port.",
+    "directory); ENDPOINT defaults to tcp://127.0.0.1:0, a free port on "
+    "loopback only, as for every server.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final statistics as JSON.")
 @click.pass_context
