@@ -248,6 +248,46 @@ def test_an_idle_lane_is_forgotten_quietly_and_introduces_itself_again(handler: 
         server.stop()
 
 
+def test_a_call_running_longer_than_the_heartbeat_timeout_gets_its_reply(
+    handler: Recorder,
+) -> None:
+    """Issue 37, item 1: a blocking get (the direct lane) whose handler took 12 s, with the
+    server's heartbeat timeout at 10 s, never got its reply: the server forgot the silent lane,
+    counted the reply ``ok`` and logged nothing, and the client timed out after its full
+    timeout (with ``direct_calls=False`` it returned after 12 s). Checked against main at
+    af9bf33: both lanes were forgotten in the same round (``lanes == 0``).
+
+    A positive signal instead of a sleep: a second, idle lane opened after the held one is
+    forgotten first; the held lane, older and silent as long, must still be there."""
+    server = serve(handler, heartbeat=(0.1, 1.0))
+    got: list[object] = []
+    try:
+        with client_of(server, heartbeat_interval=0.1, heartbeat_timeout=1.0) as client:
+            client.access_point("PS1", "Acquisition").get()  # connects (shared way)
+            held = client.access_point("HOLD", "Acquisition")
+
+            def call() -> None:
+                try:
+                    got.append(held.get(timeout=30.0).data["n"])
+                except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                    got.append(exc)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            assert handler.arrived.wait(20)
+            assert client.access_point("PS1", "Acquisition").get().data["n"] == 3
+            assert handler.lane_flags == [False, True, True]
+            # The idle lane (this thread's) is forgotten past the timeout; the held one is not.
+            wait_until(lambda: server.statistics().transport.lanes <= 1, timeout=20.0)
+            assert server.statistics().transport.lanes == 1
+            handler.held.pop().complete(Data(n=42))
+            caller.join(30)
+            assert got == [42]
+            assert server.statistics().transport.messages_dropped == 0
+    finally:
+        server.stop()
+
+
 def test_a_restarted_server_gets_a_new_lane_once_the_connection_is_back(
     handler: Recorder,
 ) -> None:

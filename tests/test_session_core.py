@@ -247,6 +247,32 @@ def test_heartbeat_round_pings_the_idle_drops_the_silent_and_leaves_lanes_alone(
     assert next_check == pytest.approx(6.0)
 
 
+def test_a_lane_is_not_forgotten_while_its_call_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37, item 1: a lane whose call ran longer than the heartbeat timeout was forgotten
+    as idle, and the reply, computed later, went to a departed peer: counted as dropped but
+    logged nowhere, while the client waited out its whole timeout (a 12 s get with a 10 s
+    heartbeat timeout never returned). Checked against main at af9bf33: the lane was dropped at
+    the first round past the timeout. A lane with a call in flight is alive; a message to a
+    departed peer is counted and logged."""
+    t, wire, events, clock = table()
+    connect(t, b"lane", 0.0, lane=True)
+    message = t.received(b"lane", None, request(1), 0.0)
+    assert message is not None
+    clock.now = 12.0  # the handler ran 12 s; the heartbeat timeout is 5 s
+    t.heartbeat_round(12.0)
+    assert events.gone == [] and t.statistics().lanes == 1
+    wire.sent.clear()
+    t.send(b"lane", reply(1), None)
+    assert [rid for rid, _ in wire.sent] == [b"lane"]
+    clock.now = 17.0  # idle now for the timeout: forgotten quietly, as before
+    t.heartbeat_round(17.0)
+    assert events.gone == [(b"lane", LANE_IDLE)]
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        t.send(b"lane", reply(2), None)
+    assert t.statistics().messages_dropped == 1
+    assert "no longer connected" in caplog.text
+
+
 def test_a_peer_with_a_full_pipe_gets_no_heartbeat() -> None:
     t, wire, _, _ = table()
     connect(t, b"a")

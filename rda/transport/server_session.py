@@ -16,7 +16,7 @@ passed) and decides:
 * back-pressure per peer: a message to a peer whose pipe is full waits in its bounded,
   conflating :class:`~rda.transport._outbox.Outbox`; what it loses is counted;
 * heartbeats: idle peers are pinged, silent ones dropped; a client's direct lane gets no
-  heartbeats and is forgotten quietly when idle;
+  heartbeats and is forgotten quietly when idle, never while one of its calls runs;
 * the events the business layer gets (``ServerHandler``) and the counters behind
   ``statistics()``.
 
@@ -170,6 +170,10 @@ class Peer:
     # between calls, so it gets none and, silent for the heartbeat timeout, is forgotten
     # quietly (the lane introduces itself again before that).
     lane: bool = False
+    # A lane's calls received and not yet answered. A lane waiting for its reply is silent
+    # because its owner is blocked on this server, not because it is gone: it is not forgotten
+    # while a call runs, however long the handler takes.
+    calls: int = 0
     outbox: Outbox = field(default_factory=Outbox)
     io: Any = None
 
@@ -320,6 +324,8 @@ class PeerTable:
             if p is None:
                 self.reject(rid, io, reject_request_before_connect(event.message.header.id))
                 return None
+            if p.lane:
+                p.calls += 1
             return event.message
         if type(event) is Connect:
             problems = invalid_client_info(event.info)
@@ -384,8 +390,17 @@ class PeerTable:
         """Send now, or queue behind the peer's full pipe; never blocks."""
         p = self.peers.get(rid)
         if p is None:
-            self.dropped += 1  # the peer is gone; its on_peer_disconnected was delivered
+            # The peer is gone (its on_peer_disconnected was delivered): a computed reply or a
+            # notification nobody can receive, counted and said, never lost silently.
+            self.dropped += 1
+            self.peer_log.log(
+                "messages for departed peers",
+                "dropped a message for peer %s, which is no longer connected",
+                rid.hex(),
+            )
             return
+        if p.calls:
+            p.calls -= 1  # a lane carries calls only: whatever goes to it answers one
         self._send(p, frames, key)
 
     def publish(
@@ -461,8 +476,10 @@ class PeerTable:
             action = p.heartbeat.check(now)
             if p.lane:
                 if action is HeartbeatAction.EXPIRED:
-                    self.drop(p, LANE_IDLE, ConnEvent.HEARTBEAT_TIMEOUT)
-                    continue
+                    if not p.calls:
+                        self.drop(p, LANE_IDLE, ConnEvent.HEARTBEAT_TIMEOUT)
+                        continue
+                    p.heartbeat.last_received = now  # waiting for our reply: alive
                 if action is HeartbeatAction.SEND:
                     p.heartbeat.last_sent = now
             elif action is HeartbeatAction.EXPIRED:
