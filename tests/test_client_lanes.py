@@ -269,7 +269,7 @@ def test_a_call_running_longer_than_the_heartbeat_timeout_gets_its_reply(
             def call() -> None:
                 try:
                     got.append(held.get(timeout=30.0).data["n"])
-                except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                except Exception as exc:  # reported by the assertion below
                     got.append(exc)
 
             caller = threading.Thread(target=call)
