@@ -531,6 +531,37 @@ def test_failed_attempts_back_off_exponentially_and_report_once(client: Fixture)
     assert len(errors_seen) == 1  # one report per outage, not per failed attempt
 
 
+def test_a_server_that_acknowledges_then_drops_at_once_is_backed_off(client: Fixture) -> None:
+    """Issue 37, item 11: a server that answers CONNECT_ACK and then RECONNECT at once made the
+    client reconnect 57 times a second forever: every acknowledgement reset the back-off, so
+    every redial waited the initial 20 ms. Checked against main at 6ec97e5: each of the six
+    waits below was 15-20 ms. A connection lost before it lasted ``reconnect_max`` is a failed
+    attempt: the waits grow as for refused connections; one that lasted starts over."""
+    service, transport, clock = client
+    service.access_point("PS1", "Acquisition").subscribe()
+    times: list[float] = []
+    for _ in range(6):
+        conn = transport.connects[-1][0]
+        transport.handler.on_connected(conn, {})
+        transport.handler.on_disconnected(conn, "the server asked for a reconnection")
+        before = len(transport.connects)
+        while len(transport.connects) == before:
+            clock.advance(0.001)
+        times.append(clock.now())
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    for wait, nominal in zip(gaps, [0.02, 0.04, 0.08, 0.16, 0.25, 0.25], strict=True):
+        assert nominal * 0.75 - 0.002 <= wait <= nominal + 0.002
+    # A connection that lasted (reconnect_max, 0.5 s here) resets the schedule when lost.
+    conn = transport.connects[-1][0]
+    transport.handler.on_connected(conn, {})
+    clock.advance(0.5)
+    transport.handler.on_disconnected(conn, "connection lost")
+    start, before = clock.now(), len(transport.connects)
+    while len(transport.connects) == before:
+        clock.advance(0.001)
+    assert clock.now() - start <= 0.02 + 0.002
+
+
 def test_request_during_back_off_connects_at_once(client: Fixture) -> None:
     service, transport, _ = client
     ap = service.access_point("PS1", "Acquisition")

@@ -348,9 +348,13 @@ class Connections:
                 return
             if self._closing or ep.connection != connection:
                 return
-            ep.backoff.reset()
+            # The back-off is not reset here but when this connection, lost, proves to have
+            # lasted (on_disconnected): a server that acknowledges and drops at once must not
+            # be redialled at the initial delay forever (issue 37).
+            now = self._clock()
             ep.acked = True
-            ep.back(self._clock())
+            ep.acked_at = now
+            ep.back(now)
             ep.refused = False
             if ep.was_connected:
                 self._counters.reconnects += 1
@@ -376,10 +380,13 @@ class Connections:
                 return
             if ep.connection != connection:
                 return
+            now = self._clock()
+            if ep.acked and now - ep.acked_at >= ep.backoff.policy.maximum:
+                ep.backoff.reset()  # it lasted: this outage starts from the initial delay
             ep.connection = None
             ep.acked = False
             ep.last_reason = reason
-            ep.lost(self._clock())
+            ep.lost(now)
             subs = list(ep.subs.values())
             refused = ep.refused = reason.startswith(HANDSHAKE_REFUSED)
             if refused:

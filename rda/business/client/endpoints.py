@@ -38,6 +38,7 @@ class Endpoint:
 
     __slots__ = (
         "acked",
+        "acked_at",
         "address",
         "backoff",
         "connection",
@@ -59,6 +60,7 @@ class Endpoint:
         self.connection: int | None = None
         self.connections = 0  # connection ids opened so far
         self.acked = False  # the current connection completed its handshake
+        self.acked_at = 0.0  # when it did (the service's clock)
         self.was_connected = False
         self.reconnects = 0
         self.last_reason = ""

@@ -81,7 +81,11 @@ class Backoff:
     """The back-off state of one server endpoint.
 
     ``next_attempt(now)`` returns when to try next and advances the schedule; ``reset()`` is
-    called when a connection succeeds, so the next outage starts again from ``initial``.
+    called when a connection that succeeded is lost after lasting at least the policy's
+    ``maximum`` delay, so that outage starts again from ``initial``. A connection lost sooner
+    (a server that acknowledges and then asks for a reconnection at once) is one more failed
+    attempt: redialled at the initial delay each time, it made a client reconnect 57 times a
+    second forever (issue 37).
     Not thread-safe: the client service calls it under its own lock.
     """
 
