@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from rda.panel.history import Past
+from rda.panel.history import Past, parse_minutes
 from rda.panel.session import PanelState, RenderCache, Session
 from rda.panel.source import PanelSource
 from rda.panel.views import describe_error
@@ -138,7 +138,7 @@ def create_app(
                 q["device"],
                 q["property"],
                 q["field"],
-                float(q.get("minutes", "10")),
+                parse_minutes(q.get("minutes", "10")),
                 q.get("selector") or None,
             )
         except (KeyError, ValueError) as exc:

@@ -19,9 +19,20 @@ from typing import Any, Protocol
 
 from rda.business.client.service import ClientService
 
-__all__ = ["MAX_HISTORY_POINTS", "MAX_SERVICE_ROWS", "HistoryReader", "Past", "ServiceHistory"]
+__all__ = [
+    "MAX_HISTORY_MINUTES",
+    "MAX_HISTORY_POINTS",
+    "MAX_SERVICE_ROWS",
+    "HistoryReader",
+    "Past",
+    "ServiceHistory",
+    "parse_minutes",
+]
 
 MAX_HISTORY_POINTS = 4000
+# The longest window the chart may ask for (a week): far beyond its choices, and a bound that
+# keeps the window's arithmetic in range (``minutes=inf`` overflowed into a 500).
+MAX_HISTORY_MINUTES = 7 * 24 * 60.0
 # Rows asked of a history service per series: the oldest first, so at high rates a long window
 # opens with its beginning only (the service answers in stamp order, it does not thin).
 MAX_SERVICE_ROWS = 50_000
@@ -35,6 +46,20 @@ class Past(Protocol):
     def series(
         self, device: str, prop: str, field: str, minutes: float, selector: str | None = None
     ) -> dict[str, Any]: ...
+
+
+def parse_minutes(text: str) -> float:
+    """The ``minutes`` of a history query: a number in ``(0, MAX_HISTORY_MINUTES]``, else
+    ``ValueError`` saying so (inf, nan, 1e300, 0, negatives and words alike)."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = math.nan
+    if not 0 < minutes <= MAX_HISTORY_MINUTES:  # nan compares false
+        raise ValueError(
+            f"minutes must be a number of minutes in (0, {MAX_HISTORY_MINUTES:g}], not {text!r}"
+        )
+    return minutes
 
 
 def _thin(t: list[float], v: list[float]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import data_json
@@ -66,6 +66,7 @@ class PanelState:
     renders: RenderCache
     tree: list[dict[str, Any]]
     tree_version: int = 0
+    tabs_closed: int = 0  # tabs whose socket ended, however they left
 
 
 @dataclass
@@ -99,26 +100,34 @@ class Session:
         self._wake.set()
 
     async def run(self) -> None:
-        await self.ws.accept()
-        await self.ws.send_json(
-            {
-                "type": "hello",
-                "allow_set": self.state.allow_set,
-                "history": self.state.history,
-                "heartbeat_timeout": self.state.heartbeat_timeout,
-                "max_fps": MAX_FPS,
-            }
-        )
-        self._wake.set()  # the tree goes first
-        sender = asyncio.create_task(self._send_loop(), name="rda-panel-sender")
+        """Serve the tab until it leaves. Leaving is normal, whenever it happens: a write to a
+        departed browser fails with ``WebSocketDisconnect``, and Starlette then refuses the
+        next read with ``WebSocketDisconnected``; both end the session quietly (counted in
+        ``PanelState.tabs_closed``, one DEBUG line)."""
+        sender: asyncio.Task[None] | None = None
         try:
+            await self.ws.accept()
+            await self.ws.send_json(
+                {
+                    "type": "hello",
+                    "allow_set": self.state.allow_set,
+                    "history": self.state.history,
+                    "heartbeat_timeout": self.state.heartbeat_timeout,
+                    "max_fps": MAX_FPS,
+                }
+            )
+            self._wake.set()  # the tree goes first
+            sender = asyncio.create_task(self._send_loop(), name="rda-panel-sender")
             while True:
                 text = await self.ws.receive_text()
                 await self._handle(text)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, WebSocketDisconnected):
             pass
         finally:
-            sender.cancel()
+            self.state.tabs_closed += 1
+            log.debug("panel tab %s: gone (%d views)", self.browser, len(self.views))
+            if sender is not None:
+                sender.cancel()
             for task in list(self._sets):
                 task.cancel()
             for view in list(self.views.values()):
