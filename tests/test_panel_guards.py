@@ -1,5 +1,6 @@
 """What the panel refuses or takes in its stride (issue 37): a history window that is not a
-number of minutes, a tab that leaves while the panel is writing to it.
+number of minutes, a tab that leaves while the panel is writing to it, a request for a Host
+name that is not the panel's (DNS rebinding; also in Chromium, with a rebinding host mapping).
 
 The HTTP checks run the real Starlette application through Starlette's test client; the
 departed tab drives the real ``Session`` over ASGI messages, failing the send the way uvicorn
@@ -11,9 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -27,17 +35,20 @@ from rda.business.client.service import ClientService
 from rda.business.directory import StaticDirectory
 from rda.panel.app import create_app
 from rda.panel.history import MAX_HISTORY_MINUTES, HistoryReader
+from rda.panel.hosts import panel_names
 from rda.panel.session import PanelState, RenderCache, Session
 from rda.panel.source import PanelSource
 
 
-def _get(app: Any, path: str, params: dict[str, str]) -> httpx.Response:
+def _get(
+    app: Any, path: str, params: dict[str, str], host: str = "127.0.0.1:8080"
+) -> httpx.Response:
     """One request to ``app`` over ASGI (httpx's transport: no socket, no thread)."""
 
     async def request() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as web:
-            return await web.get(path, params=params)
+            return await web.get(path, params=params, headers={"host": host})
 
     return asyncio.run(request())
 
@@ -129,3 +140,130 @@ def test_a_tab_that_leaves_while_written_to_ends_without_a_traceback(
     assert state.tabs_closed == 1
     assert not [r for r in caplog.records if r.levelno > logging.DEBUG], caplog.text
     assert "Traceback" not in caplog.text
+
+
+# -- Host names: DNS rebinding ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("127.0.0.1:8080", True),
+        ("[::1]:8080", True),
+        ("10.1.2.3", True),
+        ("localhost:8080", True),
+        ("LOCALHOST.:8080", True),
+        ("panel.ctrl:8080", True),  # --allowed-host panel.ctrl
+        ("evil.example:8080", False),
+        ("127.0.0.1.evil.example", False),
+        ("", False),
+    ],
+)
+def test_only_the_panels_names_and_ip_literals_are_answered(
+    source: PanelSource, host: str, answered: bool
+) -> None:
+    app = create_app(source, hosts=panel_names("127.0.0.1", ["panel.ctrl"]))
+    reply = _get(app, "/api/tree", {}, host=host)
+    if answered:
+        assert reply.status_code == 200 and reply.json()["servers"] == []
+    else:
+        assert reply.status_code == 400
+        assert "is not one of this panel's names" in reply.text
+        assert "servers" not in reply.text
+
+
+class _Panel:
+    """``rda panel`` as a process (its own directory file: no servers), stopped by its pid."""
+
+    def __init__(self, folder: Path, *extra: str) -> None:
+        env = {**os.environ, "RDA_DIRECTORY_FILE": str(folder / "directory.json")}
+        self.log = (folder / "panel.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rda._cli", "panel", "--port", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        line = lines.get(timeout=60)  # "rda panel: http://127.0.0.1:PORT/ (Ctrl-C to stop)"
+        self.port = urlsplit(line.split()[2]).port
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+# What a rebound page does once it is "same-origin" with the panel: read the tree, open the
+# socket (and, with --allow-set, set properties over it).
+_ATTACK = """async () => {
+  const tree = await fetch("/api/tree").then(r => r.status);
+  const socket = await new Promise(resolve => {
+    const ws = new WebSocket(`ws://${location.host}/ws`);
+    ws.onmessage = m => { resolve(JSON.parse(m.data).type); ws.close(); };
+    ws.onerror = () => resolve("refused");
+    ws.onclose = () => resolve("refused");
+  });
+  return {tree, socket};
+}"""
+
+
+def test_a_rebound_name_cannot_reach_the_panel_from_chromium(tmp_path: Path) -> None:
+    """Issue 37, item 5: a page served from ``http://evil.example:PORT`` whose name resolves to
+    127.0.0.1 (Chromium's ``--host-resolver-rules``, as a rebinding DNS would answer) read
+    ``/api/tree`` and opened the WebSocket, which compared Origin with Host but never checked
+    Host, so with ``--allow-set`` it set ``D1/Setting`` (checked against main: PYTHONPATH=
+    /work/main loads the page with status 200, ``/api/tree`` 200, the socket says hello).
+    Now the page, the API and the socket are refused for that name; 127.0.0.1 and localhost
+    still work, and ``--allowed-host evil.example`` lets the name in on purpose."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.fail("needs /usr/bin/chromium: run `make chromium`", pytrace=False)
+    plain = _Panel(tmp_path, "--allow-set")
+    (tmp_path / "named").mkdir()
+    named = _Panel(tmp_path / "named", "--allowed-host", "evil.example")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=str(chromium),
+                args=[
+                    "--no-sandbox",
+                    "--disable-dev-shm-usage",
+                    "--disable-gpu",
+                    "--host-resolver-rules=MAP evil.example 127.0.0.1",
+                ],
+            )
+            try:
+                page = browser.new_page()
+                reply = page.goto(f"http://evil.example:{plain.port}/")
+                assert reply is not None and reply.status == 400
+                assert "is not one of this panel's names" in page.content()
+                assert page.evaluate(_ATTACK) == {"tree": 400, "socket": "refused"}
+                for host in ("127.0.0.1", "localhost"):
+                    reply = page.goto(f"http://{host}:{plain.port}/")
+                    assert reply is not None and reply.status == 200
+                    assert page.evaluate(_ATTACK) == {"tree": 200, "socket": "hello"}
+                reply = page.goto(f"http://evil.example:{named.port}/")
+                assert reply is not None and reply.status == 200
+                assert page.evaluate(_ATTACK) == {"tree": 200, "socket": "hello"}
+            finally:
+                browser.close()
+    finally:
+        plain.close()
+        named.close()
+    assert "refused a request for Host 'evil.example:" in (tmp_path / "panel.log").read_text()

@@ -16,6 +16,7 @@ Modules, one job each:
 - ``session``: one WebSocket tab: its views, its sender loop, its requests;
 - ``history``: the recorded past for the strip chart (a store read with pyarrow, or a
   recorder serving history over rda);
+- ``hosts``: the ``Host`` names the panel answers to (its defence against DNS rebinding);
 - ``app``: the Starlette routes and the uvicorn runner; ``cli``: the ``rda panel`` command.
 
 A facade package: it may import every layer; nothing below imports it (``rda._cli`` adds

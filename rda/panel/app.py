@@ -6,7 +6,8 @@ Routes: ``/`` (the page), ``/static/...`` (plain ES modules, CSS, the vendored u
 task refreshes the tree every ``REFRESH`` seconds and wakes the tabs when it changed.
 
 Every response carries a Content-Security-Policy that allows nothing but this origin: the page
-loads nothing from outside, and a WebSocket from a page of another origin is refused.
+loads nothing from outside, and a WebSocket from a page of another origin is refused. Only
+requests for one of the panel's own names are answered (``rda.panel.hosts``: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from rda.panel.history import Past, parse_minutes
+from rda.panel.hosts import HostCheck, panel_names
 from rda.panel.session import PanelState, RenderCache, Session
 from rda.panel.source import PanelSource
 from rda.panel.views import describe_error
 from rda.serialization.errors import RdaError
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = ["REFRESH", "STATIC", "create_app", "serve"]
 
@@ -85,8 +88,11 @@ def create_app(
     history: Past | None = None,
     heartbeat_timeout: float = 10.0,
     refresh: float = REFRESH,
+    hosts: frozenset[str] | None = None,
 ) -> Starlette:
-    """The panel as an ASGI application over ``source`` (which the app closes at shutdown)."""
+    """The panel as an ASGI application over ``source`` (which the app closes at shutdown),
+    answering requests for IP literals and ``hosts`` (default: ``localhost``; see
+    ``rda.panel.hosts.panel_names``) only."""
     state = PanelState(
         source=source,
         allow_set=allow_set,
@@ -96,6 +102,13 @@ def create_app(
         tree=[],
     )
     sessions: set[Session] = set()
+    refusals = RateLimitedLog(log, interval=60.0)
+
+    def refuse_host(host: str) -> None:
+        # A page of a rebound name, or a name the panel was not told: counted, logged sparingly
+        # (any page can make a browser send these).
+        state.hosts_refused += 1
+        refusals.log("refused hosts", "panel: refused a request for Host %r", host)
 
     async def refresh_tree() -> None:
         while True:
@@ -167,7 +180,12 @@ def create_app(
         WebSocketRoute("/ws", ws),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_SecurityHeaders)])
+    names = panel_names() if hosts is None else hosts
+    middleware = [
+        Middleware(HostCheck, names=names, on_refused=refuse_host),
+        Middleware(_SecurityHeaders),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 def serve(

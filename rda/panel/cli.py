@@ -22,6 +22,7 @@ from rda.business.client.service import ClientService
 from rda.business.directory import StaticDirectory, default_directory
 from rda.panel.app import create_app, serve
 from rda.panel.history import HistoryReader, Past, ServiceHistory
+from rda.panel.hosts import panel_names
 from rda.panel.source import PanelSource
 
 __all__ = ["panel"]
@@ -34,6 +35,14 @@ __all__ = ["panel"]
     default="127.0.0.1",
     show_default=True,
     help="HTTP address; wider than loopback only behind an authenticating proxy (docs/panel.md).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for NAME (repeatable): the machine's name, a proxy's. Besides "
+    "it, only IP addresses, localhost and the --bind name are answered (DNS rebinding).",
 )
 @security_options
 @click.option("--allow-set", is_flag=True, help="Let the browser set properties (logged).")
@@ -50,6 +59,7 @@ def panel(
     ctx: click.Context,
     port: int,
     bind: str,
+    allowed_hosts: tuple[str, ...],
     key_file: Path | None,
     server_key: str | None,
     allow_set: bool,
@@ -88,6 +98,7 @@ def panel(
         allow_set=allow_set,
         history=history,
         heartbeat_timeout=config.heartbeat_timeout,
+        hosts=panel_names(bind, allowed_hosts),
     )
 
     def announce(url: str) -> None:

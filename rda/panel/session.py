@@ -67,6 +67,7 @@ class PanelState:
     tree: list[dict[str, Any]]
     tree_version: int = 0
     tabs_closed: int = 0  # tabs whose socket ended, however they left
+    hosts_refused: int = 0  # requests for a Host that is not the panel's (rda.panel.hosts)
 
 
 @dataclass
