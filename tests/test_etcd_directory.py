@@ -291,7 +291,12 @@ def test_url_forms_and_config(monkeypatch: pytest.MonkeyPatch, etcd: LocalEtcd) 
     try:
         assert isinstance(chain, ChainDirectory)
         kinds = [type(d).__name__ for d in chain.directories]
-        assert kinds == ["StaticDirectory", "EtcdDirectory", "FileDirectory"]
+        # The file is no later step of the chain: only a configured fallback (issue 37).
+        assert kinds == ["StaticDirectory", "EtcdDirectory"] and chain.fallback is None
+        with_file = default_directory(Config(directory_fallback=True))
+        assert isinstance(with_file, ChainDirectory)
+        assert type(with_file.fallback).__name__ == "FileDirectory"
+        with_file.close()
         registry.register("CFG", "tcp://10.0.0.3:3", ["CFG1"])
         assert chain.resolve("CFG1") == "tcp://10.0.0.3:3"
         registry.unregister("CFG")

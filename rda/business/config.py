@@ -98,6 +98,11 @@ class Config(BaseSettings):
         ge=2.0,
         description="Seconds a killed server's entries outlive it in etcd (its lease's TTL).",
     )
+    directory_fallback: bool = Field(
+        False,
+        description="With directory_url set: when etcd cannot be reached, resolve from the "
+        "directory file instead of failing, and say so. False: etcd's outage is the answer.",
+    )
     workers: int = Field(4, ge=1, le=1024, description="Scheduler worker threads.")
     queue_limit: int = Field(1000, ge=1, description="Waiting tasks per scheduler group.")
     overflow_policy: OverflowPolicy = Field(

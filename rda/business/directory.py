@@ -4,7 +4,10 @@
 - :class:`FileDirectory`: a JSON file that servers on this machine register into on start and
   leave on stop, so ``rda serve`` and ``rda get`` on one machine need no configuration.
 - :class:`ChainDirectory`: asks several in order; :func:`default_directory` chains the static
-  mapping first, then etcd (``RDA_DIRECTORY_URL``, ``rda.business.etcd``), then the file.
+  mapping first, then etcd when ``RDA_DIRECTORY_URL`` names one (``rda.business.etcd``), else
+  the file. A directory that cannot answer is never silently replaced by a later one: the
+  file stands in for an unreachable etcd only when configured (``RDA_DIRECTORY_FALLBACK``), and
+  says so each time.
 
 One live server per name: a directory that servers register into (a :class:`Registry`) refuses
 a server whose name, or one of whose devices, a live server of another process holds, with
@@ -188,31 +191,53 @@ class StaticDirectory:
 
 
 class ChainDirectory:
-    """Asks each directory in turn; the first that knows the device answers."""
+    """Asks each directory in turn; the first that knows the device answers.
 
-    def __init__(self, *directories: Directory) -> None:
+    A directory that cannot answer (``DirectoryUnavailableError``: etcd down) ends the lookup
+    with that error: a later directory, which may hold an old entry for the device, is not
+    asked in its place. Only ``fallback``, when given, stands in for an unavailable directory;
+    each answer it gives so is logged as a warning naming both, and counted
+    (:attr:`fallbacks`).
+    """
+
+    def __init__(self, *directories: Directory, fallback: Directory | None = None) -> None:
         if not directories:
             raise ValueError("ChainDirectory needs at least one directory")
         self.directories = directories
+        self.fallback = fallback
+        self.fallbacks = 0  # devices resolved by the fallback because a directory failed
 
     def __repr__(self) -> str:
-        return f"ChainDirectory({', '.join(map(repr, self.directories))})"
+        tail = "" if self.fallback is None else f", fallback={self.fallback!r}"
+        return f"ChainDirectory({', '.join(map(repr, self.directories))}{tail})"
 
     def resolve(self, device: str) -> str:
-        unavailable: DirectoryUnavailableError | None = None
         for directory in self.directories:
             try:
                 return directory.resolve(device)
             except NoSuchDeviceError:
                 continue
             except DirectoryUnavailableError as exc:
-                # A later directory may still know it; if none does, the outage is the answer
-                # (the device may exist), not "no such device".
-                unavailable = unavailable or exc
-        if unavailable is not None:
-            raise unavailable
+                # The device may exist there: the outage is the answer, unless a fallback
+                # was configured, and then its use is reported.
+                if self.fallback is None:
+                    raise
+                return self._fall_back(device, directory, exc)
         tried = ", ".join(map(repr, self.directories))
         raise NoSuchDeviceError(f"{device}: no such device (looked in {tried})")
+
+    def _fall_back(self, device: str, failed: Directory, exc: DirectoryUnavailableError) -> str:
+        assert self.fallback is not None
+        try:
+            endpoint = self.fallback.resolve(device)
+        except NoSuchDeviceError:
+            raise exc from None
+        self.fallbacks += 1
+        log.warning(
+            "%s: %r unavailable (%s); resolved from the fallback %r to %s",
+            device, failed, exc, self.fallback, endpoint,
+        )  # fmt: skip
+        return endpoint
 
     def watch(self, callback: Callable[[str, str | None], None]) -> Callable[[], None]:
         """Report changes of every directory in the chain that reports them."""
@@ -225,17 +250,20 @@ class ChainDirectory:
         return unwatch
 
     def close(self) -> None:
-        for directory in self.directories:
+        for directory in self._every():
             close = getattr(directory, "close", None)
             if callable(close):
                 close()
 
     def server_key(self, endpoint: str) -> str | None:
-        for directory in self.directories:
+        for directory in self._every():
             key = server_key_of(directory, endpoint)
             if key is not None:
                 return key
         return None
+
+    def _every(self) -> tuple[Directory, ...]:
+        return self.directories + (() if self.fallback is None else (self.fallback,))
 
     def devices(self) -> dict[str, str]:
         merged: dict[str, str] = {}
@@ -553,16 +581,18 @@ def etcd_of(directory: Directory) -> list[Directory]:
 
 def default_directory(config: Config | None = None) -> Directory:
     """The static mapping from configuration first, then etcd when ``RDA_DIRECTORY_URL`` names
-    one, then this machine's directory file."""
+    one (where servers then register), else this machine's directory file. With etcd, the
+    file is asked only as the configured fallback (``RDA_DIRECTORY_FALLBACK``) of an etcd
+    that cannot be reached."""
     config = config if config is not None else Config()
-    chain: list[Directory] = [StaticDirectory(config.directory)]
-    if config.directory_url is not None:
-        # Loaded late: the etcd directory builds on this module (and on httpx).
-        from rda.business.etcd.directory import EtcdDirectory
+    static = StaticDirectory(config.directory)
+    if config.directory_url is None:
+        return ChainDirectory(static, FileDirectory(config.directory_file))
+    # Loaded late: the etcd directory builds on this module (and on httpx).
+    from rda.business.etcd.directory import EtcdDirectory
 
-        chain.append(EtcdDirectory.from_config(config))
-    chain.append(FileDirectory(config.directory_file))
-    return ChainDirectory(*chain)
+    fallback = FileDirectory(config.directory_file) if config.directory_fallback else None
+    return ChainDirectory(static, EtcdDirectory.from_config(config), fallback=fallback)
 
 
 def default_registry(config: Config) -> Registry:

@@ -96,5 +96,6 @@ def _devices_cell(devices: list[str], shown: int = 8) -> str:
 
 def _parts(directory: Directory) -> list[Directory]:
     if isinstance(directory, ChainDirectory):
-        return [p for inner in directory.directories for p in _parts(inner)]
+        fallback = () if directory.fallback is None else (directory.fallback,)
+        return [p for inner in (*directory.directories, *fallback) for p in _parts(inner)]
     return [directory]
