@@ -86,6 +86,9 @@ class PowerConverter(Device):
         self._rng = np.random.default_rng(seed)
         self.set_point = 0.0
         self.measured = 0.0
+        # The last acquisition, which a get answers as it was (stamp and cycle included): a
+        # get or a subscription's FIRST is not a new measurement (docs/server.md).
+        self._last = self._acquired("CPS.USER.ALL", 0.0)
 
     # The demo's handlers only read or write memory under a short lock: non-blocking, so the
     # server answers them on its dispatcher (no worker hop) when the device is idle.
@@ -102,7 +105,7 @@ class PowerConverter(Device):
     @prop("Acquisition", blocking=False)
     def acquisition(self, request: GetRequest) -> AcquiredData:
         with self._lock:
-            return self._acquired(request.selector or "CPS.USER.ALL", self.measured)
+            return self._last
 
     def step(self, cycle: str, cycle_stamp: int) -> AcquiredData:
         """Advance the simulation by one cycle and return the new acquisition."""
@@ -110,7 +113,8 @@ class PowerConverter(Device):
             # First-order lag towards the set point (time constant ~3 cycles) plus 5 mA noise.
             self.measured += (self.set_point - self.measured) * 0.3
             self.measured += float(self._rng.normal(0.0, 0.005))
-            return self._acquired(cycle, self.measured, cycle_stamp)
+            self._last = self._acquired(cycle, self.measured, cycle_stamp)
+            return self._last
 
     def _acquired(self, cycle: str, measured: float, cycle_stamp: int = 0) -> AcquiredData:
         data = Data(current=measured, set_point=self.set_point, unit="A")
@@ -126,23 +130,24 @@ class BeamPositionMonitor(Device):
         self._rng = np.random.default_rng(seed)
         self._positions = np.linspace(0.0, 628.3, MONITORS)
         self._lock = threading.Lock()
-        self._orbit = self._measure(0)
+        stamp = time.time_ns()
+        # As for the converter: a get answers the last acquisition as it was.
+        self._last = AcquiredData(
+            self._data(self._measure(0)), DataContext("CPS.USER.ALL", stamp, stamp, "CPS.USER.ALL")
+        )
 
     @prop("Orbit", blocking=False)
     def orbit(self, request: GetRequest) -> AcquiredData:
         with self._lock:
-            orbit = self._orbit
-        stamp = time.time_ns()
-        cycle = request.selector or "CPS.USER.ALL"
-        return AcquiredData(self._data(orbit), DataContext(cycle, stamp, stamp, cycle))
+            return self._last
 
     def step(self, cycle: str, cycle_stamp: int, turn: int) -> AcquiredData:
-        orbit = self._measure(turn)
-        with self._lock:
-            self._orbit = orbit
-        return AcquiredData(
-            self._data(orbit), DataContext(cycle, cycle_stamp, time.time_ns(), cycle)
+        acquired = AcquiredData(
+            self._data(self._measure(turn)), DataContext(cycle, cycle_stamp, time.time_ns(), cycle)
         )
+        with self._lock:
+            self._last = acquired
+        return acquired
 
     def _measure(self, turn: int) -> np.ndarray:
         phase = 2 * math.pi * np.arange(MONITORS) / MONITORS

@@ -72,6 +72,7 @@ def test_store_layout_and_schema_contract(tmp_path: Path) -> None:
             ("recorder_id", pa.string()),
             ("seq", pa.int64()),
             ("error", pa.string()),
+            ("update_type", pa.string()),
             ("data", pa.struct([("x", pa.float64())])),
         ]
     )
@@ -84,6 +85,7 @@ def test_store_layout_and_schema_contract(tmp_path: Path) -> None:
     )
     assert row["ts"] == datetime.datetime.fromtimestamp(DAY2 // 1000 / 1e6, datetime.UTC)
     assert (row["selector"], row["cycle_name"], row["recorder_id"]) == ("SEL", "CYC", "r1")
+    assert row["update_type"] == "NORMAL"
     metadata = pq.ParquetFile(
         partition_path(tmp_path, "PS1", "Acq", "2024-03-02") / "part-r1-2-3.parquet"
     ).metadata
@@ -175,6 +177,23 @@ def test_compaction_rewrites_a_day_into_one_file_per_recorder(tmp_path: Path) ->
     assert compact(tmp_path, "PS1", "Acq", "2024-03-01", clock=lambda: AFTER) == []
 
 
+def test_compaction_keeps_files_from_before_the_update_type_column(tmp_path: Path) -> None:
+    """A store written before ``update_type`` existed (issue 37, item 17) compacts with newer
+    files: the old rows read back with a null update type, none is lost."""
+    partition = _three_files(tmp_path)
+    oldest = sorted(partition.glob("part-r1-*"))[0]
+    table = pq.read_table(oldest)
+    pq.write_table(table.drop_columns(["update_type"]), oldest)
+    before = len(_store(tmp_path))
+    outputs = compact(tmp_path, "PS1", "Acq", "2024-03-01", clock=lambda: AFTER)
+    merged = pq.read_table(outputs[0])
+    assert (
+        merged.column("update_type").to_pylist()
+        == [None, None, "NORMAL", "NORMAL"] + ["NORMAL"] * 2
+    )
+    assert len(_store(tmp_path)) == before
+
+
 def test_interrupted_compaction_finishes_without_duplicates(tmp_path: Path) -> None:
     partition = _three_files(tmp_path)
     before = len(_store(tmp_path))
@@ -185,7 +204,11 @@ def test_interrupted_compaction_finishes_without_duplicates(tmp_path: Path) -> N
     tables = [pq.read_table(partition / name) for name in inputs]
     merged = pa.concat_tables(
         [
-            t.set_column(9, "data", t.column("data").cast(tables[-1].schema.field("data").type))
+            t.set_column(
+                t.schema.get_field_index("data"),
+                "data",
+                t.column("data").cast(tables[-1].schema.field("data").type),
+            )
             for t in tables
         ]
     )

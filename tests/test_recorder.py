@@ -97,6 +97,35 @@ def test_round_trip_of_every_row(tmp_path: Path) -> None:
     assert stats.parquet_files >= 3 and stats.converted_segments >= 1
 
 
+def test_a_repeated_first_is_not_stored_and_update_types_are(tmp_path: Path) -> None:
+    """Issue 37, item 17: every FIRST after a reconnection was stored as a row, so the archive
+    held the same acquisition twice (same stamp, same value) at each reconnection. Checked
+    against main at d880094: 4 rows stored below, and no ``update_type`` column. Now a FIRST
+    repeating the stored row is counted (``repeated_first``), not stored; a FIRST with a new
+    stamp or value is stored; every row says its update type."""
+    from rda.serialization.header import UpdateType
+
+    recorder = _recorder(tmp_path)
+    recorder.start()
+    offers = [
+        (Data(x=1.0), 1, UpdateType.FIRST),
+        (Data(x=2.0), 2, UpdateType.NORMAL),
+        (Data(x=2.0), 2, UpdateType.FIRST),  # resubscribed: the last value again
+        (Data(x=3.0), 2, UpdateType.FIRST),  # same stamp, other value: stored
+    ]
+    for data, i, kind in offers:
+        assert recorder.offer("PS1", "Acq", None, Sample(data, _context(i), update_type=kind))
+    assert recorder.flush()
+    recorder.stop()
+    rows = _store(tmp_path)
+    assert [(r["data"]["x"], r["update_type"]) for r in rows] == [
+        (1.0, "FIRST"),
+        (2.0, "NORMAL"),
+        (3.0, "FIRST"),
+    ]
+    assert recorder.statistics().repeated_first == 1
+
+
 class _BadBody:
     error = None
     context = DataContext()

@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import threading
+from typing import cast
 
 import pytest
 
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
-from rda.demo import CYCLES, build_demo_server
+from rda.business.server.requests import GetRequest
+from rda.demo import CYCLES, BeamPositionMonitor, PowerConverter, build_demo_server
 from rda.serialization.errors import RemoteError
 from rda.serialization.header import UpdateType
 from rda.testing import wait_until
 
 CONFIG = Config(heartbeat_interval=0.2, heartbeat_timeout=5.0)
+
+
+def test_a_get_answers_the_last_acquisition_as_it_was() -> None:
+    """Issue 37, item 17: the demo's get answered a fresh stamp for the value it last
+    published, so a subscription's FIRST looked like a new acquisition (and the recorder stored
+    it again). Checked against main at d880094: each get had a new stamp, and none was the
+    published acquisition's. Now a get (and so FIRST) is the last acquisition: same stamp,
+    cycle and value, for the converters and the orbit alike."""
+    converter, bpm = PowerConverter(), BeamPositionMonitor()
+    request = cast(GetRequest, None)  # the demo's getters do not read the request
+    published = converter.step("CPS.USER.SFT", 123)
+    orbit = bpm.step("CPS.USER.SFT", 123, 1)
+    for got in (PowerConverter.acquisition.getter(converter, request),) * 2:
+        assert got.context == published.context and got.data == published.data
+    assert BeamPositionMonitor.orbit.getter(bpm, request).context == orbit.context
+    assert PowerConverter.acquisition.getter(converter, request).context.cycle_name == (
+        "CPS.USER.SFT"
+    )
 
 
 def test_demo_devices_end_to_end() -> None:

@@ -64,6 +64,7 @@ STORE_COLUMNS = (
     "recorder_id",
     "seq",
     "error",
+    "update_type",
     "data",
 )
 
@@ -107,6 +108,14 @@ def _write_parquet(target: _Target, table: pa.Table) -> None:
     target.store.write(target.path, sink.getvalue())
 
 
+def _column_or_null(table: pa.Table, name: str, kind: pa.DataType) -> pa.ChunkedArray:
+    """``table``'s column ``name``, or nulls where an older journal segment or Parquet file
+    was written before the column existed."""
+    if name in table.column_names:
+        return table.column(name)
+    return pa.chunked_array([pa.nulls(len(table), kind)])
+
+
 def _store_table(
     recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
 ) -> pa.Table:
@@ -134,6 +143,7 @@ def _store_table(
         "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
         "seq": meta.column("seq"),
         "error": meta.column("error"),
+        "update_type": _column_or_null(meta, "update_type", pa.string()),
         "data": data,
     }
     return pa.table(columns).replace_schema_metadata(metadata)
@@ -265,7 +275,8 @@ class Converter:
                     )
         outputs: list[tuple[str, pa.Table]] = []
         for (key, date), pieces in sorted(parts.items()):
-            meta = pa.concat_tables([m for m, _ in pieces])
+            # promote: segments from before the update_type column fill it with nulls.
+            meta = pa.concat_tables([m for m, _ in pieces], promote_options="default")
             data = self._unify([d for _, d in pieces], key)
             seqs = meta.column("seq")
             name = f"part-{self.recorder_id}-{seqs[0].as_py()}-{seqs[-1].as_py()}.parquet"
@@ -419,14 +430,23 @@ def _merge_files(output: Path, inputs: list[Path]) -> None:
     for schema in schemas[1:]:
         merged = merge_types(target, schema.field("data").type)
         target = merged if merged is not None else target
-    index = schemas[0].get_field_index("data")
-    schema = schemas[0].set(index, pa.field("data", target))
+    # Files written before a meta column existed (update_type) get it as nulls: the output
+    # has the widest schema, which is the newest one.
+    widest = max(schemas, key=len)
+    index = widest.get_field_index("data")
+    schema = widest.set(index, pa.field("data", target))
     tmp = output.with_name(f".{output.name}.tmp")
     with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
         for path in inputs:
             table = pq.read_table(path)
             if not table.schema.field("data").type.equals(target):
-                table = table.set_column(index, "data", table.column("data").cast(target))
+                data_at = table.schema.get_field_index("data")
+                table = table.set_column(data_at, "data", table.column("data").cast(target))
+            if table.column_names != schema.names:
+                table = pa.table(
+                    {f.name: _column_or_null(table, f.name, f.type) for f in schema},
+                    schema=schema,
+                )
             writer.write_table(table.replace_schema_metadata(schema.metadata))
     fd = os.open(tmp, os.O_RDONLY)
     try:

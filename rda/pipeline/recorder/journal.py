@@ -48,6 +48,10 @@ _META_FIELDS = [
     pa.field("recv_stamp", pa.int64()),
     pa.field("seq", pa.int64()),
     pa.field("error", pa.string()),
+    # The update's type by name (FIRST, NORMAL, IMMEDIATE_UPDATE, ...): a FIRST is the value
+    # a (re)subscription started with, not necessarily a new acquisition. Absent from segments
+    # written before it existed (read back as null).
+    pa.field("update_type", pa.string()),
 ]
 
 Key = tuple[str, str, int]  # (device, property, schema version)
@@ -70,6 +74,7 @@ class SegmentBuilder:
         self.recv_stamp: list[int] = []
         self.seq: list[int] = []
         self.error: list[str | None] = []
+        self.update_type: list[str] = []
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -99,6 +104,7 @@ class SegmentBuilder:
         recv_stamp: int,
         seq: int,
         error: str | None,
+        update_type: str = "NORMAL",
     ) -> None:
         values = self.values[slot]
         self.codes.append(slot)
@@ -111,6 +117,7 @@ class SegmentBuilder:
         self.recv_stamp.append(recv_stamp)
         self.seq.append(seq)
         self.error.append(error)
+        self.update_type.append(update_type)
 
     def build(self, recorder_id: str) -> pa.Table:
         """The segment's table: meta columns plus the dense-union ``data`` column."""
@@ -129,6 +136,7 @@ class SegmentBuilder:
             pa.array(self.recv_stamp, pa.int64()),
             pa.array(self.seq, pa.int64()),
             pa.array(self.error, pa.string()),
+            pa.array(self.update_type, pa.string()),
             data,
         ]
         metadata = {"rda.keys": json.dumps(self.keys), "rda.recorder_id": recorder_id}

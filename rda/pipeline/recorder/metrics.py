@@ -36,6 +36,10 @@ _COUNTERS = {
         "rda_recorder_missing_acq_stamps",
         "Value rows sent without an acquisition stamp (stored at their receive time).",
     ),
+    "repeated_first": (
+        "rda_recorder_repeated_first",
+        "FIRST updates not stored: they repeat a stored row (same stamp and value).",
+    ),
 }
 _GAUGES = {
     "queue_depth": ("rda_recorder_queue_depth", "Notifications waiting in the queue."),

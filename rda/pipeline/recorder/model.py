@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rda.serialization.header import DataContext
+from rda.serialization.header import DataContext, UpdateType
 
 __all__ = ["Closable", "RecorderStatistics", "Sample", "default_id", "parse_pattern"]
 
@@ -21,6 +21,7 @@ class Sample:
     data: Any
     context: DataContext = field(default_factory=DataContext)
     error: BaseException | None = None
+    update_type: UpdateType = UpdateType.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,9 @@ class RecorderStatistics:
     # Value rows the server sent without an acquisition stamp (acq_stamp 0): stored at their
     # receive time (acq_stamp == recv_stamp, docs/history.md), logged once per signal.
     missing_acq_stamps: int = 0
+    # FIRST updates not stored because the row they repeat (same acquisition stamp and value)
+    # was: what a resubscription resends is not a new acquisition.
+    repeated_first: int = 0
 
 
 class Closable(Protocol):

@@ -43,6 +43,7 @@ from rda.pipeline.recorder.query import HistoryReader
 from rda.pipeline.recorder.schema import SchemaCatalog, arrow_type_of, signature
 from rda.pipeline.recorder.serve import HistoryHandler, start_history_server
 from rda.pipeline.recorder.store import Store
+from rda.serialization.header import UpdateType
 
 __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
 
@@ -108,6 +109,10 @@ class Recorder:
         self._overflow = 0
         self._gaps = 0
         self._missing_stamps = 0
+        self._repeated_first = 0
+        # (device, property, selector) -> (acq_stamp, value) of the last value row stored:
+        # one entry per recorded signal (the recorder's own configuration bounds it).
+        self._last_values: dict[tuple[str, str, str], tuple[int, Any]] = {}
         self._unstamped_signals: set[tuple[str, str]] = set()
         self._segments = 0
         self._bytes = 0
@@ -322,6 +327,7 @@ class Recorder:
             conversion_errors=conv.errors,
             subscriptions=len(self._subscriptions),
             missing_acq_stamps=self._missing_stamps,
+            repeated_first=self._repeated_first,
         )
 
     # --- subscription layer -------------------------------------------------------------------
@@ -477,6 +483,21 @@ class Recorder:
                 return False
             route = slot
             value = None
+        update_type = getattr(notification, "update_type", UpdateType.NORMAL)
+        signal = (device, prop, context.selector or selector or "")
+        if error_text is None and value is not None:
+            last = self._last_values.get(signal)
+            if (
+                update_type is UpdateType.FIRST
+                and last is not None
+                and last[0] == context.acq_stamp
+                and last[1] == value
+            ):
+                # The value a resubscription starts with, already stored (same acquisition
+                # stamp, same value): one acquisition is one row, however often it is resent.
+                self._repeated_first += 1
+                return True
+            self._last_values[signal] = (context.acq_stamp, value)
         seq = self._next_seq
         self._next_seq = seq + 1
         self._received += 1
@@ -493,6 +514,7 @@ class Recorder:
             recv_stamp,
             seq,
             error_text,
+            update_type.name,
         )
         return True
 
