@@ -99,6 +99,7 @@ class Stand:
         self.url = ""
         self._logs: list[IO[str]] = []
         self._readers: list[_Lines] = []
+        self._extra: list[subprocess.Popen[str]] = []
 
     def _spawn(self, name: str, *args: str) -> tuple[subprocess.Popen[str], _Lines]:
         log = (self.folder / f"{name}.log").open("a")
@@ -120,6 +121,24 @@ class Stand:
         self.server, lines = self._spawn("server", "serve", "demo", "--bind", endpoint, *extra)
         lines.wait_for("endpoint", 30.0)
 
+    def start_pausable(self, port: int) -> tuple[subprocess.Popen[str], _Lines]:
+        """The PAUSABLE server on ``port``, once it serves."""
+        log = (self.folder / "pausable.log").open("a")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PAUSABLE, f"tcp://127.0.0.1:{port}"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self.env,
+            cwd=self.folder,
+        )
+        self._extra.append(proc)
+        lines = _Lines(proc, log)
+        self._readers.append(lines)
+        lines.wait_for("endpoint", 30.0)
+        return proc, lines
+
     def kill_server(self) -> None:
         """SIGKILL: the server vanishes without a goodbye, as a crashed one does."""
         assert self.server is not None
@@ -134,7 +153,7 @@ class Stand:
         return self.url
 
     def close(self) -> None:
-        for proc in (self.panel, self.server):
+        for proc in (self.panel, self.server, *self._extra):
             if proc is None or proc.poll() is not None:
                 continue
             proc.send_signal(signal.SIGTERM)
@@ -148,6 +167,57 @@ class Stand:
         for log in self._logs:
             log.close()
         self.panel = self.server = None
+
+
+# A server of its own for the staleness tests, started and killed by pid: TICK/Value published
+# at 10 Hz, paused and resumed by SIGUSR1 (it says "paused"/"publishing"), and a settable
+# TICK/Setting. Registered in the stand's file directory, as the demo is.
+PAUSABLE = """
+import signal, sys, threading, time
+from pydantic import BaseModel
+import rda
+from rda.admin import install
+
+class Level(BaseModel):
+    level: float = 0.0
+
+class Ticker(rda.Device):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.level = 0.0
+
+    @rda.prop("Value", blocking=False)
+    def value(self, request):
+        return rda.Data(value=float(self.count), count=self.count)
+
+    @rda.prop("Setting", schema=Level, blocking=False)
+    def setting(self, request):
+        return rda.Data(level=self.level)
+
+    @setting.setter
+    def write_setting(self, value, request):
+        self.level = value.level
+
+toggled, done = threading.Event(), threading.Event()
+signal.signal(signal.SIGUSR1, lambda *_: toggled.set())
+signal.signal(signal.SIGTERM, lambda *_: done.set())
+device = Ticker()
+builder = install(rda.ServerBuilder("PausableServer").endpoint(sys.argv[1]).device("TICK", device))
+with builder.build() as server:
+    print("endpoint", server.endpoint, flush=True)
+    paused = False
+    while not done.wait(0.1):
+        if toggled.is_set():
+            toggled.clear()
+            paused = not paused
+            print("paused" if paused else "publishing", flush=True)
+        if not paused:
+            device.count += 1
+            now = time.time_ns()
+            data = rda.Data(value=float(device.count), count=device.count)
+            device.publish("Value", rda.AcquiredData(data, rda.DataContext("", now, now, "")))
+"""
 
 
 PAST = 120  # recorded PS1/Acquisition values, one every 2 s up to a few seconds ago
@@ -384,3 +454,99 @@ def test_a_failing_property_shows_the_servers_error(page: Page) -> None:
     view = page.locator('article[data-view="FAULTY/Status"]')
     expect(view.get_by_test_id("view-head")).to_have_class("view-head status-error", timeout=WAIT)
     expect(view.get_by_test_id("view-error")).to_contain_text("interlock chain open")
+
+
+def wait_count(page: Page, address: str, testid: str, at_least: float) -> None:
+    """Until the view's number ``testid`` (e.g. received) reaches ``at_least``."""
+    page.wait_for_function(
+        """([address, testid, n]) => {
+            const b = document.querySelector(
+                `article[data-view="${address}"] [data-testid="${testid}"]`);
+            return b !== null && parseFloat(b.textContent) >= n;
+        }""",
+        arg=[address, testid, at_least],
+        timeout=WAIT,
+    )
+
+
+def test_a_paused_publisher_turns_the_view_stale_with_its_last_good_time(
+    stand: Stand, page: Page
+) -> None:
+    proc, lines = stand.start_pausable(free_port())
+    try:
+        view = open_view(page, "TICK/Value")
+        # Judged once the rate is measured on enough updates (10 at 10 Hz here).
+        wait_count(page, "TICK/Value", "received", 12)
+        expect(view).to_have_attribute("data-stale", "false")
+        os.kill(proc.pid, signal.SIGUSR1)
+        lines.wait_for("paused", WAIT / 1000)
+        expect(view).to_have_attribute("data-stale", "true", timeout=WAIT)
+        # Stale is not an error (the server is up): grey, with the last good value's time.
+        expect(view.get_by_test_id("view-head")).to_have_class("view-head status-ok")
+        expect(view.get_by_test_id("stale")).to_contain_text("last good value 20")
+        expect(view.get_by_test_id("rate")).to_contain_text("none for")
+        # The age keeps counting up while nothing arrives.
+        wait_count(page, "TICK/Value", "age", 1.0)
+        shot(page, "panel-stale")
+        os.kill(proc.pid, signal.SIGUSR1)
+        lines.wait_for("publishing", WAIT / 1000)
+        expect(view).to_have_attribute("data-stale", "false", timeout=WAIT)
+        expect(view.get_by_test_id("stale")).to_be_hidden()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_killed_server_goes_red_keeping_its_stamp_disables_sets_and_bands_the_chart(
+    stand: Stand, page: Page
+) -> None:
+    port = free_port()
+    proc, _ = stand.start_pausable(port)
+    try:
+        view = open_view(page, "TICK/Value")
+        wait_count(page, "TICK/Value", "received", 3)
+        view.locator('[data-chart="TICK/Value/value"]').click()
+        page.locator("#chart-window").select_option("60")
+        setting = open_view(page, "TICK/Setting")
+        level = setting.locator('.setform input[name="level"]')
+        expect(level).to_be_enabled()
+        badge = page.locator('[data-server="PausableServer"] [data-testid="server-state"]')
+        expect(badge).to_have_text("connected", timeout=WAIT)
+        os.kill(proc.pid, signal.SIGKILL)  # as `kill -9`: no goodbye
+        proc.wait(10)
+        head = view.get_by_test_id("view-head")
+        expect(head).to_have_class("view-head status-error", timeout=WAIT)
+        expect(view).to_have_attribute("data-disconnected", "true")
+        # The last acquisition stays visible, named as the last one.
+        expect(view.locator(".meta")).to_contain_text("last acquired")
+        expect(view.get_by_test_id("acquired")).to_contain_text("20")
+        expect(view.get_by_test_id("rate")).to_have_text("-")
+        # The tree agrees with the views: within 1 s by design (a 0.25 s poll of the client's
+        # connection states); the bound here allows for a loaded machine.
+        expect(badge).not_to_have_text("connected", timeout=2_500)
+        expect(level).to_be_disabled(timeout=WAIT)
+        expect(setting.get_by_test_id("set")).to_be_disabled()
+        expect(setting.get_by_test_id("form-note")).to_contain_text("disconnected")
+        chart = page.locator("#chart")
+        expect(chart).to_have_attribute("data-outages", "1", timeout=WAIT)
+        expect(chart).to_have_attribute("data-open-outages", "1")
+        page.wait_for_function(
+            "() => Number(document.querySelector('#chart').dataset.bandsDrawn) >= 1", timeout=WAIT
+        )
+        if SHOTS:  # a band wide enough to see on the picture
+            wait_count(page, "TICK/Value", "age", 4.0)
+        shot(page, "panel-outage")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    again, _ = stand.start_pausable(port)
+    try:
+        expect(head).to_have_class("view-head status-ok", timeout=WAIT)
+        expect(level).to_be_enabled(timeout=WAIT)
+        expect(badge).to_have_text("connected", timeout=WAIT)
+        expect(chart).to_have_attribute("data-open-outages", "0", timeout=WAIT)
+        expect(chart).to_have_attribute("data-outages", "1")
+    finally:
+        again.kill()
+        again.wait(10)

@@ -30,7 +30,7 @@ from rda.demo import demo_builder
 from rda.panel.app import create_app
 from rda.panel.history import ServiceHistory
 from rda.panel.session import MAX_VIEWS
-from rda.panel.source import PanelSource, SetRefused
+from rda.panel.source import PanelSource, SetRefused, live_state
 from rda.panel.views import ViewSlot
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.serialization.data import Data
@@ -79,6 +79,26 @@ def test_a_stopped_server_stays_in_the_tree_marked_disconnected(
     (entry,) = source.discover()
     assert entry["state"] != "connected" and entry["error"]
     assert {d["name"] for d in entry["devices"]} >= {"PS1", "BPM1"}  # the last known tree
+
+
+def test_the_connection_state_corrects_the_trees_state_at_once(
+    server: Server, source: PanelSource
+) -> None:
+    (entry,) = source.discover()
+    assert source.states() == {server.endpoint: "connected"}
+    view = ViewSlot("v", lambda: None)
+    source.attach("PS1", "Acquisition", "", view)  # something wants the server back
+    server.stop()
+    wait_until(lambda: source.states()[server.endpoint] != "connected", timeout=10.0)
+    assert live_state(entry["state"], source.states()[server.endpoint]) in (
+        "reconnecting",
+        "connecting",
+    )
+    # Back up: the connection says so before the next discovery does.
+    assert live_state("reconnecting", "connected") == "connected"
+    # A state the admin replies gave (a failing server on a live connection) stands.
+    assert live_state("disconnected", "connected") == "disconnected"
+    assert live_state("connected", None) == "connected"
 
 
 def test_a_set_keeps_the_current_values_types_and_logs_who_asked(

@@ -137,9 +137,12 @@ def test_errors_turn_the_view_red_and_the_next_value_green() -> None:
     assert frame is not None and frame.status == "error"
     assert frame.error == f"DisconnectedError: {lost}"
     assert frame.header()["context"] is None
+    # A disconnection, not any error: the browser disables the set form on this flag.
+    assert frame.disconnected and frame.header()["disconnected"] is True
     slot.offer(_value(2.0, UpdateType.FIRST))
     frame = slot.take()
     assert frame is not None and frame.status == "ok" and frame.error is None and frame.first
+    assert not frame.disconnected
 
 
 def test_a_denied_subscription_shows_the_not_authorized_text() -> None:
@@ -148,6 +151,7 @@ def test_a_denied_subscription_shows_the_not_authorized_text() -> None:
     frame = slot.take()
     assert frame is not None
     assert frame.error == "NotAuthorizedError: PS1/Setting: viewer may not get"
+    assert not frame.disconnected  # refused, but the server is there
 
 
 def test_series_slots_keep_the_numeric_points_bounded() -> None:

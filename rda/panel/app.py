@@ -3,7 +3,9 @@
 Routes: ``/`` (the page), ``/static/...`` (plain ES modules, CSS, the vendored uPlot),
 ``/api/tree`` (what the panel knows, as JSON), ``/api/history`` (a field's recorded past, with
 ``--history``) and the WebSocket ``/ws`` (one per tab, ``rda.panel.session``). A background
-task refreshes the tree every ``REFRESH`` seconds and wakes the tabs when it changed.
+task refreshes the tree every ``REFRESH`` seconds and wakes the tabs when it changed; another
+reads the client's connection states every ``STATE_POLL`` seconds (no I/O), so a server's badge
+agrees with its views within a second of a lost or regained connection.
 
 Every response carries a Content-Security-Policy that allows nothing but this origin: the page
 loads nothing from outside, and a WebSocket from a page of another origin is refused. Only
@@ -32,17 +34,18 @@ from starlette.websockets import WebSocket
 from rda.panel.history import Past, parse_minutes
 from rda.panel.hosts import HostCheck, panel_names
 from rda.panel.session import PanelState, RenderCache, Session
-from rda.panel.source import PanelSource
+from rda.panel.source import PanelSource, live_state
 from rda.panel.views import describe_error
 from rda.serialization.errors import RdaError
 from rda.transport.ratelog import RateLimitedLog
 
-__all__ = ["REFRESH", "STATIC", "create_app", "serve"]
+__all__ = ["REFRESH", "STATE_POLL", "STATIC", "create_app", "serve"]
 
 log = logging.getLogger("rda.panel")
 
 STATIC = Path(__file__).parent / "static"
 REFRESH = 2.0
+STATE_POLL = 0.25
 _CSP = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
     "connect-src 'self'; frame-ancestors 'none'"
@@ -119,20 +122,45 @@ def create_app(
             else:
                 if tree != state.tree:
                     state.tree = tree
-                    state.tree_version += 1
-                    for session in list(sessions):
-                        session.tree_changed()
+                    publish_tree()
             await asyncio.sleep(refresh)
+
+    def publish_tree() -> None:
+        state.tree_version += 1
+        for session in list(sessions):
+            session.tree_changed()
+
+    async def watch_states() -> None:
+        while True:
+            await asyncio.sleep(STATE_POLL)
+            try:
+                connections = await asyncio.to_thread(source.states)
+            except Exception:
+                log.exception("panel: reading the connection states failed")
+                continue
+            changed = False
+            for server in state.tree:
+                shown = live_state(server["state"], connections.get(server["endpoint"]))
+                if shown != server["state"]:
+                    server["state"] = shown
+                    changed = True
+            if changed:
+                publish_tree()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(refresh_tree(), name="rda-panel-discovery")
+        tasks = [
+            asyncio.create_task(refresh_tree(), name="rda-panel-discovery"),
+            asyncio.create_task(watch_states(), name="rda-panel-states"),
+        ]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await asyncio.to_thread(source.close)
 
     async def index(request: Request) -> Response:

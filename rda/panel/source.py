@@ -27,7 +27,7 @@ from rda.panel.views import ViewSlot, describe_error
 from rda.serialization.data import Data, DataType
 from rda.serialization.errors import RdaError, RemoteError
 
-__all__ = ["ADMIN_TIMEOUT", "Feed", "PanelSource", "SetRefused"]
+__all__ = ["ADMIN_TIMEOUT", "Feed", "PanelSource", "SetRefused", "live_state"]
 
 log = logging.getLogger("rda.panel")
 
@@ -80,6 +80,18 @@ class Feed:
 
     def close(self) -> None:
         self._sub.close()
+
+
+def live_state(shown: str, connection: str | None) -> str:
+    """A server's state in the tree, corrected by its connection's state (``connection``, as
+    the client's statistics say, None when the client has none): the views learn of a lost
+    connection at once, the tree must agree within a second rather than at its next
+    discovery. A state that came from the admin replies stands while the connection is up."""
+    if connection is None:
+        return shown
+    if connection != "connected":
+        return connection
+    return "connected" if shown in ("reconnecting", "connecting", "refused") else shown
 
 
 def _plain(value: Any) -> Any:
@@ -207,6 +219,10 @@ class PanelSource:
             if before is not None and now > before[0]:
                 facts["request_rate"] = round((total - before[1]) / (now - before[0]), 1)
         return facts
+
+    def states(self) -> dict[str, str]:
+        """Each endpoint's connection state, as the client knows it now (no I/O)."""
+        return {s.endpoint: s.state for s in self.client.statistics().servers}
 
     # -- subscriptions -----------------------------------------------------------------------
 

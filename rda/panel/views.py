@@ -21,6 +21,7 @@ from typing import Any
 
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import context_json, numeric_fields
+from rda.serialization.errors import DisconnectedError
 from rda.serialization.header import UpdateType
 
 __all__ = ["MAX_FPS", "MAX_POINTS", "Frame", "ViewSlot", "describe_error"]
@@ -50,6 +51,7 @@ class Frame:
     error: str | None
     update_type: str | None
     first: bool = False
+    disconnected: bool = False
     points: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
@@ -64,6 +66,7 @@ class Frame:
             "error": self.error,
             "update_type": self.update_type,
             "first": self.first,
+            "disconnected": self.disconnected,
             "context": None if n is None or n.error is not None else context_json(n.context),
         }
 
@@ -91,6 +94,7 @@ class ViewSlot:
         self._received = 0
         self._status = "waiting"
         self._error: str | None = None
+        self._disconnected = False
         self._update_type: str | None = None
         self._first = False
         self._points: dict[str, list[list[float]]] = {}
@@ -121,6 +125,8 @@ class ViewSlot:
                 self._status, self._error = "error", describe_error(error)
             else:
                 self._status, self._error = "ok", None
+            # The browser disables the view's set form while its server is unreachable.
+            self._disconnected = isinstance(error, DisconnectedError)
             if points:
                 for name, point in points.items():
                     kept = self._points.setdefault(name, [])
@@ -135,6 +141,7 @@ class ViewSlot:
         """The subscription could not be made (e.g. unknown device): shown like an update."""
         with self._lock:
             self._status, self._error = "error", describe_error(error)
+            self._disconnected = isinstance(error, DisconnectedError)
             self._latest = None
             wake, self._dirty = not self._dirty, True
         if wake:
@@ -161,6 +168,7 @@ class ViewSlot:
                 error=self._error,
                 update_type=self._update_type,
                 first=self._first,
+                disconnected=self._disconnected,
                 points=self._points,
             )
             self._dirty = False

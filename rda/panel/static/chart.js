@@ -1,17 +1,23 @@
 // The strip chart: numeric scalar fields of any properties over the last minutes, on one
 // uPlot chart (columnar arrays, capped window). Each charted property is a "series" view on
-// the socket: its frames carry the points folded since the last frame.
+// the socket: its frames carry the points folded since the last frame. While a charted
+// property is in error or disconnected, the chart draws an outage band over that time span
+// (its line is broken there), so a frozen line is never mistaken for a steady value.
 import uPlot from "/static/vendor/uplot/uPlot.esm.js";
+import { formatClock, formatIso, formatTime, onTimeZone, zoneLabel } from "/static/time.js";
 
 const COLOURS = ["#1d4ed8", "#b3261e", "#1b7f3b", "#a15c00", "#7c3aed", "#0e7490", "#be185d"];
 const MAX_POINTS = 20000;  // per series: older points go first
+const MAX_OUTAGES = 200;   // per view: older bands go first
+const BAND = "rgba(179, 38, 30, 0.16)";
 
 export class StripChart {
   constructor(section, io) {
     this.section = section;
     this.io = io;                 // open(id, device, property, selector), close(id), history()
     this.series = new Map();      // "DEV/PROP@SEL/field" -> {t: [], v: [], label, viewId}
-    this.views = new Map();       // view id -> {device, property, selector, fields: Set}
+    this.views = new Map();       // view id -> {device, property, selector, fields: Set,
+                                  //   outages: [[start s, end s or null]], error: text}
     this.paused = false;
     this.zoomed = false;
     this.plot = null;
@@ -28,6 +34,82 @@ export class StripChart {
     section.querySelector("#chart-clear").addEventListener("click", () => this.clear());
     const tick = () => { if (this.dirty && !this.paused) this.redraw(); requestAnimationFrame(tick); };
     requestAnimationFrame(tick);
+    onTimeZone(() => this.rebuild());
+  }
+
+  // The time axis follows now, and an open outage band grows: redraw a few times a second
+  // even when no point arrives.
+  tick() {
+    if (this.series.size) this.dirty = true;
+  }
+
+  // The panel's socket is gone: every charted property is in outage from now on.
+  lost() {
+    for (const viewId of this.views.keys()) this.outage(viewId, "the panel's WebSocket closed");
+  }
+
+  outage(viewId, error) {
+    const view = this.views.get(viewId);
+    const now = Date.now() / 1000;
+    const last = view.outages[view.outages.length - 1];
+    if (!last || last[1] !== null) {
+      view.outages.push([now, null]);
+      if (view.outages.length > MAX_OUTAGES) view.outages.shift();
+      // A null point breaks each of the view's lines at the start of the outage.
+      for (const field of view.fields) {
+        const s = this.series.get(this.key(view, field));
+        if (s) { s.t.push(now); s.v.push(null); }
+      }
+    }
+    view.error = error;
+    this.dirty = true;
+    this.section.dataset.outages = String(this.outageCount());
+  }
+
+  recovered(viewId) {
+    const view = this.views.get(viewId);
+    const last = view.outages[view.outages.length - 1];
+    if (last && last[1] === null) last[1] = Date.now() / 1000;
+    view.error = null;
+    this.section.dataset.outages = String(this.outageCount());
+  }
+
+  outageCount() {
+    let n = 0, open = 0;
+    for (const view of this.views.values()) {
+      n += view.outages.length;
+      if (view.outages.length && view.outages[view.outages.length - 1][1] === null) open++;
+    }
+    this.section.dataset.openOutages = String(open);
+    return n;
+  }
+
+  key(view, field) {
+    return `${view.device}/${view.property}${view.selector ? "@" + view.selector : ""}/${field}`;
+  }
+
+  // uPlot draw hook: a translucent band over each outage, the full height of the plot.
+  drawBands(u) {
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    const [xMin, xMax] = [u.scales.x.min, u.scales.x.max];
+    const now = Date.now() / 1000;
+    let drawn = 0;
+    ctx.save();
+    ctx.fillStyle = BAND;
+    for (const view of this.views.values()) {
+      for (const [start, end] of view.outages) {
+        const a = Math.max(start, xMin);
+        const b = Math.min(end === null ? now : end, xMax);
+        if (b <= a) continue;
+        const x0 = u.valToPos(a, "x", true);
+        const x1 = u.valToPos(b, "x", true);
+        ctx.fillRect(x0, top, Math.max(1, x1 - x0), height);
+        drawn++;
+      }
+    }
+    ctx.restore();
+    this.section.dataset.bandsDrawn = String(drawn);
   }
 
   owns(viewId) { return this.views.has(viewId); }
@@ -41,7 +123,7 @@ export class StripChart {
     if (this.io.history()) await this.fill(key, device, property, selector, field);
     let view = this.views.get(viewId);
     if (!view) {
-      view = { device, property, selector, fields: new Set() };
+      view = { device, property, selector, fields: new Set(), outages: [], error: null };
       this.views.set(viewId, view);
       this.io.open(viewId, device, property, selector);
     }
@@ -73,12 +155,14 @@ export class StripChart {
 
   frame(f) {
     const view = this.views.get(f.view);
-    if (!view || !f.points) return;
+    if (!view) return;
+    if (f.status === "error") this.outage(f.view, f.error);
+    else if (f.status === "ok" && view.error !== null) this.recovered(f.view);
+    if (!f.points) return;
     for (const field of view.fields) {
       const points = f.points[field];
       if (!points) continue;
-      const key = `${view.device}/${view.property}${view.selector ? "@" + view.selector : ""}/${field}`;
-      const s = this.series.get(key);
+      const s = this.series.get(this.key(view, field));
       for (const [t, v] of points) { s.t.push(t); s.v.push(v); }
       if (s.t.length > MAX_POINTS) { s.t.splice(0, s.t.length - MAX_POINTS); s.v.splice(0, s.v.length - MAX_POINTS); }
     }
@@ -105,7 +189,7 @@ export class StripChart {
     const series = [{}];
     for (const [key, s] of this.series) {
       const colour = COLOURS[i++ % COLOURS.length];
-      series.push({ label: s.label, stroke: colour, spanGaps: true, width: 1.5 });
+      series.push({ label: s.label, stroke: colour, spanGaps: false, width: 1.5 });
       const chip = document.createElement("span");
       chip.className = "chip";
       chip.dataset.series = key;
@@ -118,19 +202,38 @@ export class StripChart {
       this.chips.append(chip);
     }
     if (!this.series.size) { this.section.hidden = true; return; }
+    series[0] = { label: `time (${zoneLabel()})`, value: (u, v) => (v == null ? "-" : formatTime(v * 1000)) };
     this.plot = new uPlot({
       width: Math.max(400, this.box.clientWidth || 800), height: 260,
       series,
+      axes: [
+        { label: `time (${zoneLabel()})`,
+          values: (u, splits) => splits.map((v) => formatClock(v * 1000)) },
+        {},
+      ],
       cursor: { drag: { x: true, y: false } },
-      hooks: { setSelect: [() => { this.zoomed = true; }] },
+      hooks: {
+        setSelect: [() => { this.zoomed = true; }],
+        draw: [(u) => this.drawBands(u)],
+      },
     }, this.table(), this.box);
     this.plot.over.addEventListener("dblclick", () => { this.zoomed = false; this.redraw(); });
+    this.followNow();
     this.dirty = false;
+  }
+
+  // Unless zoomed, the time axis ends now (not at the last point): a property that stopped
+  // updating leaves a visible empty stretch, and an open outage band reaches the right edge.
+  followNow() {
+    if (this.zoomed) return;
+    const now = Date.now() / 1000;
+    this.plot.setScale("x", { min: now - Number(this.windowSelect.value), max: now });
   }
 
   redraw() {
     if (!this.plot) return;
     this.plot.setData(this.table(), !this.zoomed);
+    this.followNow();
     this.dirty = false;
   }
 
@@ -149,10 +252,10 @@ export class StripChart {
 
   exportCsv() {
     const data = this.table();
-    const labels = ["time_utc", ...[...this.series.values()].map((s) => s.label)];
+    const labels = [`time_${zoneLabel() === "UTC" ? "utc" : "local"}`, ...[...this.series.values()].map((s) => s.label)];
     const lines = [labels.join(",")];
     for (let i = 0; i < data[0].length; i++) {
-      const row = [new Date(data[0][i] * 1000).toISOString()];
+      const row = [formatIso(data[0][i] * 1000)];
       for (let j = 1; j < data.length; j++) row.push(data[j][i] ?? "");
       lines.push(row.join(","));
     }

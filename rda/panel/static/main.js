@@ -2,6 +2,7 @@
 // The server pushes "tree" and "frames" messages; this module routes them.
 import { PropertyView } from "/static/view.js";
 import { StripChart } from "/static/chart.js";
+import { setTimeZone } from "/static/time.js";
 
 const state = {
   socket: null,
@@ -48,7 +49,7 @@ const api = {
   },
   chart: (device, property, selector, field) => chart.add(device, property, selector, field),
   reopen(view) { send({ op: "close", view: view.id }); view.open(); },
-  closed(view) { send({ op: "close", view: view.id }); state.views.delete(view.id); },
+  closed(view) { send({ op: "close", view: view.id }); state.views.delete(view.id); showLanding(); },
   allowSet: () => state.hello && state.hello.allow_set,
 };
 
@@ -59,6 +60,11 @@ function openView(device, property, writable) {
   state.views.set(id, view);
   document.getElementById("views").append(view.root);
   view.open();
+  showLanding();
+}
+
+function showLanding() {
+  document.getElementById("landing").hidden = state.views.size > 0;
 }
 
 function renderTree() {
@@ -159,9 +165,19 @@ function connect() {
   socket.onclose = () => {
     setLink("panel connection lost: retrying", "disconnected");
     for (const view of state.views.values()) view.lost("the panel's WebSocket closed");
+    chart.lost();
     setTimeout(connect, 1000);
   };
 }
 
+// Ages count up and staleness is judged a few times a second, for every view at once.
+const TICK_MS = 250;
+setInterval(() => {
+  const now = performance.now();
+  for (const view of state.views.values()) view.tick(now);
+  chart.tick();
+}, TICK_MS);
+
 document.getElementById("filter").addEventListener("input", renderTree);
+document.getElementById("tz").addEventListener("change", (e) => setTimeZone(e.target.value));
 connect();

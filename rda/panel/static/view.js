@@ -1,6 +1,23 @@
 // One property view: a header that is green, red or grey; the value rendered from its fields;
 // the data context; update type, rate, folded updates and gaps; a set form with --allow-set.
+// It never hides staleness: the value's age counts up live, the view greys out ("stale")
+// when no update came within a bound derived from its measured rate, and on a disconnection
+// it turns red keeping the last acquisition stamp, with its set form disabled.
 import uPlot from "/static/vendor/uplot/uPlot.esm.js";
+import { formatAge, formatTime } from "/static/time.js";
+
+// A view is stale when no update came for STALE_PERIODS periods of its measured rate (at
+// least STALE_MIN_S). Only a property seen updating steadily is judged: at least
+// STEADY_UPDATES received at STEADY_RATE Hz or more; one that changes only on a set is not.
+export const STALE_PERIODS = 5;
+export const STALE_MIN_S = 1.0;
+const STEADY_UPDATES = 10;
+const STEADY_RATE = 0.2;
+
+export function staleAfter(rate, received) {
+  if (received < STEADY_UPDATES || !(rate >= STEADY_RATE)) return null;
+  return Math.max(STALE_MIN_S, STALE_PERIODS / rate);
+}
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -14,9 +31,7 @@ function el(tag, attrs = {}, ...children) {
 }
 
 function stamp(ns) {
-  if (!ns) return "-";
-  const d = new Date(ns / 1e6);
-  return d.toISOString().replace("T", " ").replace("Z", "") + " UTC";
+  return ns ? formatTime(ns / 1e6) : "-";
 }
 
 // Grey levels -> a blue-to-yellow colour map, painted on a canvas at the array's (reduced) size.
@@ -78,6 +93,16 @@ export class PropertyView {
     this.images = new Map();
     this.lastFields = null;
     this.formBuilt = false;
+    this.status = "waiting";
+    this.disconnected = false;
+    this.lastContext = null;   // of the last good value: kept through outages
+    this.lastGoodWall = 0;     // ms since the epoch the last good value arrived
+    this.lastGoodMono = 0;     // performance.now() then: staleness is judged on this clock
+    this.rate = 0;
+    this.received = 0;
+    this.stale = false;
+    this.silent = 0;           // seconds since the last good value, at the last tick
+    this.bound = null;         // the staleness bound then (null: not judged)
     this.build();
   }
 
@@ -95,11 +120,29 @@ export class PropertyView {
                                  onclick: () => { this.api.closed(this); this.root.remove(); } }, "✕");
     this.head.append(this.title, this.selectorInput, this.cycleList, close);
     this.error = el("div", { class: "view-error", "data-testid": "view-error" });
+    this.staleLine = el("div", { class: "view-stale", "data-testid": "stale", hidden: "" });
     this.meta = el("div", { class: "meta" });
+    this.items = {};
+    const item = (key, label, testid) => {
+      const label_ = el("span", { class: "label" }, label);
+      const value = el("b", testid ? { "data-testid": testid } : {}, "-");
+      this.items[key] = { label: label_, value };
+      this.meta.append(el("span", {}, label_, " ", value));
+    };
+    item("age", "age", "age");
+    item("update", "update", "update-type");
+    item("rate", "rate", "rate");
+    item("folded", "folded", "folded");
+    item("gap", "gap", "gap");
+    item("received", "received", "received");
+    item("cycle", "cycle", "cycle");
+    item("acquired", "acquired", "acquired");
+    item("selector", "selector", "selector-shown");
     this.value = el("div", { class: "value", "data-testid": "value" });
     this.form = el("div", { class: "setform", hidden: "" });
-    this.root = el("article", { class: "view", "data-view": this.id },
-      this.head, this.error, this.meta, this.value, this.form);
+    this.root = el("article", { class: "view", "data-view": this.id, "data-stale": "false",
+                                "data-disconnected": "false" },
+      this.head, this.error, this.staleLine, this.meta, this.value, this.form);
   }
 
   open() {
@@ -107,14 +150,19 @@ export class PropertyView {
                     selector: this.selector, columns: 600 });
   }
 
+  // The panel's own WebSocket is gone: nothing this view shows is live any more.
   lost(text) {
-    this.setStatus("error", text);
+    this.setStatus("error", text, true);
   }
 
-  setStatus(status, error) {
+  setStatus(status, error, disconnected = false) {
     this.status = status;
+    this.disconnected = status === "error" && disconnected;
     this.head.className = `view-head status-${status}`;
     this.error.textContent = error || "";
+    this.root.dataset.disconnected = this.disconnected ? "true" : "false";
+    this.setFormEnabled(!this.disconnected);
+    this.showTimes();
   }
 
   frame(f) {
@@ -123,28 +171,91 @@ export class PropertyView {
       this.root.dataset.recoveredWith = f.first ? "FIRST" : f.update_type;
     }
     if (f.status === "error") this.root.dataset.lostWith = f.error;
-    this.setStatus(f.status, f.error);
-    const ctx = f.context || {};
+    this.rate = f.rate;
+    this.received = f.received;
+    if (f.status === "ok") {
+      this.lastGoodWall = Date.now();
+      this.lastGoodMono = performance.now();
+      if (f.context) this.lastContext = f.context;
+    }
+    this.setStatus(f.status, f.error, f.disconnected);
+    const ctx = this.lastContext || {};
     if (ctx.cycle_name && !this.cycles.has(ctx.cycle_name) && this.cycles.size < 64) {
       this.cycles.add(ctx.cycle_name);
       this.cycleList.append(el("option", { value: ctx.cycle_name }));
     }
-    const item = (label, value, testid) =>
-      el("span", {}, `${label} `, el("b", testid ? { "data-testid": testid } : {}, String(value)));
-    this.meta.replaceChildren(
-      item("update", (f.first && f.update_type !== "FIRST" ? "FIRST, " : "") + (f.update_type || "-"), "update-type"),
-      item("rate", `${f.rate} Hz`),
-      item("folded", f.folded, "folded"),
-      item("gap", f.gap, "gap"),
-      item("received", f.received),
-      item("cycle", ctx.cycle_name || "-", "cycle"),
-      item("acquired", stamp(ctx.acq_stamp)),
-      item("selector", this.selector || "none", "selector-shown"));
+    const set = (key, text) => { this.items[key].value.textContent = String(text); };
+    set("update", (f.first && f.update_type !== "FIRST" ? "FIRST, " : "") + (f.update_type || "-"));
+    set("folded", f.folded);
+    set("gap", f.gap);
+    set("received", f.received);
+    set("cycle", ctx.cycle_name || "-");
+    set("selector", this.selector || "none");
     if (f.fields) {
       this.lastFields = f.fields;
       this.renderFields(f.fields);
       if (this.writable && this.api.allowSet() && !this.formBuilt) this.buildForm(f.fields);
     }
+  }
+
+  // The time since the last good value's acquisition (or its arrival, for a value without an
+  // acquisition stamp), in seconds; null before the first value.
+  age() {
+    if (this.lastContext && this.lastContext.acq_stamp) {
+      return (Date.now() - this.lastContext.acq_stamp / 1e6) / 1000;
+    }
+    return this.lastGoodWall ? (Date.now() - this.lastGoodWall) / 1000 : null;
+  }
+
+  // Called by the page a few times a second: the age counts up, staleness is judged.
+  tick(now) {
+    const bound = staleAfter(this.rate, this.received);
+    const silent = this.lastGoodMono ? (now - this.lastGoodMono) / 1000 : 0;
+    const stale = this.status === "ok" && bound !== null && silent > bound;
+    if (stale !== this.stale) {
+      this.stale = stale;
+      this.root.classList.toggle("stale", stale);
+      this.root.dataset.stale = stale ? "true" : "false";
+    }
+    this.silent = silent;
+    this.bound = bound;
+    this.showTimes();
+  }
+
+  showTimes() {
+    if (!this.items) return;
+    const silent = this.silent || 0;
+    const bound = this.bound || 0;
+    const age = this.age();
+    this.items.age.value.textContent = age === null ? "-" : formatAge(age);
+    const ctx = this.lastContext || {};
+    const lost = this.status === "error";
+    this.items.acquired.label.textContent = lost ? "last acquired" : "acquired";
+    this.items.acquired.value.textContent = stamp(ctx.acq_stamp);
+    if (lost) {
+      this.items.rate.value.textContent = "-";
+    } else if (this.stale) {
+      this.items.rate.value.textContent = `none for ${formatAge(silent)} (was ${this.rate} Hz)`;
+    } else {
+      this.items.rate.value.textContent = `${this.rate} Hz`;
+    }
+    if (this.stale) {
+      const last = ctx.acq_stamp ? stamp(ctx.acq_stamp) : formatTime(this.lastGoodWall);
+      this.staleLine.textContent =
+        `stale: no update for ${formatAge(silent)} (expected within ${formatAge(bound)}); ` +
+        `last good value ${last}`;
+      this.staleLine.hidden = false;
+    } else if (!this.staleLine.hidden) {
+      this.staleLine.hidden = true;
+      this.staleLine.textContent = "";
+    }
+  }
+
+  setFormEnabled(enabled) {
+    if (!this.formBuilt) return;
+    for (const control of this.form.querySelectorAll("input, button")) control.disabled = !enabled;
+    this.form.dataset.disabled = enabled ? "false" : "true";
+    this.formNote.textContent = enabled ? "" : "disconnected: sets are disabled until it is back";
   }
 
   renderFields(fields) {
@@ -278,6 +389,8 @@ export class PropertyView {
       confirmBox.hidden = false;
     };
     row.append(el("button", { type: "button", "data-testid": "set", onclick: ask }, "Set…"), status);
-    this.form.replaceChildren(row, confirmBox);
+    this.formNote = el("div", { class: "form-note", "data-testid": "form-note" });
+    this.form.replaceChildren(row, confirmBox, this.formNote);
+    this.setFormEnabled(!this.disconnected);
   }
 }
