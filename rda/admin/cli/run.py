@@ -20,6 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -33,6 +36,7 @@ from rda.business.policy import PolicyError
 from rda.business.security import ServerSecurity, load_keypair
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
+from rda.serialization.errors import RdaError
 
 __all__ = ["bench", "load_server", "serve"]
 
@@ -174,10 +178,12 @@ def load_server(
     """Import ``MODULE:OBJECT`` and turn it into a ServerBuilder (with admin) or a Server."""
     obj = _import(spec)
     if callable(obj) and not isinstance(obj, type | ServerBuilder | Server | Device):
-        obj = obj()
+        with _users_code(f"{spec}()"):
+            obj = obj()
     if isinstance(obj, type) and issubclass(obj, Device):
         device_name = device_name or obj.__name__
-        obj = obj()
+        with _users_code(f"{spec}()"):
+            obj = obj()
     if isinstance(obj, Device):
         device_name = device_name or type(obj).__name__
         obj = ServerBuilder(name or device_name).device(device_name, obj)
@@ -247,8 +253,9 @@ def _import(spec: str) -> Any:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
+        with _users_code(f"importing {module_name!r}"):
+            obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
         raise CliError(f"cannot import {module_name!r}: {exc}", ExitCode.USAGE) from None
     for part in attribute.split("."):
         try:
@@ -258,6 +265,45 @@ def _import(spec: str) -> Any:
                 f"{module_name!r} has no attribute {attribute!r}", ExitCode.USAGE
             ) from None
     return obj
+
+
+# Frames of these files are rda's (or the import machinery's), not the user's: an error in the
+# user's module is shown with the user's frames only.
+_NOT_USERS = tuple(
+    str(folder) + os.sep
+    for folder in (Path(__file__).resolve().parents[2], Path(importlib.__file__).parent)
+)
+
+
+@contextmanager
+def _users_code(doing: str) -> Iterator[None]:
+    """Run the user's code (import their module, call their factory): an error there is theirs
+    to fix, so it ends the command with exit 2 and their own frames (file, line, the error),
+    not a traceback through rda and importlib. A missing module (ModuleNotFoundError for it)
+    and rda's own errors pass through: the caller and ``reporting()`` word those."""
+    try:
+        yield
+    except (RdaError, click.ClickException):
+        raise
+    except ModuleNotFoundError as exc:
+        if exc.__traceback__ is not None and not _users_frames(exc):
+            raise  # the module itself is missing, not an import inside it
+        raise _users_error(doing, exc) from None
+    except Exception as exc:
+        raise _users_error(doing, exc) from None
+
+
+def _users_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [f for f in frames if not f.filename.startswith(_NOT_USERS) and f.filename[:1] != "<"]
+
+
+def _users_error(doing: str, exc: BaseException) -> CliError:
+    where = "".join(traceback.format_list(_users_frames(exc)))
+    # For a SyntaxError this is its file, line and caret, then the message; else the message.
+    only = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n").splitlines()
+    lines = [f"error in your code ({doing}): {only[-1]}", where.rstrip("\n"), *only[:-1]]
+    return CliError("\n".join(line for line in lines if line), ExitCode.USAGE)
 
 
 def _announce(server: Server, as_json: bool) -> None:
