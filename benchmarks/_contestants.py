@@ -14,7 +14,15 @@ each ratio compares passes made within seconds of each other on this shared mach
   subscriptions read by one consumer thread woken through ``set_wakeup``;
 * :class:`RdaUser`: the same client written the way docs/client.md shows a user: 64 in flight
   as a window of ``get_async()`` futures waited on with ``result()``, subscriptions through
-  ``subscribe(listener=...)`` (the harness of issue 28, kept measured here).
+  ``subscribe(listener=...)`` (the harness of issue 28, kept measured here);
+* :class:`RdaDocumented`: the user's whole program, server and client, as docs/server.md
+  ("Raw callbacks") and docs/client.md show them first (issue 38's independent harness): an
+  RDA3-style server (``ServerBuilder(...).request_reply(cb).subscription(cb)``, its defaults
+  kept) whose get handler builds a ``Data`` per request and calls
+  ``request.complete(AcquiredData(d))``, a publisher thread iterating ``server.subscriptions()``
+  and calling ``notify``; a client reading ``ap.get(timeout=5.0).data["value"]``, a window of
+  64 ``get_async()`` futures each waited with ``.result(timeout=10)``, and
+  ``subscribe(listener=...)``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import zmq
 from _in_flight import IN_FLIGHT, gets_in_flight
 
 from rda.business.client.service import ClientService
+from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server, ServerBuilder
@@ -363,6 +372,114 @@ class RdaUser(Rda):
         for future in window:
             future.result()
         return done / elapsed
+
+    def subscribers(self, count: int, updates: int) -> dict[str, Any]:
+        return rda_listeners(self.client, self._notify, count, updates)
+
+
+class DocumentedHandler(RequestReplyCallback):
+    """The get handler a user writes from docs/server.md: a new ``Data`` per request, completed
+    as ``AcquiredData``; a set of ``Publish`` starts a publisher thread (see
+    :func:`documented_publish`)."""
+
+    server: Server | None = None
+
+    def __init__(self) -> None:
+        self.value = 1.5
+        self.ints = np.arange(40, dtype=np.int32)
+        self.doubles = np.linspace(0.0, 1.0, 40)
+        self.strings = [f"element-{i:02d}" for i in range(40)]
+
+    def get(self, request: GetRequest) -> None:
+        device = request.device
+        if device == "OBJECT":
+            d = Data()
+            d.append("ints", self.ints, DataType.INT32_ARRAY)
+            d.append("doubles", self.doubles)
+            d.append("strings", self.strings)
+        elif device == "MIB":  # the device keeps its array: copied into the reply
+            d = MIB
+        elif device == "MIBRO":
+            d = MIB_READ_ONLY
+        elif device == "MIBFRESH":
+            d = Data(values=fresh_mib(request.id))
+        else:
+            d = Data(value=self.value)
+        request.complete(AcquiredData(d))
+
+    def set(self, request: SetRequest) -> None:
+        data = request.data
+        if request.property == "Publish" and self.server is not None:
+            server, n = self.server, int(data["n"])
+            threading.Thread(target=documented_publish, args=(server, n), daemon=True).start()
+        request.complete()
+
+
+def documented_publish(server: Server, n: int) -> None:
+    """The publisher thread of docs/server.md: ``server.subscriptions()`` each time round."""
+    for i in range(n):
+        for source in server.subscriptions():
+            source.notify(AcquiredData(Data(value=float(i))))
+
+
+def documented_server(port: int = 0) -> Server:
+    """The RDA3-style server of docs/server.md, "Raw callbacks": every default kept (the
+    endpoint given, no directory to register in)."""
+    handler = DocumentedHandler()
+    server = (
+        ServerBuilder("BENCHDOC")
+        .endpoint(f"tcp://127.0.0.1:{port}")
+        .request_reply(handler)
+        .subscription(SubscriptionCallback())
+        .directory(None)
+        .build()
+    )
+    handler.server = server
+    return server
+
+
+class RdaDocumented(Rda):
+    """The client of docs/client.md against :func:`documented_server`: blocking gets with a
+    timeout reading a field, a window of futures waited with a timeout, listeners."""
+
+    def round_trip(self, what: str) -> Callable[[], object]:
+        if what == "set":
+            setting = self.client.access_point("SCALAR", "Setting")
+            return lambda: setting.set(Data(value=1.5), timeout=5.0)
+        if what == "get_object":
+            obj = self.client.access_point("OBJECT", "Acquisition")
+            return lambda: obj.get(timeout=5.0).data["doubles"]
+        scalar = self.client.access_point("SCALAR", "Acquisition")
+        return lambda: scalar.get(timeout=5.0).data["value"]
+
+    def in_flight(self, seconds: float) -> float:
+        ap = self.client.access_point("SCALAR", "Acquisition")
+        window = deque(ap.get_async() for _ in range(IN_FLIGHT))
+        done = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            window.popleft().result(timeout=10).data["value"]
+            done += 1
+            window.append(ap.get_async())
+        elapsed = time.perf_counter() - t0
+        for future in window:
+            future.result(timeout=10)
+        return done / elapsed
+
+    def mib(self, n: int, read_only: bool) -> float:
+        mib = self.client.access_point("MIBRO" if read_only else "MIB", "Acquisition")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            assert len(mib.get(timeout=5.0).data["values"]) == 131072
+        return time.perf_counter() - t0
+
+    def mib_fresh(self, n: int, kept: bool = False) -> float:
+        mib = self.client.access_point("MIBFRESH", "Acquisition")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            assert len(mib.get(timeout=5.0).data["values"]) == 131072
+        return time.perf_counter() - t0
 
     def subscribers(self, count: int, updates: int) -> dict[str, Any]:
         return rda_listeners(self.client, self._notify, count, updates)

@@ -12,7 +12,11 @@ Two arrangements, each measured for raw pyzmq and for rda in the same run, on tc
   whose handlers always run on workers (``ServerBuilder.inline_handlers(False)``, the
   default before issue 28). Two clients talk to ``rda``: ``rda`` (callbacks and a
   ``set_wakeup`` consumer, the fastest patterns) and ``rda_user`` (``get_async()`` futures,
-  ``subscribe(listener=...)``: what docs/client.md shows first; issue 28's harness).
+  ``subscribe(listener=...)``: what docs/client.md shows first; issue 28's harness). A third
+  server, ``rda_documented``, is the user's whole program (issue 38): the RDA3-style callback
+  server of docs/server.md with every default, building a ``Data`` per get and publishing
+  from a thread iterating ``server.subscriptions()``, talked to by the ``rda_documented``
+  client (blocking gets with a timeout, futures waited with a timeout, listeners).
 
 The client is driven from the main thread (raw: a DEALER; rda: a ``ClientService``). Ratios
 are rda / raw (or raw / rda for latencies) within one arrangement, so they survive a noisy
@@ -75,7 +79,9 @@ from _contestants import (
     Raw,
     RawServer,
     Rda,
+    RdaDocumented,
     RdaUser,
+    documented_server,
     pct,
     rda_resume,
     rda_server,
@@ -271,7 +277,7 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def separate_process(args: argparse.Namespace) -> dict[str, Any]:
-    children = [Child("raw"), Child("rda"), Child("rda_workers")]
+    children = [Child("raw"), Child("rda"), Child("rda_workers"), Child("rda_documented")]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     contestants: list[Contestant] = []
     try:
@@ -279,6 +285,7 @@ def separate_process(args: argparse.Namespace) -> dict[str, Any]:
         contestants.append(Rda("rda", children[1].endpoint))
         contestants.append(RdaUser("rda_user", children[1].endpoint))
         contestants.append(Rda("rda_workers", children[2].endpoint, subscriptions=False))
+        contestants.append(RdaDocumented("rda_documented", children[3].endpoint))
         if _tango.available() and not args.no_tango:
             children.append(Child("tango"))
             contestants.append(_tango.Tango(children[-1].endpoint))
@@ -361,7 +368,10 @@ def serve(kind: str) -> None:
         raw.thread.join()
         ctx.term()
     else:
-        server = rda_server(inline=kind != "rda_workers")
+        if kind == "rda_documented":
+            server = documented_server()
+        else:
+            server = rda_server(inline=kind != "rda_workers")
         server.start()
         print(server.endpoint, flush=True)
 
@@ -400,7 +410,9 @@ def main() -> None:
     )
     parser.add_argument("--no-tango", action="store_true", help="leave PyTango out")
     parser.add_argument(
-        "--serve", choices=("raw", "rda", "rda_workers", "tango"), help=argparse.SUPPRESS
+        "--serve",
+        choices=("raw", "rda", "rda_workers", "rda_documented", "tango"),
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--secure", action="store_true", help="CURVE vs plain (_secure.py)")
     parser.add_argument(

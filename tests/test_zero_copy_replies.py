@@ -92,6 +92,12 @@ class Device(RequestReplyCallback):
         elif p == "KeepsRequest":  # the request reaches nothing of the reply once sent
             self.requests.append(request)
             request.complete(Data(wave=self.fresh(p, 11.0)))
+        elif p == "Acquired":  # docs/server.md's way: stamped() copies the AcquiredData
+            data = Data(wave=self.fresh(p, 14.0))
+            request.complete(AcquiredData(data))
+        elif p == "AcquiredLocal":  # the handler's AcquiredData in a local of its own
+            acquired = AcquiredData(Data(wave=self.fresh(p, 15.0)))
+            request.complete(acquired)
         elif p == "Raises":
             request.complete(Data(wave=self.fresh(p, 8.0)))
             raise RuntimeError("the handler fails after completing")
@@ -178,6 +184,8 @@ ZERO_COPY = {
     "Reshaped": ("image", full(3.0).reshape(2, N // 2)),
     "Raises": ("wave", full(8.0)),
     "KeepsRequest": ("wave", full(11.0)),
+    "Acquired": ("wave", full(14.0)),
+    "AcquiredLocal": ("wave", full(15.0)),
 }
 
 

@@ -90,6 +90,9 @@ INT_RANGES: dict[DataType, tuple[int, int]] = {
     t: (-(1 << (8 * n - 1)), (1 << (8 * n - 1)) - 1)
     for t, n in ((T.INT8, 1), (T.INT16, 2), (T.INT32, 4), (T.INT64, 8))
 }
+# Python values stored as they are, with no check: their type alone decides (Data.__init__).
+_PLAIN: dict[type, DataType] = {float: T.FLOAT64, bool: T.BOOL}
+
 _NUMPY_SCALARS: dict[type, DataType] = {
     np.bool_: T.BOOL,
     np.int8: T.INT8,
@@ -154,10 +157,13 @@ def _float(name: str, value: Any, t: DataType) -> float:
 
 def _string_list(name: str, seq: Any) -> list[str]:
     out = list(seq)
-    for s in out:
-        if not isinstance(s, str):
-            raise TypeError(f"{_field(name)}: a string array holds only str, got {s!r}")
-    out = [str(s) for s in out]
+    # Plain str elements (the usual case) are kept as they are: one pass over their types;
+    # subclasses (a str Enum) are checked and made plain str.
+    if not all(type(s) is str for s in out):
+        for s in out:
+            if not isinstance(s, str):
+                raise TypeError(f"{_field(name)}: a string array holds only str, got {s!r}")
+        out = [str(s) for s in out]
     if "\x00" in "".join(out):
         raise ValueError(f"{_field(name)}: strings must not contain NUL ('\\x00')")
     return out
@@ -281,6 +287,9 @@ def infer(name: str, value: Any) -> tuple[DataType, Any]:
 
 
 def _coerce_numeric_array(name: str, value: Any, t: DataType) -> np.ndarray[Any, Any]:
+    target = NUMERIC_DTYPES[t.element]
+    if type(value) is np.ndarray and value.dtype == target and 0 < value.ndim <= _MAX_NDIM:
+        return _little_endian(value)  # already what the type pins (a device's own buffer)
     if isinstance(value, str | bytes | Mapping | Data) or not hasattr(value, "__len__"):
         raise TypeError(f"{_field(name)}: {t.name} needs a sequence or numpy array")
     try:
@@ -291,7 +300,6 @@ def _coerce_numeric_array(name: str, value: Any, t: DataType) -> np.ndarray[Any,
         raise TypeError(f"{_field(name)}: {t.name} needs numbers, got dtype {src.dtype}")
     if src.ndim == 0 or src.ndim > _MAX_NDIM:
         raise ValueError(f"{_field(name)}: arrays need 1 to {_MAX_NDIM} dimensions")
-    target = NUMERIC_DTYPES[t.element]
     if src.dtype == target:
         return _little_endian(src)
     with np.errstate(all="ignore"):
@@ -404,8 +412,17 @@ class Data(MutableMapping[str, Any]):
             else:
                 for name, value in mapping.items():
                     self.append(name, value)
+        values, types = self._values, self._types
         for name, value in kwargs.items():
-            self.append(name, value)
+            # ``Data(value=1.5)``, what a handler builds per get or notify: a float or a bool
+            # needs no conversion, and a keyword is a str already; other values (and names
+            # check_name would refuse) take append's path.
+            t = _PLAIN.get(type(value))
+            if t is not None and name and "\x00" not in name and len(name) <= 0x3FFF:
+                values[name] = value
+                types[name] = t
+            else:
+                self.append(name, value)
 
     @classmethod
     def from_parts(cls, values: dict[str, Any], types: dict[str, DataType]) -> Data:

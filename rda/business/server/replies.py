@@ -40,7 +40,8 @@ and its Data holds big writable arrays (``binary.writable_arrays``), the runner 
    wire format does not change.
 
 "The only holder", by reference counts: the AcquiredData held by the caller alone, its Data
-only by it, the Data's value table only by the Data (nested Data and Data arrays by the same
+only by it (and by the handler's own AcquiredData, when ``complete`` stamped a copy of it and
+only the frames' locals hold that one: it dies with them), the Data's value table only by the Data (nested Data and Data arrays by the same
 rule, each level held only by the one above); the array only by its table, without weak
 references, owning its memory: ``base`` None with ``OWNDATA``, or a chain of plain ndarrays
 each held only by the view above it, ending in one that owns its memory or in an immutable
@@ -193,6 +194,7 @@ def _frame_references(stop: FrameType) -> dict[int, int] | None:
     if frame is None:
         return None
     counts: dict[int, int] = {}
+    wrappers: dict[int, AcquiredData] = {}
     frame = sys._getframe(2)
     while frame is not None and frame is not stop:
         code = frame.f_code
@@ -205,9 +207,28 @@ def _frame_references(stop: FrameType) -> dict[int, int] | None:
             n = (name not in cells) + _SNAPSHOT_KEPT
             if n:
                 counts[key] = counts.get(key, 0) + n
+            if type(snapshot[name]) is AcquiredData and name not in cells:
+                wrappers[key] = snapshot[name]
         del snapshot
         frame = frame.f_back
-    return None if frame is None else counts
+    if frame is None:
+        return None
+    _count_dying_wrappers(wrappers, counts)
+    return counts
+
+
+def _count_dying_wrappers(wrappers: dict[int, AcquiredData], counts: dict[int, int]) -> None:
+    """``request.complete(AcquiredData(data))`` (docs/server.md's way): ``complete`` stamps a
+    new AcquiredData sharing ``data``, and the handler's one, a local of ``complete``, still
+    holds ``data`` too. An AcquiredData that only the frames' locals hold dies with them, and
+    so does its reference to its Data: that reference counts as the frames' own."""
+    for key in list(wrappers):
+        wrapper = wrappers.pop(key)
+        # Held by the frames (``counts``) and the local ``wrapper``.
+        if _getrefcount(wrapper) <= counts.get(key, 0) + _LOCAL:
+            data_key = id(wrapper.data)
+            counts[data_key] = counts.get(data_key, 0) + 1
+        del wrapper
 
 
 def _walk(
