@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import rda.admin as admin
     import rda.security as security
+    from rda._implementation import Implementation, implementation
     from rda._server import ServerBuilder
     from rda.business.client.access import AccessPoint
     from rda.business.client.service import ClientService
@@ -74,6 +75,8 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it (the name is that module's attribute, except for
 # the two sub-packages, which are the modules themselves).
 _EXPORTS: dict[str, str] = {
+    "Implementation": "rda._implementation",
+    "implementation": "rda._implementation",
     "ServerBuilder": "rda._server",
     "admin": "rda.admin",
     "AccessPoint": "rda.business.client.access",
@@ -172,6 +175,7 @@ __all__ = [
     "GetRequest",
     "GroupTaskScheduler",
     "HistoryUnavailableError",
+    "Implementation",
     "LocalDecodeError",
     "LocalProtocolError",
     "NameTakenError",
@@ -203,6 +207,7 @@ __all__ = [
     "__version__",
     "admin",
     "default_directory",
+    "implementation",
     "prop",
     "security",
 ]
