@@ -4,7 +4,8 @@
 may import both, builds the full command: the admin group (``rda.admin.cli.main.cli``) gains
 ``record`` and ``compact`` (``rda.pipeline.recorder.cli``) and the ``history`` group
 (``rda.pipeline.history.cli``) when pyarrow is installed, and ``panel`` (``rda.panel.cli``)
-when starlette, uvicorn and websockets are (extra ``[panel]``); without an extra its commands
+when starlette, uvicorn and websockets are (extra ``[panel]``), and ``gateway``
+(``rda.gateway.cli``) when p4p is (extra ``[pva]``); without an extra its commands
 are absent. Like the admin commands, they are imported only when used: ``rda --help`` finds
 the extras (``importlib.util.find_spec`` imports nothing) and lists the one-line helps given
 here.
@@ -49,6 +50,12 @@ def _panel() -> click.Command:
     return panel
 
 
+def _gateway() -> click.Command:
+    from rda.gateway.cli import gateway
+
+    return gateway
+
+
 def build() -> click.Group:
     """The ``rda`` group with every command this installation can run."""
     if _installed("pyarrow"):
@@ -73,6 +80,12 @@ def build() -> click.Group:
             _panel,
             "A live web panel: servers, devices and properties learnt from the directory and "
             "the servers; values, strip charts and (with --allow-set) sets, in the browser.",
+        )
+    if _installed("p4p"):
+        cli.add_lazy_command(
+            "gateway",
+            _gateway,
+            "Serve rda devices to other control systems' tools (pva: EPICS pvAccess).",
         )
     return cli
 

@@ -29,7 +29,16 @@ from rda.serialization.data import Data
 ROOT = Path(__file__).resolve().parent.parent
 # What no command-line or client use should pay for unless it needs it.
 SERVER_SIDE = ("prometheus_client", "rda.admin.metrics", "rda.admin.builtins", "httpx")
-EXTRAS = ("rda.pipeline", "pyarrow", "pyspark", "starlette", "uvicorn", "rda.panel")
+EXTRAS = (
+    "rda.pipeline",
+    "pyarrow",
+    "pyspark",
+    "starlette",
+    "uvicorn",
+    "rda.panel",
+    "rda.gateway",
+    "p4p",
+)
 
 
 def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,8 @@ Computed from the source, not from what happens to be imported at run time:
 * inside a layer, the sub-packages keep their own direction: the client and the server never
   import each other and the modules they share import neither; the recorder reads neither the
   history nor the streams; the CLI is reached only from the facade;
-* the web panel (``rda.panel``, extra ``[panel]``) is reached only from ``rda._cli``.
+* the web panel (``rda.panel``, extra ``[panel]``) and the gateways (``rda.gateway``, extra
+  ``[pva]``) are reached only from ``rda._cli``.
 
 No line cap: a module is as long as its one job needs (docs/architecture.md says why the
 long ones are one job each).
@@ -24,6 +25,8 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -224,13 +227,14 @@ def test_sub_packages_keep_their_direction() -> None:
     assert not bad, f"modules importing a sibling sub-package they must not: {bad}"
 
 
-def test_only_the_console_script_reaches_the_panel() -> None:
+@pytest.mark.parametrize("package", ["rda.panel", "rda.gateway"])
+def test_only_the_console_script_reaches_the_extras_clients(package: str) -> None:
     mods = modules(ROOT)
     reaching = sorted(
         name
         for name, path in mods.items()
-        if not _within(name, {"rda.panel"})
-        and any(_within(t, {"rda.panel"}) for t in _rda_targets(path, mods))
+        if not _within(name, {package})
+        and any(_within(t, {package}) for t in _rda_targets(path, mods))
     )
     assert reaching == ["rda._cli"]
 

@@ -6,6 +6,8 @@
 * :class:`OneServerDirectory`: every device at one endpoint (a memory network's ``mem://``);
 * :func:`check_transport`: the conformance suite every transport passes (in-memory and ZeroMQ);
 * :class:`LocalEtcd`: a real, throwaway etcd on free ports (for ``rda.EtcdDirectory`` tests);
+* :class:`PvaIsland`, :class:`LocalIoc`, :class:`GatewayProcess`: a loopback-only pvAccess
+  neighbourhood, a real EPICS IOC and the rda pvAccess gateway in processes of their own;
 * :func:`free_port`: a port for a test's own server, outside the ephemeral range;
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
   and let a test wait for a condition with a bound;
@@ -32,19 +34,24 @@ from rda.testing._memory import (
 from rda.testing._memory_client import MemoryClientTransport
 from rda.testing._memory_server import MemoryServerTransport
 from rda.testing._ports import free_port
+from rda.testing._pva import GatewayProcess, LocalIoc, PvaIsland, PvaProcess
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
 from rda.testing._waiting import wait_until
 
 __all__ = [
     "CONFORMANCE_CHECKS",
     "FakeClock",
+    "GatewayProcess",
     "LocalEtcd",
+    "LocalIoc",
     "MakePair",
     "MemoryClientTransport",
     "MemoryNetwork",
     "MemoryPair",
     "MemoryServerTransport",
     "OneServerDirectory",
+    "PvaIsland",
+    "PvaProcess",
     "RawPeer",
     "RecordingClientHandler",
     "RecordingServerHandler",

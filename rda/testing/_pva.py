@@ -1,0 +1,149 @@
+"""Throwaway pvAccess processes on 127.0.0.1: a real EPICS IOC and the rda pvAccess gateway.
+
+Each :class:`PvaIsland` is one set of EPICS address variables (server and broadcast ports
+taken free, every address 127.0.0.1, no automatic address list), so nothing searches or
+answers beyond loopback and two tests never see each other's PVs. :class:`LocalIoc` runs
+``python -m pvxslibs.ioc -d FILE.db`` (EPICS base with QSRV2, from PyPI's pvxslibs) and
+:class:`GatewayProcess` runs ``rda gateway pva``; both wait for the process to say it is
+ready, keep its output in a log file, and stop it by its pid (SIGTERM, then SIGKILL after
+the timeout). p4p itself is imported by neither: only the processes need it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from rda.testing._ports import free_port
+
+__all__ = ["GatewayProcess", "LocalIoc", "PvaIsland", "PvaProcess"]
+
+
+@dataclass(frozen=True)
+class PvaIsland:
+    """The EPICS variables of one loopback-only pvAccess neighbourhood."""
+
+    server_port: int = field(default_factory=free_port)
+    broadcast_port: int = field(default_factory=free_port)
+
+    def environment(self) -> dict[str, str]:
+        """What a server process of this island runs with (clients use :meth:`client_conf`)."""
+        return {
+            "EPICS_PVA_ADDR_LIST": "127.0.0.1",
+            "EPICS_PVA_AUTO_ADDR_LIST": "NO",
+            "EPICS_PVAS_INTF_ADDR_LIST": "127.0.0.1",
+            "EPICS_PVA_SERVER_PORT": str(self.server_port),
+            "EPICS_PVA_BROADCAST_PORT": str(self.broadcast_port),
+        }
+
+    def client_conf(self) -> dict[str, str]:
+        """A p4p client ``Context(conf=..., useenv=False)`` that searches this island only."""
+        env = self.environment()
+        del env["EPICS_PVAS_INTF_ADDR_LIST"]
+        return env
+
+
+class PvaProcess:
+    """A child process with its output in ``log``, ready when a line contains ``ready``."""
+
+    ready = ""
+
+    def __init__(self, args: Sequence[str], island: PvaIsland, log: Path) -> None:
+        self.args = list(args)
+        self.island = island
+        self.log = log
+        self._out: IO[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0, env: dict[str, str] | None = None) -> PvaProcess:
+        environment = {**os.environ, **self.island.environment(), **(env or {})}
+        self._out = self.log.open("ab")
+        self.process = subprocess.Popen(
+            self.args,
+            stdin=subprocess.PIPE,  # the IOC's shell reads it; closed, it exits
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,  # a Ctrl-C of the test run is for the test, not for it
+        )
+        deadline = time.monotonic() + timeout
+        while self.ready not in self.output():
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.args[:4]} exited ({self.process.returncode}) before it was ready:\n"
+                    + self.output()[-3000:]
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.args[:4]} not ready after {timeout} s:\n{self.output()}")
+            time.sleep(0.05)
+        return self
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Stop the process (SIGTERM, SIGKILL after ``timeout``); its exit status."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        if process.stdin is not None:
+            process.stdin.close()
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        return process.returncode
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalIoc(PvaProcess):
+    """A real EPICS IOC serving ``database`` over pvAccess (QSRV2)."""
+
+    ready = "iocRun: All initialization complete"
+
+    def __init__(self, database: Path, island: PvaIsland, log: Path) -> None:
+        super().__init__([sys.executable, "-m", "pvxslibs.ioc", "-d", str(database)], island, log)
+
+
+class GatewayProcess(PvaProcess):
+    """``rda [--endpoint ENDPOINT] gateway pva ARGS`` in a process of its own."""
+
+    ready = "rda gateway pva: serving"
+
+    def __init__(
+        self,
+        island: PvaIsland,
+        log: Path,
+        args: Sequence[str] = (),
+        endpoint: str | None = None,
+    ) -> None:
+        command = [sys.executable, "-m", "rda._cli"]
+        if endpoint is not None:
+            command += ["--endpoint", endpoint]
+        super().__init__([*command, "gateway", "pva", *args], island, log)
