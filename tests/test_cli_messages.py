@@ -8,13 +8,20 @@ Each test's docstring quotes the issue's evidence and says how it was checked to
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from rda._cli import build
+from rda.admin import install
 from rda.admin.cli.options import ExitCode
+from rda.business.server.builder import Server
+from rda.demo import demo_builder
 
 
 def run_rda(*args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -70,3 +77,66 @@ def test_a_missing_module_is_still_one_line(tmp_path: Path) -> None:
         done.stderr == "rda: cannot import 'no_such_module_here': No module named "
         "'no_such_module_here'\n"
     )
+
+
+# -- 19: every global option before and after the subcommand -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Server]:
+    """The demo server with the admin commands, registered nowhere (``--endpoint`` finds it)."""
+    with install(demo_builder(directory=None)).build().start() as server:
+        yield server
+
+
+def rda_in(*args: str) -> Result:
+    """``rda ARGS`` in this process (click's runner), with every command the package has."""
+    return CliRunner().invoke(build(), list(args), prog_name="rda")
+
+
+def _same(before: Result, after: Result) -> None:
+    assert (before.exit_code, before.stdout, before.stderr) == (
+        after.exit_code,
+        after.stdout,
+        after.stderr,
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--json"],
+        ["--timeout", "5"],
+        ["--key", "no-such.key_secret"],
+        ["--server-key", "Z" * 40],
+        ["--json", "--timeout", "5"],
+    ],
+)
+def test_every_global_option_works_before_and_after_the_subcommand(
+    demo: Server, options: list[str]
+) -> None:
+    """Issue 37, item 19: ``--endpoint`` worked in both positions but ``--json``, ``--key``,
+    ``--server-key`` and ``--timeout`` only after the subcommand: ``rda --json get X`` failed
+    with ``Error: No such option: --json`` (exit 2; checked against main: PYTHONPATH=
+    /work/main). Now each means the same before the subcommand as after it."""
+    for command in (["get", "PS1/Setting", "-f", "current"], ["admin", demo.endpoint, "devices"]):
+        before = rda_in(*options, *command, "-e", demo.endpoint)
+        after = rda_in(*command, *options, "-e", demo.endpoint)
+        assert "No such option" not in before.stderr, before.stderr
+        _same(before, after)
+    plain = rda_in("get", "PS1/Setting", "-e", demo.endpoint)
+    assert plain.exit_code == 0 and plain.stdout.startswith("PS1/Setting  ")
+    as_json = json.loads(rda_in("--json", "get", "PS1/Setting", "-e", demo.endpoint).stdout)
+    assert as_json["address"] == "PS1/Setting"
+
+
+def test_after_the_subcommand_wins_and_a_foreign_option_is_refused(demo: Server) -> None:
+    ok = rda_in(
+        "--timeout", "0.000001", "get", "PS1/Setting", "--timeout", "10", "-e", demo.endpoint
+    )
+    assert ok.exit_code == 0, ok.stderr
+    refused = rda_in("--timeout", "2", "subscribe", "PS1/Setting", "-e", demo.endpoint)
+    assert refused.exit_code == ExitCode.USAGE
+    assert "Error: --timeout does not apply to `rda subscribe`" in refused.stderr
+    nested = rda_in("--json", "directory", "list")
+    assert nested.exit_code == 0 and json.loads(nested.stdout).keys() >= {"servers"}

@@ -19,6 +19,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from rda.admin.cli.common import (
+    TIMEOUT,
     CliError,
     ExitCode,
     Options,
@@ -42,7 +43,7 @@ from rda.transport.reasons import HANDSHAKE_REFUSED
 __all__ = ["admin", "get", "set_", "subscribe"]
 
 _TIMEOUT = click.option(
-    "--timeout", type=float, default=None, help="Seconds to wait (default: RDA_REQUEST_TIMEOUT)."
+    "--timeout", type=TIMEOUT, default=None, help="Seconds to wait (default: RDA_REQUEST_TIMEOUT)."
 )
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _SELECTOR = click.option("--selector", "-s", default="", help="Cycle selector, e.g. CPS.USER.ALL.")

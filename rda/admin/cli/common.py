@@ -22,6 +22,7 @@ import click
 from rda.admin.cli.options import (
     CONFIG_HELP,
     ENDPOINT_HELP,
+    TIMEOUT,
     CliError,
     ExitCode,
     Options,
@@ -59,6 +60,7 @@ from rda.serialization.errors import (
 __all__ = [
     "CONFIG_HELP",
     "ENDPOINT_HELP",
+    "TIMEOUT",
     "CliError",
     "ExitCode",
     "Options",

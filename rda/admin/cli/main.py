@@ -24,9 +24,11 @@ import click
 from rda.admin.cli.options import (
     CONFIG_HELP,
     ENDPOINT_HELP,
+    TIMEOUT,
     Options,
     add_global_options,
     check_endpoint,
+    global_defaults,
 )
 
 __all__ = ["LazyCommand", "LazyGroup", "cli", "main"]
@@ -116,15 +118,49 @@ class LazyGroup(click.Group):
     default=None,
     help=CONFIG_HELP,
 )
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--timeout", type=TIMEOUT, default=None, help="Seconds to wait for a reply.")
+@click.option(
+    "--key",
+    "key_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="CURVE key pair file (a client's; for `rda serve`, the server's).",
+)
+@click.option("--server-key", default=None, metavar="KEY|FILE", help="The server's CURVE key.")
 @click.version_option(package_name="rda", prog_name="rda")
 @click.pass_context
-def cli(ctx: click.Context, endpoint: str | None, config_file: Path | None) -> None:
+def cli(
+    ctx: click.Context,
+    endpoint: str | None,
+    config_file: Path | None,
+    as_json: bool,
+    timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
     """rda: get, set and subscribe to device properties; run and inspect servers.
 
-    The global options (--endpoint, --config) may also follow the subcommand.
+    The global options may also follow the subcommand (rda get X --json, rda --json get X).
     """
     # A subcommand's own --endpoint/--config (parsed after this) replace these.
     ctx.obj = Options(endpoint=endpoint, config_file=config_file)
+    # --json, --timeout, --key, --server-key are the subcommands' own options: given here,
+    # they become the subcommand's defaults (given after it too, that one wins).
+    given = {
+        flag: value
+        for flag, value in (
+            ("--json", True if as_json else None),
+            ("--timeout", timeout),
+            ("--key", key_file),
+            ("--server-key", server_key),
+        )
+        if value is not None
+    }
+    if given and ctx.invoked_subcommand is not None and isinstance(ctx.command, click.Group):
+        command = ctx.command.get_command(ctx, ctx.invoked_subcommand)
+        if command is not None:
+            ctx.default_map = {ctx.invoked_subcommand: global_defaults(ctx, command, given)}
 
 
 # The access-point commands (access.py), the directory (directory.py), serve and bench

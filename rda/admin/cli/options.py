@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 __all__ = [
     "CONFIG_HELP",
     "ENDPOINT_HELP",
+    "PER_COMMAND_GLOBALS",
+    "TIMEOUT",
     "CliError",
     "ExitCode",
     "Options",
     "add_global_options",
     "check_endpoint",
     "fail",
+    "global_defaults",
     "security_options",
     "split_address",
 ]
@@ -88,6 +91,15 @@ class Options:
             return Config()
 
 
+#: ``--timeout`` everywhere: seconds, more than 0 (0 would time out at once).
+TIMEOUT = click.FloatRange(min=0.0, min_open=True)
+
+#: The global options that are the subcommands' own (``rda get --json``, ``rda admin
+#: --timeout``): given before the subcommand (``rda --json get``), they become its defaults
+#: (``global_defaults``); given after it, they win. A subcommand without the option refuses it.
+PER_COMMAND_GLOBALS = ("--json", "--timeout", "--key", "--server-key")
+_GIVEN = "rda.global_options_given"
+
 ENDPOINT_HELP = "Send every request to this endpoint (tcp://host:port), bypassing the directory."
 CONFIG_HELP = "A TOML configuration file (RDA_* variables still win)."
 _GLOBAL_MARK = "_rda_global_options"
@@ -110,10 +122,49 @@ def _global_after(ctx: click.Context, param: click.Parameter, value: Any) -> Non
     ctx.obj = dataclasses.replace(options, **{str(param.name): value})
 
 
+def _own_option(command: click.Command, flag: str) -> click.Parameter | None:
+    """``command``'s parameter for the global ``flag``, if it has one that means the same
+    (``rda set --json`` takes a JSON value, not the ``--json`` switch: it has none)."""
+    for param in command.params:
+        if flag in param.opts:
+            if flag == "--json" and not (isinstance(param, click.Option) and param.is_flag):
+                return None
+            return param
+    return None
+
+
+def global_defaults(
+    ctx: click.Context, command: click.Command, given: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``default_map`` that makes the per-command global options given before
+    ``command`` (``given``: flag -> value) its own defaults, and its subcommands' for a group.
+    Remembers them on the root context, so a subcommand without the option refuses it."""
+    ctx.find_root().meta[_GIVEN] = given
+    if isinstance(command, click.Group):
+        return {
+            name: global_defaults(ctx, sub, given)
+            for name in command.list_commands(ctx)
+            if (sub := command.get_command(ctx, name)) is not None
+        }
+    return {
+        str(param.name): value
+        for flag, value in given.items()
+        if (param := _own_option(command, flag)) is not None
+    }
+
+
+def _refuse_foreign_globals(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """A global option given before a subcommand that has no use for it is an error, not
+    silently ignored (``rda --timeout 2 subscribe``)."""
+    for flag in ctx.find_root().meta.get(_GIVEN, {}):
+        if _own_option(ctx.command, flag) is None:
+            raise click.UsageError(f"{flag} does not apply to `{ctx.command_path}`", ctx)
+
+
 def add_global_options(command: click.Command) -> None:
     """Give ``command`` (and, for a group, each of its subcommands) ``--endpoint`` and
-    ``--config``, so the global options work after the subcommand too and show in its help.
-    Idempotent."""
+    ``--config``, so the global options work after the subcommand too and show in its help,
+    and the check that refuses a per-command global option it does not have. Idempotent."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             add_global_options(sub)
@@ -122,6 +173,15 @@ def add_global_options(command: click.Command) -> None:
         return
     setattr(command, _GLOBAL_MARK, True)
     taken = {opt for param in command.params for opt in param.opts}
+    # Hidden and never given: its callback runs for every invocation of the command.
+    command.params.append(
+        click.Option(
+            ["--rda-global-options-check"],
+            hidden=True,
+            expose_value=False,
+            callback=_refuse_foreign_globals,
+        )
+    )
     if "--endpoint" not in taken:
         flags = ["--endpoint"] if "-e" in taken else ["--endpoint", "-e"]
         command.params.append(

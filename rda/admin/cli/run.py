@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from rda.admin.cli.common import CliError, ExitCode, Options, emit_json
+from rda.admin.cli.common import TIMEOUT, CliError, ExitCode, Options, emit_json
 from rda.admin.format import format_duration
 from rda.admin.metrics import metrics_endpoint, start_metrics, stop_metrics
 from rda.business.policy import PolicyError
@@ -395,7 +395,7 @@ def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:
     default=None,
     help="Benchmarks folder (default: ./benchmarks, else the one beside the rda sources).",
 )
-@click.option("--timeout", type=float, default=600.0, help="Seconds allowed per benchmark.")
+@click.option("--timeout", type=TIMEOUT, default=600.0, help="Seconds allowed per benchmark.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: name -> result.")
 def bench(names: tuple[str, ...], directory: Path | None, timeout: float, as_json: bool) -> None:
     """Run the scripts in benchmarks/ (all, or those NAMES) and print their JSON results."""
