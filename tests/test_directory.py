@@ -208,10 +208,12 @@ def test_a_dead_exact_claim_falls_through_to_a_live_pattern(tmp_path: Path) -> N
     path = tmp_path / "d.json"
     files = FileDirectory(path)
     files.register("Raw", "tcp://127.0.0.1:1", ["PS*"])
-    files.register("Exact", "tcp://127.0.0.1:2", ["PS1"])
+    # PS1 overlaps the live PS*: only on purpose (issue 37); PS* stays Raw's for the others.
+    files.register("Exact", "tcp://127.0.0.1:2", ["PS1"], replace=True)
     assert files.resolve("PS1") == "tcp://127.0.0.1:2"
+    assert files.resolve("PS2") == "tcp://127.0.0.1:1"
     content = json.loads(path.read_text())
-    content["servers"]["Exact"]["pid"] = dead_pid()
+    content["servers"]["Exact"]["pid"] = dead_pid()  # and nothing answers at port 2
     path.write_text(json.dumps(content))
     assert files.resolve("PS1") == "tcp://127.0.0.1:1"
 

@@ -40,6 +40,7 @@ from rda.business.entries import (
     Record,
     ServerEntry,
     conflict,
+    endpoint_answers,
     parse_record,
     process_start,
 )
@@ -282,10 +283,12 @@ class FileDirectory:
     file and two concurrent registrations never lose each other. Entries of processes no
     longer alive on this host are ignored by readers and removed by the next writer, so a
     killed server leaves no trap. ``start`` (the process start time from ``/proc``) guards
-    against a recycled pid making a dead entry look alive.
+    against a recycled pid making a dead entry look alive; a pid not alive here is confirmed
+    by the entry's endpoint (another PID namespace's server answers there).
 
-    A second live process registering a name or device already held is refused
-    (:class:`NameTakenError`), unless it registers with ``replace=True``. Should two claims
+    A second live process registering a name, or a device name or pattern overlapping one
+    already held, is refused (:class:`NameTakenError`), unless it registers with
+    ``replace=True``. Should two claims
     exist anyway (an entry from another host on a shared file), the latest wins.
     """
 
@@ -334,7 +337,7 @@ class FileDirectory:
         if server_key is not None:
             entry["server_key"] = server_key
         with self._locked():
-            servers = self._live(self._read())
+            servers = self._live(self._read(), own_endpoint=str(entry["endpoint"]))
             self._claim(servers, server, names, replace)
             # Re-inserting moves the name to the end: file order is registration order.
             servers.pop(server, None)
@@ -361,8 +364,10 @@ class FileDirectory:
             if owner.name == server:
                 del servers[server]
             else:
+                # Its names that ours cover go; one that only partly overlaps ours stays (an
+                # exact name wins over a pattern, then the newest registration: ours).
                 raw = servers[owner.name]
-                raw["devices"] = [d for d in raw["devices"] if d not in set(names)]
+                raw["devices"] = [d for d in raw["devices"] if not any(covers(n, d) for n in names)]
 
     def unregister(self, server: str) -> None:
         """Remove the entry of ``server`` if this process registered it.
@@ -460,19 +465,33 @@ class FileDirectory:
     def _read(self) -> dict[str, dict[str, Any]]:
         return self._parse(self._read_text())
 
-    def _live(self, servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _live(
+        self, servers: dict[str, dict[str, Any]], own_endpoint: str | None = None
+    ) -> dict[str, dict[str, Any]]:
         """The well-formed records of live processes, as raw dicts (what writers keep)."""
         return {
             name: raw
             for name, raw in servers.items()
-            if (record := parse_record(name, raw)) is not None and self._alive(record)
+            if (record := parse_record(name, raw)) is not None and self._alive(record, own_endpoint)
         }
 
-    def _alive(self, record: Record) -> bool:
+    def _alive(self, record: Record, own_endpoint: str | None = None) -> bool:
+        """Whether the entry's server may still run. Its pid says so when it is visible here;
+        a pid that is gone, or now another process's, is confirmed by its endpoint: a server
+        in another PID namespace (a container with the host's network and name) has a pid
+        this host cannot see, and still answers. ``own_endpoint``: the endpoint a
+        registering server holds itself, where the old entry's server cannot be listening."""
         entry = record.entry
         if entry.host != self._host:
             # Another machine's process (a shared home directory): cannot check, keep it.
             return True
+        if self._pid_alive(record):
+            return True
+        return entry.endpoint != own_endpoint and endpoint_answers(entry.endpoint)
+
+    @staticmethod
+    def _pid_alive(record: Record) -> bool:
+        entry = record.entry
         try:
             os.kill(entry.pid, 0)
         except ProcessLookupError:

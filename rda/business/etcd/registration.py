@@ -13,8 +13,12 @@ stop revokes the lease, which deletes them at once.
 
 One live server per name: each key is created by a transaction that succeeds only if the key is
 absent, so of two servers starting together exactly one wins; the loser learns the owner from
-the failure branch and gets :class:`NameTakenError`. A name held by a dead process of this same
-host (a ``kill -9`` seconds ago) is taken over at once rather than waiting for the lease.
+the failure branch and gets :class:`NameTakenError`. A device name or pattern that overlaps
+another server's (``D1`` beside ``D*``) is refused the same way: checked on a read of every
+device key before ours are written, and again after, when only keys written before ours count,
+so that of two overlapping claims made together the later one backs off. A name held by a dead
+process of this same host (a ``kill -9`` seconds ago: its pid gone and its endpoint silent) is
+taken over at once rather than waiting for the lease; a live lease is otherwise proof enough.
 Transactions are cut in batches (etcd refuses more than 128 operations per transaction by
 default). If a device batch fails, the lease is revoked: nothing half-registered remains.
 
@@ -38,8 +42,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rda.business.directory import DirectoryUnavailableError
-from rda.business.entries import NameTakenError, ServerEntry
+from rda.business.directory import DirectoryUnavailableError, covers
+from rda.business.entries import (
+    NameTakenError,
+    ServerEntry,
+    clash_text,
+    endpoint_answers,
+    overlap,
+)
 from rda.business.etcd.gateway import (
     EtcdGateway,
     KeyValue,
@@ -85,10 +95,20 @@ def _batches(items: Sequence[str]) -> Iterator[Sequence[str]]:
         yield items[start : start + _BATCH]
 
 
-def _dead_here(entry: ServerEntry) -> bool:
-    """True when ``entry``'s process ran on this host and is gone (a stale entry)."""
+def _dead_here(entry: ServerEntry, own_endpoint: str) -> bool:
+    """True when ``entry``'s process ran on this host and is gone (a stale entry): its pid is
+    not alive here *and* nothing answers at its endpoint. The pid alone does not prove it: a
+    server in another PID namespace (a container with the host's network and name) has a pid
+    this host cannot see. At ``own_endpoint`` (the registering server's, bound by it) the old
+    server cannot be listening."""
     if entry.host != socket.gethostname() or entry.pid == os.getpid():
         return False
+    if not _pid_gone(entry):
+        return False
+    return entry.endpoint == own_endpoint or not endpoint_answers(entry.endpoint)
+
+
+def _pid_gone(entry: ServerEntry) -> bool:
     try:
         os.kill(entry.pid, 0)
     except ProcessLookupError:
@@ -155,7 +175,9 @@ class Registration:
         self._lease = lease
         try:
             self._claim_server(lease)
+            self._check_overlaps(written=False)
             self._claim_devices(lease)
+            self._check_overlaps(written=True)
         except BaseException:
             self._revoke_quietly(lease)
             self._lease = 0
@@ -199,6 +221,38 @@ class Registration:
             # Every clash was taken over (or was ours): write the batch unconditionally.
             self._gateway.txn([], [put_op(k, value, lease) for k in keys], [])
 
+    def _check_overlaps(self, written: bool) -> None:
+        """Refuse (or take over) device names and patterns of other servers that overlap ours
+        (``D1`` beside a live ``D*``); an exact clash is the device transactions' job.
+
+        Before writing, every overlap counts. After writing (``written``), only those written
+        before ours: of two servers registering overlapping patterns at once, both see each
+        other then, and the later one backs off (its lease revoked by ``claim``), so a race
+        leaves one owner. With ``replace``, another's key that ours covers is deleted (its
+        server reports the lost key); one that only partly overlaps stays, and exact names
+        win over patterns when clients resolve."""
+        prefix = f"{self._prefix}devices/"
+        _, kvs = self._gateway.range(prefix, prefix=True)
+        ours: dict[str, int] = {}
+        theirs: dict[str, tuple[str, int]] = {}
+        for kv in kvs:
+            holder = _holder(kv)
+            name = kv.key[len(prefix) :]
+            if holder == self.entry.name:
+                ours[name] = kv.mod_revision
+            else:
+                theirs[name] = (holder, kv.mod_revision)
+        mine = sorted(self.entry.devices)
+        while (found := overlap(mine, theirs)) is not None:
+            device, other = found
+            holder, revision = theirs.pop(other)
+            if device == other or (written and revision > ours.get(device, 0)):
+                continue
+            owner = self._server_entry(holder)
+            self._take_over_or_refuse(clash_text(self.entry.name, device, other), owner)
+            if covers(device, other):
+                self._gateway.delete(f"{prefix}{other}")
+
     def _owner_from(self, responses: list[dict[str, Any]], name: str) -> ServerEntry | None:
         for response in responses:
             for raw in response.get("response_range", {}).get("kvs", []):
@@ -213,7 +267,7 @@ class Registration:
     def _take_over_or_refuse(self, what: str, owner: ServerEntry | None) -> None:
         if owner is None:
             owner = ServerEntry("(unknown)", "?", (), 0, "?", 0.0)
-        if _dead_here(owner):
+        if _dead_here(owner, self.entry.endpoint):
             log.info("%s: the entry of dead %s is stale; taking it over", what, owner.describe())
             return
         if not self._replace:
@@ -300,6 +354,14 @@ class Registration:
         except RdaError as exc:
             # etcd down: the lease expires by itself within ttl.
             log.warning("server %r: could not revoke lease %d: %s", self.entry.name, lease, exc)
+
+
+def _holder(kv: KeyValue) -> str:
+    """The server a ``devices/`` key names ("?" when it holds no device entry)."""
+    try:
+        return str(json.loads(kv.value).get("server", "?"))
+    except (ValueError, AttributeError):
+        return "?"
 
 
 def _decode(b64: object) -> bytes:
