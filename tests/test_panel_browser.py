@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +102,7 @@ class Stand:
         self._readers: list[_Lines] = []
         self._extra: list[subprocess.Popen[str]] = []
 
-    def _spawn(self, name: str, *args: str) -> tuple[subprocess.Popen[str], _Lines]:
+    def spawn(self, name: str, *args: str) -> tuple[subprocess.Popen[str], _Lines]:
         log = (self.folder / f"{name}.log").open("a")
         self._logs.append(log)
         proc = subprocess.Popen(
@@ -118,7 +119,7 @@ class Stand:
 
     def start_server(self, *extra: str) -> None:
         endpoint = f"tcp://127.0.0.1:{self.server_port}"
-        self.server, lines = self._spawn("server", "serve", "demo", "--bind", endpoint, *extra)
+        self.server, lines = self.spawn("server", "serve", "demo", "--bind", endpoint, *extra)
         lines.wait_for("endpoint", 30.0)
 
     def start_pausable(self, port: int) -> tuple[subprocess.Popen[str], _Lines]:
@@ -147,7 +148,7 @@ class Stand:
         self.server = None
 
     def start_panel(self, *extra: str) -> str:
-        self.panel, lines = self._spawn("panel", "panel", "--port", "0", *extra)
+        self.panel, lines = self.spawn("panel", "panel", "--port", "0", *extra)
         line = lines.wait_for("rda panel:", 30.0)
         self.url = line.split()[2]
         return self.url
@@ -397,7 +398,23 @@ def test_a_2d_array_renders_as_an_image(page: Page) -> None:
     )
     assert distinct > 10
     expect(view.locator('div[data-plot="positions"] canvas').first).to_be_visible()
+    # Its colour scale with the value range, its rows named by the value's `planes`, its
+    # columns by `positions`.
+    image = view.locator('[data-image-view="orbit"]')
+    expect(image.get_by_test_id("colour-scale")).to_be_visible()
+    expect(image.get_by_test_id("scale-max")).not_to_be_empty()
+    expect(image.get_by_test_id("row-labels")).to_have_text("HV")
+    expect(image.get_by_test_id("x-axis")).to_contain_text("positions")
     shot(page, "panel-orbit")
+    # Rows as lines: H and V, two lines against the monitors' positions.
+    image.get_by_test_id("rows-as-lines").click()
+    lines = image.locator('[data-lines="orbit"]')
+    expect(lines).to_have_attribute("data-series", "2", timeout=WAIT)
+    expect(lines.locator(".u-legend")).to_contain_text("H")
+    expect(lines.locator(".u-legend")).to_contain_text("V")
+    expect(lines.locator("canvas").first).to_be_visible()
+    expect(canvas).to_be_hidden()
+    shot(page, "panel-orbit-lines")
 
 
 def test_strip_chart_plots_fields_of_several_devices_and_exports_csv(page: Page) -> None:
@@ -550,3 +567,49 @@ def test_a_killed_server_goes_red_keeping_its_stamp_disables_sets_and_bands_the_
     finally:
         again.kill()
         again.wait(10)
+
+
+def test_a_recorder_is_shown_as_a_recorder(stand: Stand, page: Page) -> None:
+    recorder, _ = stand.spawn(
+        "recorder",
+        "record",
+        str(stand.folder / "recorded"),
+        "PS1/Acquisition",
+        "--id",
+        "paneltest",
+        "--serve",
+        f"tcp://127.0.0.1:{free_port()}",
+    )
+    try:
+        server = page.locator('[data-server="recorder-paneltest"]')
+        expect(server.get_by_test_id("server-role")).to_have_text("recorder", timeout=WAIT)
+        expect(server.get_by_test_id("records")).to_have_text("records the history of PS1")
+        expect(server.locator("details.device")).to_have_count(0)  # no empty history:PS1
+        shot(page, "panel-recorder")
+    finally:
+        recorder.terminate()
+        recorder.wait(10)
+
+
+def test_one_time_format_utc_or_local_stated_everywhere(stand: Stand, browser: Browser) -> None:
+    # A browser in India: UTC+05:30 all year (no daylight saving to make the test depend on
+    # the date), and a half-hour offset that a whole-hour formatter would get wrong.
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 860}, timezone_id="Asia/Kolkata"
+    )
+    try:
+        page = context.new_page()
+        page.goto(stand.url)
+        expect(page.get_by_test_id("landing")).to_be_visible(timeout=WAIT)
+        view = open_view(page, "PS1/Acquisition")
+        expect(page.get_by_test_id("landing")).to_be_hidden()
+        iso = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} "
+        expect(view.get_by_test_id("acquired")).to_have_text(re.compile(iso + "UTC$"))
+        view.locator('[data-chart="PS1/Acquisition/current"]').click()
+        chart = page.locator("#chart")
+        expect(chart.locator(".u-legend")).to_contain_text("time (UTC)", timeout=WAIT)
+        page.get_by_test_id("tz").select_option("local")
+        expect(view.get_by_test_id("acquired")).to_have_text(re.compile(iso + r"\+05:30$"))
+        expect(chart.locator(".u-legend")).to_contain_text("time (+05:30)")
+    finally:
+        context.close()

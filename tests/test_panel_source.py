@@ -66,6 +66,8 @@ def test_discover_learns_devices_properties_and_facts(server: Server, source: Pa
         {"name": "Acquisition", "writable": False},
         {"name": "Setting", "writable": True},
     ]
+    assert entry["role"] == "server"
+    assert {d["kind"] for d in entry["devices"]} == {"device"}
     assert entry["facts"]["clients"] >= 1 and entry["facts"]["requests"] > 0
     (again,) = source.discover()
     assert "request_rate" in again["facts"]
@@ -334,6 +336,32 @@ def test_the_chart_past_comes_from_a_recorder_serving_history(
     assert ServiceHistory(client).series("PS1", "Acquisition", "unit", 10) == {"t": [], "v": []}
     with pytest.raises(HistoryUnavailableError):
         ServiceHistory(client).series("PS9", "Acquisition", "current", 10)
+
+
+def test_a_recorder_is_shown_as_a_recorder_not_as_an_empty_device(tmp_path: Path) -> None:
+    recorder = Recorder(
+        tmp_path,
+        ["PS*/Acquisition"],  # nothing serves PS*: it records nothing, it serves history:PS*
+        recorder_id="panel",
+        convert=False,
+        serve=install(ServerBuilder("PanelRecorder").directory(None)),  # as `rda record --serve`
+    )
+    recorder.start()
+    try:
+        assert recorder.history_server is not None
+        endpoint = recorder.history_server.endpoint
+        client = ClientService(directory=StaticDirectory({"history:PS*": endpoint}))
+        source = PanelSource(client, "tester")
+        try:
+            (entry,) = source.discover()
+        finally:
+            source.close()
+            client.close()
+    finally:
+        recorder.stop()
+    assert entry["name"] == "PanelRecorder" and entry["role"] == "recorder"
+    (device,) = entry["devices"]
+    assert device["kind"] == "recorder" and device["records"] == "PS*"
 
 
 def test_the_panel_reads_a_curve_server_with_its_key_file(tmp_path: Path) -> None:

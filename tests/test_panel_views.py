@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 
 from rda.business.client.subscriptions import Notification
-from rda.panel.render import IMAGE_MAX, context_json, data_json, decimate, image
+from rda.panel.render import IMAGE_MAX, LINE_ROWS, context_json, data_json, decimate, image
 from rda.panel.views import MAX_POINTS, ViewSlot
 from rda.serialization.data import Data
 from rda.serialization.errors import DisconnectedError, NotAuthorizedError
@@ -55,6 +55,20 @@ def test_a_big_image_is_reduced_by_block_maximum() -> None:
     grey = np.frombuffer(base64.b64decode(out["pixels"]), dtype=np.uint8)
     grey = grey.reshape(out["height"], out["width"])
     assert grey[-1, -1] == 255 and grey.sum() == 255
+
+
+def test_an_orbit_travels_as_rows_named_and_placed_by_its_sibling_fields() -> None:
+    orbit = np.vstack([np.linspace(-1, 1, 64), np.linspace(2, 3, 64)])
+    positions = np.arange(64) * 9.8
+    fields = data_json(Data(orbit=orbit, positions=positions, planes=["H", "V"]), columns=600)
+    (field,) = [f for f in fields if f["name"] == "orbit"]
+    assert field["kind"] == "image" and field["shape"] == [2, 64]
+    assert [row["y"] for row in field["rows"]] == [orbit[0].tolist(), orbit[1].tolist()]
+    assert field["row_labels"] == ["H", "V"]
+    assert field["x_name"] == "positions" and field["x"] == positions.tolist()
+    # A tall image is no set of lines; one without siblings gets no labels.
+    (tall,) = data_json(Data(frame=np.zeros((LINE_ROWS + 1, 8))))
+    assert "rows" not in tall and "row_labels" not in tall and "x" not in tall
 
 
 def test_fields_keep_their_types_and_nesting() -> None:

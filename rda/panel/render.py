@@ -8,7 +8,12 @@ Every field becomes ``{"name", "type", "kind", ...}`` with ``kind`` one of ``sca
   buckets and each sends its min and max, so a spike shows however long the array is (a 1 MiB
   float64 array is 131,072 values: 1,000 columns send 2,000 numbers);
 - a 2-D array is reduced to at most ``IMAGE_MAX`` pixels a side (block maximum) and scaled to
-  0..255 grey levels, sent base64-encoded with its true shape and value range.
+  0..255 grey levels, sent base64-encoded with its true shape and value range. An image of at
+  most ``LINE_ROWS`` rows also sends each row as plot points (``rows``, decimated as a 1-D
+  array), so the browser can draw it as one line per row (an orbit's H and V planes). Its
+  rows are named by the value's first string array with one item per row (``row_labels``),
+  and its columns placed by the first 1-D numeric array with one value per column (``x``,
+  ``x_name``), when the value has them (the demo's ``planes`` and ``positions``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from rda.serialization.header import DataContext
 
 __all__ = [
     "IMAGE_MAX",
+    "LINE_ROWS",
     "STRING_MAX",
     "context_json",
     "data_json",
@@ -34,6 +40,7 @@ __all__ = [
 ]
 
 IMAGE_MAX = 256
+LINE_ROWS = 16
 STRING_MAX = 4096
 _NUMERIC = {
     DataType.BOOL,
@@ -130,6 +137,8 @@ def _field(name: str, kind: DataType, value: Any, columns: int) -> dict[str, Any
         if array.ndim == 2 and min(array.shape) > 1:
             out["kind"] = "image"
             out.update(image(array))
+            if array.shape[0] <= LINE_ROWS:
+                out["rows"] = [decimate(row, columns) for row in array]
         else:
             out["kind"] = "array"
             out.update(decimate(array.ravel(), columns))
@@ -139,7 +148,25 @@ def _field(name: str, kind: DataType, value: Any, columns: int) -> dict[str, Any
 def data_json(data: Data, columns: int = 1000) -> list[dict[str, Any]]:
     """Each field of ``data``, in order, as described in the module docstring."""
     types = data.types()
-    return [_field(name, types[name], value, columns) for name, value in data.items()]
+    fields = [_field(name, types[name], value, columns) for name, value in data.items()]
+    for field in fields:
+        if field.get("kind") == "image":
+            _label_axes(field, fields)
+    return fields
+
+
+def _label_axes(image_field: dict[str, Any], fields: list[dict[str, Any]]) -> None:
+    """Row names and column positions for an image, from its sibling fields (see above)."""
+    rows, cols = image_field["shape"]
+    for other in fields:
+        if other["kind"] == "strings" and other["shape"] == [rows]:
+            image_field["row_labels"] = other["items"]
+            break
+    for other in fields:
+        if other["kind"] == "array" and other["length"] == cols and other["x"] is None:
+            image_field["x_name"] = other["name"]
+            image_field["x"] = other["y"]
+            break
 
 
 def numeric_fields(data: Data) -> dict[str, float]:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from rda.business.client.history import HISTORY_PREFIX
 from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification, Subscription
 from rda.panel.views import ViewSlot, describe_error
@@ -167,9 +168,12 @@ class PanelSource:
             state = "disconnected" if error is not None else "connected"
             if stats is not None and stats.state in ("reconnecting", "connecting"):
                 state = stats.state
+            kinds = {d["kind"] for d in known["devices"]}
             servers.append(
                 {
                     "endpoint": endpoint,
+                    # A server that only serves recorded history is a recorder.
+                    "role": "recorder" if kinds == {"recorder"} else "server",
                     "name": str(replies["info"].get("name", endpoint))
                     if "info" in replies
                     else self._known.get(endpoint, {}).get("name", endpoint),
@@ -186,13 +190,18 @@ class PanelSource:
 
     @staticmethod
     def _devices(reply: Data) -> list[dict[str, Any]]:
+        """Each device with its properties; a recorder's ``history:<pattern>`` entry is marked
+        as such (``kind``: "recorder", ``records``: the pattern), not shown as a device."""
         properties = reply.get("properties")
         devices = []
         for name in reply.get("devices", []):
             rows: list[dict[str, Any]] = []
             if isinstance(properties, Data) and name in properties:
                 rows = [_plain(r) for r in properties[name].get("properties", [])]
-            devices.append({"name": str(name), "properties": rows})
+            device: dict[str, Any] = {"name": str(name), "properties": rows, "kind": "device"}
+            if device["name"].startswith(HISTORY_PREFIX):
+                device.update(kind="recorder", records=device["name"][len(HISTORY_PREFIX) :])
+            devices.append(device)
         return devices
 
     def _facts(self, endpoint: str, replies: Mapping[str, Data]) -> dict[str, Any]:

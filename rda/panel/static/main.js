@@ -80,11 +80,21 @@ function renderTree() {
     const node = el("div", { class: "server", "data-server": server.name },
       el("div", { class: "server-head" },
         el("span", {}, server.name),
+        server.role === "recorder"
+          ? el("span", { class: "role", "data-testid": "server-role" }, "recorder") : "",
         el("span", { class: `badge state-${server.state}`, "data-testid": "server-state" },
           server.state)),
       el("div", { class: "facts" }, `${server.endpoint}${parts.length ? " · " : ""}${parts.join(" · ")}`));
     if (server.error) node.append(el("div", { class: "server-error" }, server.error));
+    const recorded = server.devices.filter((d) => d.kind === "recorder").map((d) => d.records);
+    if (recorded.length && (!filter || recorded.some((r) => r.toLowerCase().includes(filter)))) {
+      // A recorder serves the history of these devices (the strip chart's past): no device
+      // of its own to open.
+      node.append(el("div", { class: "records", "data-testid": "records" },
+        `records the history of ${recorded.join(", ")}`));
+    }
     for (const device of server.devices) {
+      if (device.kind === "recorder") continue;
       const props = device.properties.filter((p) =>
         !filter || `${device.name}/${p.name}`.toLowerCase().includes(filter));
       if (!props.length && !(filter && device.name.toLowerCase().includes(filter)) && filter) continue;

@@ -34,7 +34,12 @@ function stamp(ns) {
   return ns ? formatTime(ns / 1e6) : "-";
 }
 
-// Grey levels -> a blue-to-yellow colour map, painted on a canvas at the array's (reduced) size.
+// Grey level (0..255) -> the blue-to-yellow colour map of images and of their colour scale.
+function colour(level) {
+  const g = level / 255;
+  return [Math.round(255 * Math.min(1, 2 * g)), Math.round(255 * g), Math.round(255 * (1 - g))];
+}
+
 function paintImage(canvas, field) {
   canvas.width = field.width;
   canvas.height = field.height;
@@ -42,13 +47,128 @@ function paintImage(canvas, field) {
   const ctx = canvas.getContext("2d");
   const img = ctx.createImageData(field.width, field.height);
   for (let i = 0; i < grey.length; i++) {
-    const g = grey[i] / 255;
-    img.data[4 * i] = Math.round(255 * Math.min(1, 2 * g));
-    img.data[4 * i + 1] = Math.round(255 * g);
-    img.data[4 * i + 2] = Math.round(255 * (1 - g));
+    const [r, g, b] = colour(grey[i]);
+    img.data[4 * i] = r;
+    img.data[4 * i + 1] = g;
+    img.data[4 * i + 2] = b;
     img.data[4 * i + 3] = 255;
   }
   ctx.putImageData(img, 0, 0);
+}
+
+function number(value) {
+  if (value === null || value === undefined) return "NaN";
+  const magnitude = Math.abs(value);
+  return magnitude !== 0 && (magnitude >= 1e5 || magnitude < 1e-3)
+    ? value.toExponential(3) : String(Number(value.toPrecision(4)));
+}
+
+const LINE_COLOURS = ["#1d4ed8", "#b3261e", "#1b7f3b", "#a15c00", "#7c3aed", "#0e7490", "#be185d"];
+
+// A 2-D numeric array: an image with its colour scale, row labels and column axis, or (for a
+// few rows, "rows as lines") one line per row on a plot, x from the column positions.
+class ImageView {
+  constructor(name, onMode) {
+    this.name = name;
+    this.mode = "image";
+    this.onMode = onMode;
+    this.canvas = el("canvas", { class: "image", "data-image": name });
+    this.rowLabels = el("div", { class: "row-labels", "data-testid": "row-labels" });
+    this.scale = el("canvas", { class: "colour-scale", width: "12", height: "256",
+                                "data-testid": "colour-scale" });
+    this.scaleMax = el("span", { "data-testid": "scale-max" });
+    this.scaleMin = el("span", { "data-testid": "scale-min" });
+    this.xAxis = el("div", { class: "x-axis", "data-testid": "x-axis" });
+    this.toggle = el("button", { type: "button", class: "mode", "data-testid": "rows-as-lines",
+                                 hidden: "", onclick: () => this.setMode(this.mode === "image" ? "lines" : "image") },
+                     "rows as lines");
+    this.imageBox = el("div", { class: "image-box" },
+      this.rowLabels,
+      el("div", { class: "image-main" }, this.canvas, this.xAxis),
+      el("div", { class: "scale-box" }, this.scaleMax, this.scale, this.scaleMin));
+    this.linesBox = el("div", { class: "lines", "data-lines": name, hidden: "" });
+    this.box = el("div", { class: "image-view", "data-image-view": name },
+      el("div", { class: "image-bar" }, this.toggle), this.imageBox, this.linesBox);
+    this.plot = null;
+    this.plotShape = "";
+    this.field = null;
+    const ctx = this.scale.getContext("2d");
+    for (let y = 0; y < 256; y++) {
+      const [r, g, b] = colour(255 - y);
+      ctx.fillStyle = `rgb(${r},${g},${b})`;
+      ctx.fillRect(0, y, 12, 1);
+    }
+  }
+
+  setMode(mode) {
+    this.mode = mode === "lines" && this.field && this.field.rows ? "lines" : "image";
+    this.box.dataset.mode = this.mode;
+    this.toggle.textContent = this.mode === "image" ? "rows as lines" : "as image";
+    if (this.onMode) this.onMode(this.name, this.mode);
+    if (this.field) this.update(this.field);
+  }
+
+  update(field) {
+    this.field = field;
+    this.toggle.hidden = !field.rows;
+    if (this.mode === "lines" && !field.rows) this.mode = "image";
+    this.box.dataset.mode = this.mode;
+    this.imageBox.hidden = this.mode !== "image";
+    this.linesBox.hidden = this.mode !== "lines";
+    const labels = field.row_labels || null;
+    if (this.mode === "image") {
+      paintImage(this.canvas, field);
+      this.scaleMax.textContent = number(field.max);
+      this.scaleMin.textContent = number(field.min);
+      const rows = field.shape[0];
+      const names = labels || (rows <= 16 ? [...Array(rows).keys()].map(String) : ["0", String(rows - 1)]);
+      if (this.rowLabels.dataset.names !== names.join("\u0000")) {
+        this.rowLabels.dataset.names = names.join("\u0000");
+        this.rowLabels.replaceChildren(...names.map((n) => el("span", {}, n)));
+      }
+      const cols = field.shape[1];
+      const first = field.x ? field.x[0] : 0;
+      const last = field.x ? field.x[field.x.length - 1] : cols - 1;
+      const axis = `${field.x_name || "column"}: ${number(first)} … ${number(last)}`;
+      if (this.xAxis.textContent !== axis) this.xAxis.textContent = axis;
+    } else {
+      this.drawLines(field, labels);
+    }
+  }
+
+  drawLines(field, labels) {
+    const rows = field.rows;
+    const length = rows[0].length;
+    const x = rows[0].x ? rows[0].x.map((i) => (field.x ? field.x[i] : i))
+      : field.x || [...Array(length).keys()];
+    const series = [];
+    const data = [x];
+    rows.forEach((row, i) => {
+      const label = labels ? labels[i] : `row ${i}`;
+      const stroke = LINE_COLOURS[i % LINE_COLOURS.length];
+      if (row.x) {  // decimated: min and max per column, one colour
+        series.push({ label: `${label} min`, stroke }, { label: `${label} max`, stroke });
+        data.push(row.min, row.max);
+      } else {
+        series.push({ label, stroke, width: 1.5 });
+        data.push(row.y);
+      }
+    });
+    const shape = series.map((s) => s.label).join("|");
+    if (!this.plot || this.plotShape !== shape) {
+      if (this.plot) this.plot.destroy();
+      this.plotShape = shape;
+      this.plot = new uPlot({
+        width: Math.max(300, this.linesBox.clientWidth || this.box.clientWidth || 420), height: 180,
+        scales: { x: { time: false } },
+        axes: [{ label: field.x_name || "column" }, {}],
+        series: [{ label: field.x_name || "column" }, ...series],
+      }, data, this.linesBox);
+    } else {
+      this.plot.setData(data);
+    }
+    this.linesBox.dataset.series = String(series.length);
+  }
 }
 
 // A 1-D array as a line plot; decimated arrays come as min/max per pixel column.
@@ -90,7 +210,8 @@ export class PropertyView {
     this.selector = "";
     this.cycles = new Set();
     this.plots = new Map();
-    this.images = new Map();
+    this.images = new Map();      // field name -> ImageView
+    this.imageModes = new Map();  // field name -> "image" or "lines" (kept in layouts)
     this.lastFields = null;
     this.formBuilt = false;
     this.status = "waiting";
@@ -285,7 +406,7 @@ export class PropertyView {
         valueCell.textContent = `${field.length} values` + (field.x ? " (min/max per column)" : "");
         extra.push(["plot", field]);
       } else if (field.kind === "image") {
-        valueCell.textContent = `${field.shape[0]} × ${field.shape[1]}, ${field.min.toFixed(3)} .. ${field.max.toFixed(3)}`;
+        valueCell.textContent = `${field.shape[0]} × ${field.shape[1]}, ${number(field.min)} .. ${number(field.max)}`;
         extra.push(["image", field]);
       }
       table.append(row);
@@ -301,13 +422,14 @@ export class PropertyView {
         keep.push(plot.box);
         plot.update(field);
       } else {
-        let canvas = this.images.get(field.name);
-        if (!canvas) {
-          canvas = el("canvas", { class: "image", "data-image": field.name });
-          this.images.set(field.name, canvas);
+        let image = this.images.get(field.name);
+        if (!image) {
+          image = new ImageView(field.name, (name, mode) => this.imageModes.set(name, mode));
+          this.images.set(field.name, image);
+          if (this.imageModes.get(field.name) === "lines") image.mode = "lines";
         }
-        paintImage(canvas, field);
-        keep.push(canvas);
+        keep.push(image.box);
+        image.update(field);
       }
     }
     this.value.replaceChildren(table, ...keep);
