@@ -8,7 +8,9 @@ Each test's docstring quotes the issue's evidence and says how it was checked to
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,8 +22,13 @@ from click.testing import CliRunner, Result
 from rda._cli import build
 from rda.admin import install
 from rda.admin.cli.options import ExitCode
-from rda.business.server.builder import Server
+from rda.business.common import AcquiredData
+from rda.business.server.builder import Server, ServerBuilder
+from rda.business.server.devices import Device
+from rda.business.server.requests import GetRequest
 from rda.demo import demo_builder
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
 
 
 def run_rda(*args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -140,3 +147,50 @@ def test_after_the_subcommand_wins_and_a_foreign_option_is_refused(demo: Server)
     assert "Error: --timeout does not apply to `rda subscribe`" in refused.stderr
     nested = rda_in("--json", "directory", "list")
     assert nested.exit_code == 0 and json.loads(nested.stdout).keys() >= {"servers"}
+
+
+# -- 16: a subscription's lines show the acquisition stamp --------------------------------------
+
+# 2026-09-21 at 12:34:56.789 local time: a stamp far from the time the test runs.
+ACQUIRED = _dt.datetime(2026, 9, 21, 12, 34, 56, 789000)
+
+
+class Recorded(Device):
+    """``OLD/Value``: answers (and so a subscription's FIRST) with a value acquired long ago,
+    as a recorder's backfilled HISTORY value is; ``OLD/Broken`` fails."""
+
+    @Device.property("Value")
+    def value(self, request: GetRequest) -> AcquiredData:
+        stamp = int(ACQUIRED.timestamp()) * 1_000_000_000 + 789_000_000
+        return AcquiredData(Data(x=1.5), DataContext(acq_stamp=stamp))
+
+    @Device.property("Broken")
+    def broken(self, request: GetRequest) -> Data:
+        raise RuntimeError("no value")
+
+
+@pytest.fixture(scope="module")
+def recorded() -> Iterator[Server]:
+    with ServerBuilder("OldServer").device("OLD", Recorded()).directory(None).build() as server:
+        yield server
+
+
+def test_a_subscriptions_lines_show_the_acquisition_stamp_and_say_so(recorded: Server) -> None:
+    """Issue 37, item 16: all 300 HISTORY lines of ``rda subscribe --backfill 30s`` printed
+    ``20:28:26.262``, the time they were received, though acquired over 30 s (checked against
+    main: PYTHONPATH=/work/main prints the time of the run, not 12:34:56.789). The time column
+    is the value's acquisition stamp, and a line on stderr says which time it is; an error line
+    (no stamp) shows when it arrived, marked ``*``, and is labelled ERROR, not with the
+    update type it came under."""
+    result = rda_in("subscribe", "OLD/Value", "-n", "1", "-e", recorded.endpoint)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("12:34:56.789  FIRST     seq=1  x=1.5"), result.stdout
+    assert result.stderr.splitlines()[0] == (
+        "time = acquisition stamp (acq_stamp), local; * = time received (errors, no stamp)"
+    )
+    failed = rda_in("subscribe", "OLD/Broken", "-n", "1", "-d", "1", "-e", recorded.endpoint)
+    assert failed.exit_code == ExitCode.REMOTE_ERROR
+    (line,) = failed.stdout.splitlines()
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3}\* ERROR     seq=1  RemoteError: RuntimeError: .*no value", line
+    ), line

@@ -220,6 +220,8 @@ def subscribe(
     """Print a line per update until --count/--duration or Ctrl-C, then a summary."""
     device, prop = split_address(address)
     tally = _Tally()
+    if not as_json:
+        click.echo(TIME_COLUMN, err=True)
     with open_client(options, key_file, server_key) as client:
         point = client.access_point(device, prop)
         sub = point.subscribe(selector=selector or None, backfill=backfill)
@@ -313,13 +315,25 @@ class _Tally:
         }
 
 
+#: What the first column of ``rda subscribe``'s lines is (printed once, on stderr).
+TIME_COLUMN = "time = acquisition stamp (acq_stamp), local; * = time received (errors, no stamp)"
+
+
 def _notification_line(line: dict[str, Any]) -> str:
-    stamp = _dt.datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S.%f")[:-3]
-    head = f"{stamp} {line['update']:<9} seq={line['seq']}"
+    # The acquisition stamp, not the time the line was printed: backfilled HISTORY lines
+    # arrive in a burst but were acquired over the whole backfill window.
+    acquired = line.get("context", {}).get("acq_stamp", 0)
+    when = acquired / 1e9 if acquired else line["time"]
+    stamp = _dt.datetime.fromtimestamp(when).strftime("%H:%M:%S.%f")[:-3]
+    stamp += " " if acquired else "*"
+    # An error is labelled as one, not with the update type it came under (a lost
+    # connection arrives as a NORMAL notification carrying the error).
+    label = "ERROR" if "error" in line else line["update"]
+    head = f"{stamp} {label:<9} seq={line['seq']}"
     if line["gap"]:
         head += f" gap={line['gap']}"
     if "error" in line:
-        return f"{head}  ERROR {line['error_type']}: {line['error']}"
+        return f"{head}  {line['error_type']}: {line['error']}"
     fields = ", ".join(f"{k}={format_value(v)}" for k, v in line["data"].items())
     return f"{head}  {fields}"
 
