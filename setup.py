@@ -11,6 +11,8 @@ and frame parser and calls libzmq through pyzmq only
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -28,8 +30,10 @@ frame = Extension(
     "rda.transport._cframe", ["rda/transport/_cframe.pyx"], extra_compile_args=["-O2"]
 )
 
-# Non-blocking receives and sends that keep the GIL (libzmq's functions are bound at import, through
-# ctypes, from the library pyzmq loaded: nothing to link here).
+# Receives and sends straight into libzmq (its functions are bound at import with dlopen/dlsym
+# from pyzmq's backend and the libzmq it was linked with: nothing to link here). POSIX only
+# (dlfcn.h); elsewhere the transports go through pyzmq.
 czmq = Extension("rda.transport._czmq", ["rda/transport/_czmq.pyx"], extra_compile_args=["-O2"])
+extensions = [codec, frame] if sys.platform == "win32" else [codec, frame, czmq]
 
-setup(ext_modules=cythonize([codec, frame, czmq], language_level=3, quiet=True))
+setup(ext_modules=cythonize(extensions, language_level=3, quiet=True))

@@ -7,8 +7,10 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -47,6 +49,46 @@ def wait_readable(sock: zmq.Socket[bytes]) -> None:
 def test_bound_to_the_loaded_libzmq_on_this_machine() -> None:
     assert _direct_zmq.recv is not None and _direct_zmq.send is not None
     assert common.direct_recv is _direct_zmq.recv and common.direct_send is _direct_zmq.send
+
+
+def test_binding_takes_only_a_file_already_loaded(tmp_path: Path) -> None:
+    from rda.transport import _czmq
+
+    assert not _czmq.bind(str(tmp_path / "not-loaded.so"))  # dlopen(RTLD_NOLOAD) refuses
+    assert _direct_zmq.recv is not None  # the binding in use is untouched
+
+
+def test_a_waiting_receive_releases_the_gil(pair: tuple[zmq.Socket[bytes], ...]) -> None:
+    """A lane's receive: it waits for the reply with the GIL released, so a Python thread of
+    the same process can send it meanwhile (holding the GIL, the wait would end empty at
+    RCVTIMEO, the sender never having run)."""
+    router, dealer = pair
+    recv = _direct_zmq.recv
+    assert recv is not None
+    dealer.setsockopt(zmq.RCVTIMEO, 20_000)
+    dealer.send(b"ping")
+    wait_readable(router)
+    rid, _ = router.recv_multipart()
+    go = threading.Event()
+
+    def answer() -> None:
+        go.wait(20)  # woken by the set() right before the receive, it still needs the GIL
+        router.send_multipart([rid, b"pong", bytes(BIG)])
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    go.set()
+    frames = recv(dealer.underlying, BIG, True)
+    thread.join()
+    assert isinstance(frames, list) and frames[0] == b"pong" and len(frames[1]) == BIG
+
+
+def test_a_waiting_receive_ends_empty_at_rcvtimeo(pair: tuple[zmq.Socket[bytes], ...]) -> None:
+    _, dealer = pair
+    recv = _direct_zmq.recv
+    assert recv is not None
+    dealer.setsockopt(zmq.RCVTIMEO, 30)
+    assert recv(dealer.underlying, BIG, True) is None
 
 
 def test_recv_gives_none_then_the_whole_message(pair: tuple[zmq.Socket[bytes], ...]) -> None:

@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Non-blocking receives and sends that keep the GIL: libzmq called directly, for dispatchers.
+"""Receives and sends that keep the GIL when they cannot wait, and release it when they do:
+libzmq called directly, for the dispatchers and the lanes.
 
 pyzmq releases the GIL around every call into libzmq, because a call may block. A dispatcher's
 receive never blocks (``ZMQ_DONTWAIT``: a message is there or ``EAGAIN`` at once), so the
@@ -8,10 +9,14 @@ process wants the GIL (a consumer woken by the previous message, a worker), the 
 gives it up inside the receive and waits to get it back, up to the switch interval. That
 convoy, not libzmq, was half of the client dispatcher's time per notification (py-spy:
 ``recv_frames``' receive line). The critical path's rule: do not hand the CPU over on
-every message.
+every message. A lane's receive does wait (``recv(..., block=True)``, up to the socket's
+``RCVTIMEO``): only that wait runs without the GIL, and the message comes back as ``bytes``
+without pyzmq's ``Frame`` objects around it.
 
-libzmq is the library pyzmq loaded (``bind``: the addresses of its functions, found through
-ctypes by ``_zmq_common``), so the sockets and the library are the same. A frame below
+libzmq is the library pyzmq loaded (``bind``: the module of pyzmq's backend, opened again with
+``dlopen(RTLD_NOLOAD)``, never a new copy, and each function looked up with ``dlsym`` in it and
+the libraries it was linked with: pyzmq's bundled ``libzmq``, a system one, or the backend
+itself for a static build), so the sockets and the library are the same. A frame below
 ``copy_below`` bytes becomes ``bytes`` (one copy, the message closed at once); a larger one
 becomes a :class:`ReceivedFrame` that owns the libzmq message and exposes it through the
 buffer protocol (zero-copy, closed when the last view goes). Errors other than ``EAGAIN``
@@ -26,7 +31,16 @@ from cpython.buffer cimport (
     PyObject_GetBuffer,
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.errno cimport EAGAIN
+from cpython.exc cimport PyErr_CheckSignals
+from libc.errno cimport EAGAIN, EINTR
+
+
+cdef extern from "<dlfcn.h>" nogil:
+    void* dlopen(const char* filename, int flags)
+    void* dlsym(void* handle, const char* symbol)
+    int dlclose(void* handle)
+    int RTLD_NOW
+    int RTLD_NOLOAD
 
 
 cdef extern from *:
@@ -66,23 +80,43 @@ DEF SNDMORE = 2  # ZMQ_SNDMORE
 DEF SRCFD = 2  # ZMQ_SRCFD, a zmq_msg_get property
 
 
-def bind(dict addresses):
-    """Take libzmq's functions from ``{name: address}`` (ctypes, every address non-zero:
-    ``_direct_zmq._addresses``); ``KeyError`` when one is missing."""
+_NAMES = (
+    b"zmq_msg_init", b"zmq_msg_recv", b"zmq_msg_data", b"zmq_msg_size", b"zmq_msg_more",
+    b"zmq_msg_close", b"zmq_msg_move", b"zmq_errno", b"zmq_send", b"zmq_msg_get",
+    b"zmq_msg_gets",
+)
+
+
+def bind(str loaded_module):
+    """Take libzmq's functions from ``loaded_module``, a file already loaded in this process
+    (pyzmq's backend extension), and the libraries it was linked with. True when every
+    function was found (then the calls below may be used), False otherwise."""
     global _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close, _msg_move, _errno
     global _send, _msg_get, _msg_gets
-    cdef size_t a
-    a = addresses["zmq_msg_init"]; _msg_init = <f_msg_init>a
-    a = addresses["zmq_msg_recv"]; _msg_recv = <f_msg_recv>a
-    a = addresses["zmq_msg_data"]; _msg_data = <f_msg_data>a
-    a = addresses["zmq_msg_size"]; _msg_size = <f_msg_size>a
-    a = addresses["zmq_msg_more"]; _msg_more = <f_msg_more>a
-    a = addresses["zmq_msg_close"]; _msg_close = <f_msg_close>a
-    a = addresses["zmq_msg_move"]; _msg_move = <f_msg_move>a
-    a = addresses["zmq_errno"]; _errno = <f_errno>a
-    a = addresses["zmq_send"]; _send = <f_send>a
-    a = addresses["zmq_msg_get"]; _msg_get = <f_msg_get>a
-    a = addresses["zmq_msg_gets"]; _msg_gets = <f_msg_gets>a
+    path = loaded_module.encode()
+    cdef void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
+    if handle == NULL:
+        return False
+    cdef void* found[11]
+    cdef int i
+    for i in range(11):
+        found[i] = dlsym(handle, <const char*>_NAMES[i])
+        if found[i] == NULL:
+            dlclose(handle)
+            return False
+    # The handle is kept open: pyzmq's backend stays loaded for the life of the process anyway.
+    _msg_init = <f_msg_init>found[0]
+    _msg_recv = <f_msg_recv>found[1]
+    _msg_data = <f_msg_data>found[2]
+    _msg_size = <f_msg_size>found[3]
+    _msg_more = <f_msg_more>found[4]
+    _msg_close = <f_msg_close>found[5]
+    _msg_move = <f_msg_move>found[6]
+    _errno = <f_errno>found[7]
+    _send = <f_send>found[8]
+    _msg_get = <f_msg_get>found[9]
+    _msg_gets = <f_msg_gets>found[10]
+    return True
 
 
 cdef class ReceivedFrame:
@@ -118,18 +152,29 @@ cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below):
     return memoryview(kept)
 
 
-def recv(size_t handle, Py_ssize_t copy_below):
-    """One whole message from the socket at ``handle`` (``zmq.Socket.underlying``), without
-    waiting and without releasing the GIL: a list of frames (``bytes`` below ``copy_below``,
-    otherwise a read-only ``memoryview`` over the libzmq message); ``None`` when no message
-    is waiting; an ``int`` (libzmq's errno) on any other failure."""
+def recv(size_t handle, Py_ssize_t copy_below, bint block=False):
+    """One whole message from the socket at ``handle`` (``zmq.Socket.underlying``): a list of
+    frames (``bytes`` below ``copy_below``, otherwise a read-only ``memoryview`` over the
+    libzmq message); ``None`` when no message is waiting; an ``int`` (libzmq's errno) on any
+    other failure. Without ``block`` it neither waits nor releases the GIL; with ``block`` it
+    waits for the first frame up to the socket's ``RCVTIMEO`` with the GIL released (``None``
+    when that passes, or when a signal interrupted the wait and its handler did not raise)."""
     cdef rda_zmq_msg_t msg
     cdef void* sock = <void*>handle
-    cdef int more
+    cdef int more, rc, err
     _msg_init(&msg)
-    if _msg_recv(&msg, sock, DONTWAIT) < 0:
-        err = _errno()
+    if block:
+        with nogil:
+            rc = _msg_recv(&msg, sock, 0)
+            err = _errno() if rc < 0 else 0
+    else:
+        rc = _msg_recv(&msg, sock, DONTWAIT)
+        err = _errno() if rc < 0 else 0
+    if rc < 0:
         _msg_close(&msg)
+        if err == EINTR:
+            PyErr_CheckSignals()  # a KeyboardInterrupt from the handler is raised here
+            return None
         return None if err == EAGAIN else err
     more = _msg_more(&msg)
     frames = [_frame(&msg, copy_below)]

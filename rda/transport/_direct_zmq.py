@@ -1,24 +1,24 @@
-"""Non-blocking receives and sends that keep the GIL (``_czmq``), bound to pyzmq's libzmq.
+"""Receives and sends straight into libzmq (``_czmq``), bound to pyzmq's own libzmq.
 
 pyzmq releases the GIL around every libzmq call; for a dispatcher's ``ZMQ_DONTWAIT`` receive
 or send that release only hands the CPU to another thread of the process and makes the
 dispatcher wait to get it back (docs/transport.md, "GIL hand-overs"). ``_czmq`` calls libzmq
-directly. It must be the *same* libzmq as pyzmq's (its sockets are pointers into it): the
-library file is found in ``/proc/self/maps`` (pyzmq's wheels bundle ``libzmq-<hash>.so``) or
-is pyzmq's backend extension itself (a static build), opened with ctypes (``dlopen`` of a
-loaded file returns the loaded copy) to read the functions' addresses.
+directly: without releasing the GIL where the call cannot wait, releasing it only around a
+lane's waiting receive. It must be the *same* libzmq as pyzmq's (its sockets are pointers
+into it): ``_czmq.bind`` opens pyzmq's backend extension again (``dlopen`` with
+``RTLD_NOLOAD``: the loaded copy, never a new one) and looks each function up in it and in
+the libraries it was linked with (``dlsym``): pyzmq's bundled ``libzmq``, a system one, or
+the backend itself when libzmq was linked statically.
 
-``recv`` and ``send`` are None when any of that is missing (no extension, not Linux, another
-libzmq ABI, ``RDA_PURE_PYTHON=1``): the transports then go through pyzmq, as before.
+``recv`` and ``send`` are None when any of that is missing (no extension, another libzmq
+ABI, ``RDA_PURE_PYTHON=1``): the transports then go through pyzmq, as before.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -26,57 +26,6 @@ import zmq
 __all__ = ["recv", "recv_routed", "send"]
 
 log = logging.getLogger("rda.transport")
-
-_FUNCTIONS = (
-    "zmq_msg_init",
-    "zmq_msg_recv",
-    "zmq_msg_data",
-    "zmq_msg_size",
-    "zmq_msg_more",
-    "zmq_msg_close",
-    "zmq_msg_move",
-    "zmq_errno",
-    "zmq_send",
-    "zmq_msg_get",
-    "zmq_msg_gets",
-)
-
-
-def _candidates() -> list[str]:
-    """Files that may hold pyzmq's libzmq: a mapped ``libzmq*.so*``, then pyzmq's backend."""
-    found: list[str] = []
-    try:
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            path = line.split()[-1] if "/" in line else ""
-            if "libzmq" in Path(path).name and path not in found:
-                found.append(path)
-    except OSError:
-        pass
-    # A static build: libzmq's symbols live in pyzmq's compiled backend itself.
-    try:
-        import zmq.backend.cython._zmq as compiled_backend
-    except ImportError:
-        return found
-    backend_file = getattr(compiled_backend, "__file__", None)
-    if isinstance(backend_file, str) and backend_file not in found:
-        found.append(backend_file)
-    return found
-
-
-def _addresses(path: str) -> dict[str, int] | None:
-    try:
-        lib = ctypes.CDLL(path)
-        found = {
-            name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS
-        }
-    except (OSError, AttributeError):
-        return None
-    out: dict[str, int] = {}
-    for name, addr in found.items():
-        if not addr:
-            return None
-        out[name] = addr
-    return out
 
 
 def _load() -> Any:
@@ -89,21 +38,24 @@ def _load() -> Any:
         from rda.transport import _czmq
     except ImportError:
         return None
-    for path in _candidates():
-        addresses = _addresses(path)
-        if addresses is not None:
-            _czmq.bind(addresses)
-            return _czmq
-    log.debug("libzmq not found among the loaded files: receiving through pyzmq")
+    try:
+        import zmq.backend.cython._zmq as backend
+    except ImportError:  # pyzmq's CFFI backend (PyPy): no module linked with libzmq to open
+        return None
+    backend_file = getattr(backend, "__file__", None)
+    if isinstance(backend_file, str) and _czmq.bind(backend_file):
+        return _czmq
+    log.debug("libzmq's functions not found through pyzmq's backend: going through pyzmq")
     return None
 
 
 _bound = _load()
 
-recv: Callable[[int, int], Any] | None = None if _bound is None else _bound.recv
-"""``recv(socket.underlying, copy_below)``: a list of frames (``bytes`` below ``copy_below``,
-else a read-only ``memoryview`` over libzmq's message, no copy), ``None`` when no message is
-waiting, or libzmq's errno (an ``int``) on another failure. None when not available."""
+recv: Callable[..., Any] | None = None if _bound is None else _bound.recv
+"""``recv(socket.underlying, copy_below, block=False)``: a list of frames (``bytes`` below
+``copy_below``, else a read-only ``memoryview`` over libzmq's message, no copy), ``None`` when
+no message is waiting, or libzmq's errno (an ``int``) on another failure. With ``block`` it
+waits up to the socket's ``RCVTIMEO``, the GIL released. None when not available."""
 
 recv_routed: Callable[[int, int, int], Any] | None = None if _bound is None else _bound.recv_routed
 """``recv_routed(socket.underlying, copy_below, handshake_kind)``: ``recv`` for a ROUTER; a

@@ -78,12 +78,19 @@ class ZmqLane(Lane):
         sock = self._sock
         assert sock is not None
         received = self.session.received
+        recv_direct, handle = common.direct_recv, sock.underlying
+        frames: list[Any] | int | None = None
         while True:
-            try:
-                frames = common.recv_copied(sock, 0)  # waits up to RCVTIMEO
-            except zmq.ZMQError as exc:
-                address = self.session.address
-                raise TransportError(f"receiving from {address} failed: {exc}") from exc
+            # Waits up to RCVTIMEO with the GIL released, the reply's small frames as bytes
+            # (_direct_zmq); on an error (an errno) pyzmq receives again and raises its own.
+            if recv_direct is not None:
+                frames = recv_direct(handle, common.COPY_BELOW, True)
+            if recv_direct is None or isinstance(frames, int):
+                try:
+                    frames = common.recv_copied(sock, 0)  # waits up to RCVTIMEO
+                except zmq.ZMQError as exc:
+                    address = self.session.address
+                    raise TransportError(f"receiving from {address} failed: {exc}") from exc
             if frames is None:
                 if ended():
                     return None
