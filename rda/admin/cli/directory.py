@@ -1,22 +1,38 @@
 """``rda directory list``: where devices are, from every directory the configuration names
-(the static mapping, etcd when ``RDA_DIRECTORY_URL`` is set, this machine's file).
+(the static mapping, etcd when ``RDA_DIRECTORY_URL`` is set, this machine's file), and with
+``--check`` whether each registered server answers now (an entry outlives a killed server until
+its lease's ttl runs out).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import click
 
-from rda.admin.cli.common import Options, emit_json
+from rda.admin.cli.common import Options, emit_json, open_client
 from rda.admin.format import format_table
-from rda.business.directory import ChainDirectory, Directory, FileDirectory, default_directory
+from rda.business.directory import (
+    ChainDirectory,
+    Directory,
+    DirectoryUnavailableError,
+    FileDirectory,
+    default_directory,
+)
 from rda.business.entries import ServerEntry
 from rda.business.etcd.directory import EtcdDirectory
+from rda.serialization.errors import DisconnectedError, RdaError, TimeoutError, TransportError
 
 __all__ = ["directory"]
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+# How long --check waits for each server's admin ping (all are asked at once).
+_CHECK_TIMEOUT = 2.0
+# What means "no reply came" (as opposed to an error reply, which proves the server is up).
+_NO_REPLY = (TimeoutError, DisconnectedError, TransportError, DirectoryUnavailableError)
 
 
 @click.group()
@@ -26,8 +42,14 @@ def directory() -> None:
 
 @directory.command("list")
 @_JSON
+@click.option(
+    "--check",
+    is_flag=True,
+    help=f"Ping each registered server (admin ping, {_CHECK_TIMEOUT:g} s, all at once) and show "
+    "whether it answers: an entry outlives a killed server until its ttl runs out.",
+)
 @click.pass_obj
-def directory_list(options: Options, as_json: bool) -> None:
+def directory_list(options: Options, as_json: bool, check: bool) -> None:
     """List registered servers (with their devices: etcd and this machine's file) and static
     mappings."""
     config = options.config()
@@ -43,6 +65,8 @@ def directory_list(options: Options, as_json: bool) -> None:
     finally:
         if isinstance(chain, ChainDirectory):
             chain.close()
+    if check and servers:
+        _check(options, servers)
     if as_json:
         emit_json(
             {
@@ -65,6 +89,7 @@ def directory_list(options: Options, as_json: bool) -> None:
                 "endpoint": s["endpoint"],
                 **({"host": s["host"]} if hosts else {}),
                 "pid": s["pid"],
+                **({"answers": s["check"]} if check else {}),
                 "devices": _devices_cell(s["devices"]),
             }
             for s in servers
@@ -74,6 +99,36 @@ def directory_list(options: Options, as_json: bool) -> None:
         click.echo("no servers registered")
     for pattern, endpoint in static.items():
         click.echo(f"static  {pattern} -> {endpoint}")
+
+
+def _check(options: Options, servers: list[dict[str, Any]]) -> None:
+    """Add ``alive`` (bool) and ``check`` (``yes (3 ms)``, ``no (TimeoutError)``) to each row:
+    an admin ping, every server at once. Any reply proves the server alive, an error reply too
+    (a server without the admin commands, a ping not authorized: ``yes (3 ms,
+    NotAuthorizedError)``); no reply (timeout, connection refused or lost) does not."""
+    answered: dict[int, float] = {}  # row index -> when its ping completed
+
+    def stamp(index: int) -> Callable[[Future[Any]], None]:
+        return lambda _: answered.__setitem__(index, time.monotonic())
+
+    with open_client(options) as client:
+        started = time.monotonic()
+        pings: list[Future[Any]] = []
+        for index, server in enumerate(servers):
+            ping = client.admin_async(server["endpoint"], "ping", timeout=_CHECK_TIMEOUT)
+            ping.add_done_callback(stamp(index))
+            pings.append(ping)
+        for index, (row, ping) in enumerate(zip(servers, pings, strict=True)):
+            replied = ""
+            try:
+                ping.result()
+            except _NO_REPLY as exc:
+                row["alive"], row["check"] = False, f"no ({type(exc).__name__})"
+                continue
+            except RdaError as exc:
+                replied = f", {type(exc).__name__}"
+            took = (answered.get(index, time.monotonic()) - started) * 1000
+            row["alive"], row["check"] = True, f"yes ({took:.0f} ms{replied})"
 
 
 def _server_row(entry: ServerEntry, where: str) -> dict[str, Any]:
