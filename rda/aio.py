@@ -31,6 +31,7 @@ from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import Directory
+from rda.business.metadata import PropertyDescription
 from rda.serialization.data import Data
 
 __all__ = ["AccessPoint", "ClientService", "Subscription"]
@@ -119,6 +120,11 @@ class AccessPoint:
         result: AcquiredData = await asyncio.wrap_future(
             self.core.get_async(selector, filters, timeout)
         )
+        return result
+
+    async def describe(self, timeout: float | None = None) -> PropertyDescription:
+        """The property's declared metadata (``rda.AccessPoint.describe``)."""
+        result: PropertyDescription = await asyncio.wrap_future(self.core.describe_async(timeout))
         return result
 
     async def set(

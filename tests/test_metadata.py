@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import rda
 from rda.business.metadata import (
     NO_ALARM,
+    AlarmRule,
     compute_alarm,
     fields_of_model,
     format_value,
@@ -232,3 +233,30 @@ def test_limits_accept_exactly_the_closed_range(low: float, span: float, value: 
         return
     problems = limit_problems({"x": rda.Field(limits=(low, high))}, {"x": value})
     assert (problems == []) == (low <= value <= high)
+
+
+scalar = st.one_of(
+    finite,
+    st.just(math.nan),
+    st.integers(-(2**40), 2**40),
+    st.booleans(),
+    st.text(max_size=3),
+    st.none(),
+)
+
+
+@given(
+    declared=st.lists(st.one_of(fields(), st.just(rda.Field(units="V"))), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_the_compiled_rule_answers_as_compute_alarm(
+    declared: list[rda.Field], data: st.DataObject
+) -> None:
+    """AlarmRule (what a server runs per value) is compute_alarm with a quick path."""
+    names = [f"f{i}" for i in range(len(declared))]
+    fields = dict(zip(names, declared, strict=True))
+    values = {n: data.draw(scalar) for n in names}
+    values = {n: v for n, v in values.items() if v is not None}
+    assert AlarmRule(fields)(values) == compute_alarm(fields, values)
+    arrays = {n: np.array([data.draw(finite), data.draw(finite)]) for n in names}
+    assert AlarmRule(fields)(arrays) == compute_alarm(fields, arrays)

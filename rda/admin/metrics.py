@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
+    GaugeMetricFamily,
     HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
@@ -174,6 +175,15 @@ class ServerCollector(Collector):
         dropped.add_metric([name, "dropped_oldest"], scheduler.dropped_oldest)
         dropped.add_metric([name, "dropped_newest"], scheduler.dropped_newest)
         yield dropped
+        in_alarm = GaugeMetricFamily(
+            "rda_properties_in_alarm",
+            "Properties with declared alarm limits whose last value is in alarm, by severity "
+            "(minor, major, invalid).",
+            labels=["server", "severity"],
+        )
+        for severity in ("minor", "major", "invalid"):
+            in_alarm.add_metric([name, severity], stats.properties_in_alarm.get(severity, 0))
+        yield in_alarm
         yield from group_families(server, stats, name)
         yield from transport_families(transport, name, lbl)
         yield from _error_families(stats, name)

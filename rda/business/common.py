@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rda.business.metadata import NO_ALARM, Alarm
 from rda.serialization.data import Data
 from rda.serialization.header import DataContext
 
@@ -18,18 +19,26 @@ _NO_CONTEXT = DataContext()
 
 @dataclass(frozen=True, slots=True, init=False)
 class AcquiredData:
-    """A value with its acquisition context: what ``get`` returns and ``notify`` sends."""
+    """A value with its acquisition context: what ``get`` returns and ``notify`` sends.
+
+    ``alarm``: on a client, the alarm the server sent with a get's reply (``Alarm.NONE`` when
+    it sent none); a server computes the alarms it sends from the declared limits and does not
+    read this."""
 
     data: Data
     context: DataContext = _NO_CONTEXT
+    alarm: Alarm = NO_ALARM
 
     # What a get handler writes for every request (``request.complete(AcquiredData(d))``,
     # docs/server.md): set through the slots, not the frozen dataclass's __init__ (an
     # object.__setattr__ per field and a new default context), a fifth of the cost
     # (docs/performance.md, "The documented handler").
-    def __init__(self, data: Data, context: DataContext = _NO_CONTEXT) -> None:
+    def __init__(
+        self, data: Data, context: DataContext = _NO_CONTEXT, alarm: Alarm = NO_ALARM
+    ) -> None:
         _SET_DATA(self, data)
         _SET_CONTEXT(self, context)
+        _SET_ALARM(self, alarm)
 
 
 def stamped(acquired: AcquiredData) -> AcquiredData:
@@ -48,6 +57,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
     return new_acquired(
         acquired.data,
         _context(context.cycle_name, context.cycle_stamp, time.time_ns(), context.selector),
+        acquired.alarm,
     )
 
 
@@ -61,18 +71,21 @@ def stamped_data(data: Data) -> AcquiredData:
 # __init__ (object.__setattr__ per field), measured a third of the cost (docs/performance.md,
 # "Reply stamping through slots").
 _new = object.__new__
-_SET_DATA, _SET_CONTEXT = (vars(AcquiredData)[name].__set__ for name in ("data", "context"))
+_SET_DATA, _SET_CONTEXT, _SET_ALARM = (
+    vars(AcquiredData)[name].__set__ for name in ("data", "context", "alarm")
+)
 _SET_NAME, _SET_CYCLE, _SET_ACQ, _SET_SELECTOR = (
     vars(DataContext)[name].__set__
     for name in ("cycle_name", "cycle_stamp", "acq_stamp", "selector")
 )
 
 
-def new_acquired(data: Data, context: DataContext) -> AcquiredData:
-    """``AcquiredData(data, context)`` built through the slots (every get's result)."""
+def new_acquired(data: Data, context: DataContext, alarm: Alarm = NO_ALARM) -> AcquiredData:
+    """``AcquiredData(data, context, alarm)`` built through the slots (every get's result)."""
     value: AcquiredData = _new(AcquiredData)
     _SET_DATA(value, data)
     _SET_CONTEXT(value, context)
+    _SET_ALARM(value, alarm)
     return value
 
 

@@ -23,7 +23,15 @@ from rda.serialization.header import DataContext, Header, decode_context
 if TYPE_CHECKING:
     from rda.serialization.data import Data
 
-__all__ = ["BodyKind", "Message", "decode_exception", "encode_data_body", "encode_exception"]
+__all__ = [
+    "BodyKind",
+    "Message",
+    "decode_alarm",
+    "decode_exception",
+    "encode_alarm",
+    "encode_data_body",
+    "encode_exception",
+]
 
 Buffer = bytes | memoryview
 
@@ -71,6 +79,11 @@ class BodyKind(enum.IntEnum):
     # The elements of one big read-only array of the DATA body, in the order the body refers
     # to them (``binary.encode(data, arrays)``): sent as a frame of its own, never copied.
     ARRAY = 5
+    # Kind 3 in a REPLY or notification (the server's side): a Data of optional keys about
+    # the value, today its alarm (``alarm_severity``, ``alarm_message``, ``alarm_field``;
+    # docs/protocol.md, "Alarms"). Sent only when there is something to say; decoders from
+    # before it know kind 3 and never read it in a reply, so they skip it.
+    REPLY_CONTEXT = 3
 
 
 def encode_data_body(data: Data) -> list[tuple[BodyKind, Buffer]]:
@@ -101,6 +114,32 @@ def decode_exception(frame: Buffer) -> tuple[str, str]:
         return raw[2 : 2 + ln].decode(), raw[2 + ln :].decode()
     except UnicodeDecodeError as exc:
         raise DecodeError("exception frame is not valid UTF-8", exc.start) from exc
+
+
+def encode_alarm(severity: int, message: str, field: str) -> bytes:
+    """The REPLY_CONTEXT body of a value in alarm: a Data with ``alarm_severity`` (int32,
+    1 MINOR .. 3 INVALID), ``alarm_message`` and ``alarm_field`` (docs/protocol.md, "Alarms")."""
+    from rda.serialization.data import Data, DataType
+
+    context = Data()
+    context.append("alarm_severity", severity, DataType.INT32)
+    context.append("alarm_message", message)
+    context.append("alarm_field", field)
+    return binary.encode(context)
+
+
+def decode_alarm(frame: Buffer) -> tuple[int, str, str]:
+    """``(severity, message, field)`` of a REPLY_CONTEXT body; ``(0, "", "")`` when it carries
+    no alarm. Raises ``DecodeError`` for a body that is no Data or an alarm of the wrong types."""
+    context = binary.decode(frame)
+    if "alarm_severity" not in context:
+        return 0, "", ""
+    severity = context["alarm_severity"]
+    message = context.get("alarm_message", "")
+    field = context.get("alarm_field", "")
+    if type(severity) is not int or not isinstance(message, str) or not isinstance(field, str):
+        raise DecodeError("alarm: alarm_severity must be an int, message and field strings", 0)
+    return severity, message, field
 
 
 class Message:
@@ -245,6 +284,16 @@ class Message:
     def seq(self) -> int:
         """Per-subscription sequence number of a notification (0 when absent)."""
         return self._context_and_seq[1]
+
+    @_lazy
+    def alarm(self) -> tuple[int, str, str]:
+        """``(severity, message, field)`` from the REPLY_CONTEXT body (``decode_alarm``);
+        ``(0, "", "")`` when the server sent none (a value in no alarm, or an older server)."""
+        frame = self.frame(BodyKind.REPLY_CONTEXT)
+        try:
+            return (0, "", "") if frame is None else decode_alarm(frame)
+        except DecodeError as exc:
+            raise as_remote(exc) from None
 
     @_lazy
     def exception(self) -> tuple[str, str] | None:

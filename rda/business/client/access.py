@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rda.business.client.replies import get_result, set_result
+from rda.business.client.replies import describe_result, get_result, set_result
 from rda.business.common import AcquiredData
+from rda.business.metadata import DESCRIBE_SELECTOR, PropertyDescription
 from rda.serialization import binary
 from rda.serialization.data import Data, DataType
 from rda.serialization.header import RequestType
@@ -154,6 +155,20 @@ class AccessPoint:
             RequestType.GET, [], selector, filters, timeout, get_result
         )
         return result
+
+    def describe(self, timeout: float | None = None) -> PropertyDescription:
+        """The property's declared metadata: units, precision, limits and alarm limits of
+        each field, its description, whether it is settable. A get with the reserved selector
+        ``rda:describe`` (docs/protocol.md, "Describe"): read access, through the directory,
+        CURVE and the policy like any get. ``RemoteProtocolError`` from a server that predates
+        it (it answers with the value)."""
+        result: PropertyDescription = self._call(
+            RequestType.GET, [], DESCRIBE_SELECTOR, None, timeout, describe_result
+        )
+        return result
+
+    def describe_async(self, timeout: float | None = None) -> Future[PropertyDescription]:
+        return self._request(RequestType.GET, [], DESCRIBE_SELECTOR, None, timeout, describe_result)
 
     def set(
         self,

@@ -15,16 +15,18 @@ for the system call, so the woken caller does not have to wait for the GIL.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from rda.business.client.subscriptions import remote_error
+from rda.business.client.subscriptions import alarm_of, remote_error
 from rda.business.common import AcquiredData, new_acquired
+from rda.business.metadata import PropertyDescription
 from rda.serialization.data import Data
 from rda.serialization.errors import RemoteProtocolError
 from rda.serialization.header import RequestType
-from rda.serialization.message import Message
+from rda.serialization.message import BodyKind, Message
 from rda.transport.mailbox import Wakeup
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "ReplyWaiter",
     "admin_result",
     "complete",
+    "describe_result",
     "get_result",
     "op_name",
     "set_result",
@@ -224,7 +227,32 @@ def get_result(message: Message) -> AcquiredData:
         raise RemoteProtocolError(
             f"{header.device}/{header.property}: get reply without a DATA frame"
         )
-    return new_acquired(data, message.context)
+    if message.frame(_REPLY_CONTEXT) is None:  # no alarm sent: the usual reply
+        return new_acquired(data, message.context)
+    return new_acquired(data, message.context, alarm_of(message))
+
+
+_REPLY_CONTEXT = BodyKind.REPLY_CONTEXT
+
+
+def describe_result(message: Message) -> PropertyDescription:
+    """The description in a describe reply (docs/protocol.md, "Describe"); a server that
+    answered with the property's value instead does not know the describe selector."""
+    _raise_if_exception(message)
+    header = message.header
+    data = message.data
+    text = None if data is None else data.get("rda_description")
+    if not isinstance(text, str):
+        raise RemoteProtocolError(
+            f"{header.device}/{header.property}: the server answered describe with a value, "
+            "not a description (a server from before property metadata, rda issue 33)"
+        )
+    try:
+        return PropertyDescription.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise RemoteProtocolError(
+            f"{header.device}/{header.property}: malformed description: {exc}"
+        ) from None
 
 
 def set_result(message: Message) -> None:

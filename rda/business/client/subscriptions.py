@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from rda.business.client.statistics import ClientCounters
+from rda.business.metadata import NO_ALARM, Alarm, Severity
 from rda.serialization.data import Data
 from rda.serialization.errors import (
     LocalProtocolError,
@@ -35,7 +36,7 @@ from rda.serialization.errors import (
 from rda.serialization.header import DataContext, RequestType, UpdateType
 from rda.serialization.message import Message
 
-__all__ = ["Notification", "Subscription", "remote_error"]
+__all__ = ["Notification", "Subscription", "alarm_of", "remote_error"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,22 @@ def remote_error(device: str, prop: str, type_name: str, message: str) -> RdaErr
     if device and device not in message:
         message = f"{device}/{prop}: {message}"
     return error_from_remote(type_name, message)
+
+
+_SEVERITIES = {int(s): s for s in Severity}
+
+
+def alarm_of(message: Message) -> Alarm:
+    """The alarm a REPLY or notification carries (docs/protocol.md, "Alarms"): NONE when the
+    server sent none; a severity this side does not know counts as INVALID; a malformed alarm
+    body is INVALID too, naming the problem (the value itself may still be good)."""
+    try:
+        severity, text, field = message.alarm
+    except RemoteDecodeError as bad:
+        return Alarm(Severity.INVALID, f"malformed alarm: {bad}")
+    if not severity:
+        return NO_ALARM
+    return Alarm(_SEVERITIES.get(severity, Severity.INVALID), text, field)
 
 
 def _error_of(message: Message, device: str, prop: str) -> RdaError:
@@ -139,6 +156,17 @@ class Notification:
                 error = _error_of(message, *self._name)
             object.__setattr__(self, "_error", error)
         return error  # type: ignore[no-any-return]
+
+    @property
+    def alarm(self) -> Alarm:
+        """The value's alarm state: what the server computed from the property's alarm
+        limits (``Alarm.NONE`` when it sent none: in no alarm, no limits declared, or an older
+        server); INVALID with the error's text for an error or a disconnection."""
+        error = self.error
+        if error is not None:
+            return Alarm(Severity.INVALID, str(error))
+        message = self._message
+        return NO_ALARM if message is None else alarm_of(message)
 
     @property
     def data(self) -> Data:

@@ -8,12 +8,13 @@ the configuration and builds a :class:`~rda.business.server.runtime.Server` (re-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from rda.business.config import Config
 from rda.business.directory import Registry, default_registry
+from rda.business.metadata import Field, PropertyDescription
 from rda.business.policy import Policy, check_lockout
 from rda.business.scheduler import InlineRule, OverflowPolicy
 from rda.business.server.devices import Device, DeviceRouter
@@ -46,6 +47,7 @@ class ServerBuilder:
         self._subs: SubscriptionCallback | None = None
         self._devices: dict[str, Device] = {}
         self._device_names: list[str] = []
+        self._described: dict[tuple[str, str], PropertyDescription] = {}
         self._config: Config | None = None
         self._overrides: dict[str, Any] = {}
         self._immediate = True
@@ -83,6 +85,8 @@ class ServerBuilder:
         """Serve a declarative :class:`~rda.business.server.devices.Device` under ``name``."""
         if name in self._devices:
             raise ValueError(f"device {name!r} is already served by this builder")
+        if any(d == name for d, _ in self._described):
+            raise ValueError(f"{name} has describe() calls: a Device declares its own fields")
         self._devices[name] = device
         for p in type(device).properties().values():
             pattern = f"{_glob_escape(name)}/{_glob_escape(p.name)}"
@@ -95,6 +99,33 @@ class ServerBuilder:
     def devices(self, *names: str) -> Self:
         """Device names or glob patterns served by the raw callbacks (for the directory)."""
         self._device_names.extend(names)
+        return self
+
+    def describe(
+        self,
+        device: str,
+        prop: str,
+        fields: Mapping[str, Field] | None = None,
+        description: str = "",
+        settable: bool = True,
+    ) -> Self:
+        """Declare the metadata of a property the raw callbacks serve (a ``Device`` declares
+        its own with ``@rda.prop(..., fields=...)``): what ``describe`` answers; the server
+        refuses sets outside the fields' ``limits`` before the callback sees them and sends
+        the alarm of each value (docs/server.md, "Property metadata")."""
+        if not device or not prop:
+            raise ValueError("describe needs a device and a property name")
+        if device in self._devices:
+            raise ValueError(
+                f"{device} is a Device: declare its fields with @rda.prop(..., fields=...)"
+            )
+        checked = dict(fields or {})
+        for name, field in checked.items():
+            if not isinstance(field, Field):
+                raise TypeError(f"{device}/{prop}: fields[{name!r}] must be an rda.Field")
+        self._described[(device, prop)] = PropertyDescription(
+            device, prop, checked, description, settable
+        )
         return self
 
     def heartbeat(self, interval: float, timeout: float) -> Self:
@@ -273,6 +304,8 @@ class ServerBuilder:
             subscription=subs,
             devices=list(dict.fromkeys([*self._devices, *self._device_names])),
             device_objects=dict(self._devices),
+            described=dict(self._described),
+            raw_devices=self._rr is not None or self._subs is not None,
             immediate_updates=self._immediate,
             inline_handlers=InlineRule(
                 self._inline, self._inline_patterns, self._blocking_patterns

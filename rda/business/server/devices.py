@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from rda.business.common import AcquiredData
+from rda.business.metadata import Field, PropertyDescription, fields_of_model, limit_problems
 from rda.business.server.requests import (
     GetRequest,
     RequestReplyCallback,
@@ -84,6 +85,8 @@ class DeviceProperty:
         schema: type[BaseModel] | None = None,
         setter: Setter | None = None,
         blocking: bool | None = None,
+        fields: Mapping[str, Field] | None = None,
+        description: str | None = None,
     ) -> None:
         if not name:
             raise ValueError("a device property needs a non-empty name")
@@ -91,6 +94,19 @@ class DeviceProperty:
         self.getter = getter
         self.schema = schema
         self.set_function = setter
+        # Declared metadata: the schema's annotated fields, then ``fields=`` over them.
+        declared = dict(fields_of_model(schema)) if schema is not None else {}
+        for field_name, field in (fields or {}).items():
+            if not isinstance(field, Field):
+                raise TypeError(f"{name}: fields[{field_name!r}] must be an rda.Field")
+            declared[field_name] = field
+        self.fields: Mapping[str, Field] = declared
+        self.description = (
+            description
+            if description is not None
+            else " ".join((getter.__doc__ or "").strip().split("\n\n")[0].split())
+        )
+        self._limited = {n: f for n, f in declared.items() if f.limits is not None}
         # True: getter or setter may block (waits on hardware): they always run on a worker.
         # False: they never block (a cached value, a computation): they run on the dispatcher
         # even with ServerBuilder.inline_handlers(False). None: the server's default
@@ -107,9 +123,18 @@ class DeviceProperty:
         self.set_function = function
         return self
 
+    def describe(self, device: str) -> PropertyDescription:
+        """This property's description as served under ``device``."""
+        return PropertyDescription(
+            device, self.name, self.fields, self.description, self.set_function is not None
+        )
+
     def validate(self, device: str, data: Data) -> Any:
-        """The value the setter receives: the schema's model, or ``data`` without a schema."""
+        """The value the setter receives: the schema's model, or ``data`` without a schema.
+        Raises ``PropertyValidationError`` naming each bad field, and each value outside its
+        declared control limits (checked on the validated values: what the setter gets)."""
         if self.schema is None:
+            self._check_limits(device, data)
             return data
         problems = _unknown_fields(self.schema, data)
         model: BaseModel | None = None
@@ -123,7 +148,16 @@ class DeviceProperty:
             ]
         if problems or model is None:
             raise PropertyValidationError(f"{device}/{self.name}: {'; '.join(problems)}")
+        if self._limited:
+            self._check_limits(device, model.model_dump(by_alias=True))
         return model
+
+    def _check_limits(self, device: str, values: Mapping[str, Any]) -> None:
+        if not self._limited:
+            return
+        problems = limit_problems(self._limited, values)
+        if problems:
+            raise PropertyValidationError(f"{device}/{self.name}: {'; '.join(problems)}")
 
 
 def _unknown_fields(schema: type[BaseModel], data: Data) -> list[str]:
@@ -146,16 +180,26 @@ def _unknown_fields(schema: type[BaseModel], data: Data) -> list[str]:
 
 
 def prop(
-    name: str, schema: type[BaseModel] | None = None, *, blocking: bool | None = None
+    name: str,
+    schema: type[BaseModel] | None = None,
+    *,
+    blocking: bool | None = None,
+    fields: Mapping[str, Field] | None = None,
+    description: str | None = None,
 ) -> Callable[[Getter], DeviceProperty]:
     """Declare a device property from its getter (``Device.property`` is the same function).
     ``blocking=True`` sends its getter and setter to a worker always (they wait on hardware);
     ``blocking=False`` promises that they never block (run on the dispatcher even when the
     server's ``inline_handlers`` is off); unset, the server's default applies (docs/server.md,
-    "Threads and order")."""
+    "Threads and order"). ``fields``: the metadata of its fields (``rda.Field``: units,
+    precision, control and alarm limits), over what the schema's annotations declare;
+    ``description`` (default: the getter's docstring's first paragraph) is what ``describe``
+    shows (docs/server.md, "Property metadata")."""
 
     def decorate(getter: Getter) -> DeviceProperty:
-        return DeviceProperty(name, getter, schema, blocking=blocking)
+        return DeviceProperty(
+            name, getter, schema, blocking=blocking, fields=fields, description=description
+        )
 
     return decorate
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rda.business.metadata import DESCRIBE_SELECTOR
 from rda.business.policy import AccessGate, Denial
 from rda.business.server.lifecycle import SubscriptionLifecycle
 from rda.business.server.requests import ClientInfo
@@ -132,7 +133,10 @@ class Dispatch:
                 self._deny(peer, header, denial, received_at)
                 return
         if rtype in _REQUESTS:
-            self._start(message, client, received_at)
+            if header.selector == DESCRIBE_SELECTOR and rtype is RequestType.GET:
+                self._runner.describe(peer, header, received_at)
+            else:
+                self._start(message, client, received_at)
         elif rtype is RequestType.ADMIN:
             self._runner.start_admin(peer, message, client, received_at)
         elif rtype is RequestType.UNSUBSCRIBE:

@@ -113,11 +113,16 @@ def error_frames(header: Header, reply_type: RequestType, error: BaseException) 
     return reply_frames(header, reply_type, [(BodyKind.EXCEPTION, frame)])
 
 
-def get_reply_frames(header: Header, result: AcquiredData) -> list[Buffer]:
-    """A get's REPLY: DATA, DATA_CONTEXT, then an ARRAY per big read-only array. Raises what
-    the codec refuses (ValueError, TypeError)."""
+def get_reply_frames(
+    header: Header, result: AcquiredData, alarm: bytes | None = None
+) -> list[Buffer]:
+    """A get's REPLY: DATA, DATA_CONTEXT, then an ARRAY per big read-only array, then the
+    alarm's REPLY_CONTEXT body when there is one (docs/protocol.md, "Alarms"). Raises what the
+    codec refuses (ValueError, TypeError)."""
     body = encode_data_body(result.data)  # DATA, then any ARRAYs
     body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
+    if alarm is not None:
+        body.append((BodyKind.REPLY_CONTEXT, alarm))
     return reply_frames(header, RequestType.REPLY, body)
 
 

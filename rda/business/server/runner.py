@@ -27,6 +27,7 @@ from rda.business.common import AcquiredData
 from rda.business.scheduler import GroupTaskScheduler, InlineRule
 from rda.business.server.devices import PropertyValidationError
 from rda.business.server.outcomes import is_handler_fault, outcome_of
+from rda.business.server.properties import PropertyTable, description_data
 from rda.business.server.replies import (
     admin_reply_frames,
     error_frames,
@@ -59,7 +60,7 @@ from rda.serialization.errors import (
     TimeoutError,
 )
 from rda.serialization.header import Header, RequestType
-from rda.serialization.message import Message
+from rda.serialization.message import BodyKind, Message
 from rda.transport.api import Buffer, ServerTransport
 from rda.transport.ratelog import RateLimitedLog
 
@@ -107,6 +108,7 @@ class RequestRunner:
         inline: InlineRule | None = None,
         accepted: Callable[[ServerRequest], None],
         updated: Callable[[str, str], None] | None,
+        properties: PropertyTable | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._deadlines = deadlines
@@ -118,6 +120,10 @@ class RequestRunner:
         self._default_timeout = default_timeout
         self._accepted = accepted
         self._updated = updated
+        # The declared metadata; None when nothing is declared, so that gets and sets of such a
+        # server take no step for it (one ``is None`` test each).
+        self._properties = properties if properties else None
+        self._described = properties
         # Gets and sets start on the dispatcher when their device is idle (InlineRule; a long
         # one is handed over: rda.transport.relay); Server narrows it for other transports.
         self.inline = inline if inline else None
@@ -196,6 +202,9 @@ class RequestRunner:
                 request.handler_caller = _getframe()
                 self._rr.get(request)  # type: ignore[arg-type]
             elif rtype is RequestType.SET:
+                if self._properties is not None:
+                    # Control limits of a callback server's property, before its callback.
+                    self._properties.check_set(request.device, request.property, request.data)  # type: ignore[attr-defined]
                 self._rr.set(request)  # type: ignore[arg-type]
             else:
                 self._subs.subscribe(request)  # type: ignore[arg-type]
@@ -279,6 +288,29 @@ class RequestRunner:
         self._counters.record("admin", outcome, self._clock() - at)
         self._send(peer, frames)
 
+    def describe(self, peer: bytes, header: Header, at: float) -> None:
+        """A GET with the describe selector (docs/protocol.md, "Describe"): answered from the
+        declared metadata at once, on the calling thread (no user code runs), counted as a
+        get."""
+        try:
+            description = (
+                self._described.describe(header.device, header.property)
+                if self._described is not None
+                else None
+            )
+            if description is None:
+                raise NoSuchDeviceError(f"{header.device}: no such device")
+            body: list[tuple[BodyKind, Buffer]] = [
+                (BodyKind.DATA, binary.encode(description_data(description)))
+            ]
+            frames = reply_frames(header, RequestType.REPLY, body)
+            outcome = "ok"
+        except Exception as exc:
+            outcome = outcome_of(exc)
+            frames = error_frames(header, RequestType.EXCEPTION, exc)
+        self._counters.record("get", outcome, self._clock() - at, header.device, header.property)
+        self._send(peer, frames)
+
     def fetch(
         self, device: str, prop: str, selector: str, filters: Data | None, deliver: Deliver
     ) -> None:
@@ -342,7 +374,12 @@ class RequestRunner:
                     return
                 self._counters.array_reply(zero_copy=False)
             try:
-                frames = get_reply_frames(header, result)
+                alarm = None
+                if self._properties is not None:
+                    encoder = self._properties.encoder(header.device, header.property)
+                    if encoder is not None:
+                        alarm = encoder(result.data)
+                frames = get_reply_frames(header, result, alarm)
             except Exception as exc:
                 # A value the codec refuses (e.g. a cycle name over 64 KiB): the client still
                 # gets an answer, and the handler's author a counted error.

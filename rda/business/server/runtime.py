@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from rda.business.config import Config
 from rda.business.directory import Registry
+from rda.business.metadata import PropertyDescription, Severity
 from rda.business.policy import AccessGate, Policy, reload_file
 from rda.business.scheduler import GroupTaskScheduler, InlineRule, SchedulerStatistics
 from rda.business.server.devices import Device
 from rda.business.server.dispatch import Dispatch
 from rda.business.server.lifecycle import SubscriptionLifecycle
+from rda.business.server.properties import PropertyTable
 from rda.business.server.requests import ClientInfo, DeadlineWatcher, RequestReplyCallback
 from rda.business.server.runner import RequestRunner
 from rda.business.server.statistics import (
@@ -84,6 +86,8 @@ class Server:
         devices: list[str],
         device_objects: dict[str, Device],
         immediate_updates: bool,
+        described: dict[tuple[str, str], PropertyDescription] | None = None,
+        raw_devices: bool = True,
         directory: Registry | None,
         transport_factory: TransportFactory | None,
         clock: Callable[[], float],
@@ -109,6 +113,7 @@ class Server:
         self._endpoint = endpoint
         self._devices = devices
         self._device_objects = device_objects
+        self._properties = PropertyTable(device_objects, described or {}, raw_devices)
         self._immediate = immediate_updates
         self._directory = directory
         # The builder's default registry (etcd's HTTP pool, or the file directory) is the
@@ -190,6 +195,7 @@ class Server:
             inline=self._inline,
             accepted=subscriptions.accepted,
             updated=subscriptions.updated if self._immediate else None,
+            properties=self._properties,
         )
         self._runner = runner
         dispatch = Dispatch(
@@ -215,7 +221,9 @@ class Server:
                 curve=self._curve,
             )
         self._transport = transport
-        self._registry = SubscriptionRegistry(transport)
+        self._registry = SubscriptionRegistry(
+            transport, self._properties.encoder if self._properties else None
+        )
         runner.attach(transport)
         subscriptions.attach(self._registry, runner.fetch)
         if self._inline.everything and not transport.hands_over:
@@ -358,15 +366,33 @@ class Server:
         return list(self._devices)
 
     def properties(self) -> dict[str, list[dict[str, object]]]:
-        """Per device served as a ``Device``: its properties' names and whether each has a
-        setter (the admin ``devices`` command; devices behind raw callbacks are not listed)."""
-        return {
-            name: [
-                {"name": p.name, "writable": p.set_function is not None}
-                for p in sorted(device.properties().values(), key=lambda p: p.name)
-            ]
-            for name, device in sorted(self._device_objects.items())
-        }
+        """Per device served as a ``Device`` or declared with ``ServerBuilder.describe``: its
+        properties' names, whether each is writable, its description and declared fields
+        (rows of ``Field.summary``) and, for one with alarm limits, its last alarm severity (the admin
+        ``devices`` command; undeclared properties of raw callbacks are not listed)."""
+        states = self._properties.alarm_states()
+        out: dict[str, list[dict[str, object]]] = {}
+        for d in self._properties.descriptions():
+            entry: dict[str, object] = {"name": d.property, "writable": d.settable}
+            if d.description:
+                entry["description"] = d.description
+            if d.fields:
+                entry["fields"] = [{"field": name, **f.summary()} for name, f in d.fields.items()]
+            state = states.get((d.device, d.property))
+            if state is not None:
+                entry["alarm"] = state.name
+            out.setdefault(d.device, []).append(entry)
+        return out
+
+    def describe(self, device: str, prop: str) -> PropertyDescription:
+        """What a client's ``describe()`` of ``device/prop`` gets (NoSuchDeviceError for a
+        property a Device lacks)."""
+        return self._properties.describe(device, prop)
+
+    def alarm_counts(self) -> dict[Severity, int]:
+        """How many properties with alarm limits are at each severity, from the last value
+        each sent (the exporter's ``rda_server_properties_in_alarm``)."""
+        return self._properties.alarm_counts()
 
     # -- authorization -----------------------------------------------------------------------
 
@@ -467,6 +493,11 @@ class Server:
             directory=self.directory_state(),
             zero_copy_replies=zero_copy,
             copied_replies=copied,
+            properties_in_alarm={
+                severity.name.lower(): count
+                for severity, count in self._properties.alarm_counts().items()
+                if severity is not Severity.NONE
+            },
         )
 
     def metric_pairs(self) -> set[tuple[str, str]]:

@@ -128,7 +128,9 @@ class ServerStatistics:
     but the reply could reach them, or with a copy of at least one (the device kept it, or
     another thread completed the get; docs/server.md, "Big arrays without a copy").
     ``directory``: where the server registered and the state of that (etcd: registered,
-    unreachable, replaced...).
+    unreachable, replaced...). ``properties_in_alarm``: how many properties with declared alarm
+    limits are in alarm now, by severity (``minor``, ``major``, ``invalid``; every key present),
+    from the last value each sent.
     """
 
     transport: ServerTransportStatistics
@@ -150,6 +152,7 @@ class ServerStatistics:
     directory: str = ""  # where the server is registered, and how that stands
     zero_copy_replies: int = 0
     copied_replies: int = 0
+    properties_in_alarm: dict[str, int] = field(default_factory=dict)
 
 
 class _Pair:

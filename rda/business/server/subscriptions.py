@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from threading import Lock
+from typing import Protocol
 
 from rda.business.common import AcquiredData
 from rda.business.server.requests import ClientInfo, SubscriptionRequest, describe_error
@@ -50,6 +51,7 @@ from rda.transport.api import Buffer, PeerStatistics, ServerTransport
 from rda.transport.protocol import encode_tail
 
 __all__ = [
+    "AlarmRule",
     "SourceKey",
     "SubscriptionCallback",
     "SubscriptionRegistry",
@@ -65,8 +67,18 @@ SourceKey = tuple[str, str, str, bytes]
 # Looked up at call time (not bound at import) so that tests can count encodings.
 _encode_data = encode_data_body
 
-# A value's bodies before the DATA_CONTEXT: DATA and its ARRAYs, or one EXCEPTION.
+# A value's bodies before the DATA_CONTEXT: DATA and its ARRAYs (then an alarm's
+# REPLY_CONTEXT), or one EXCEPTION.
 Bodies = list[tuple[BodyKind, Buffer]]
+
+
+class AlarmRule(Protocol):
+    """A property's alarm rule (``rda.business.server.properties.AlarmEncoder``): a protocol
+    here so that this module does not import the table, which imports the devices."""
+
+    def __call__(self, data: Data) -> bytes | None: ...
+
+    def error(self) -> None: ...
 
 
 def _tail(bodies: Bodies, context: bytes) -> list[Buffer]:
@@ -124,6 +136,9 @@ class SubscriptionSource:
         self.notifications_sent = 0
         self.errors_sent = 0
         self.last_update: float | None = None
+        # The property's alarm rule, when it declares alarm limits (set by the registry):
+        # values in, the alarm's REPLY_CONTEXT body out (None: not in alarm, nothing sent).
+        self.alarm: AlarmRule | None = None
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +167,11 @@ class SubscriptionSource:
         else:
             data, context = acquired.data, acquired.context
         bodies = _encode_data(data)
+        alarm = self.alarm
+        if alarm is not None:
+            frame = alarm(data)
+            if frame is not None:
+                bodies.append((BodyKind.REPLY_CONTEXT, frame))
         # common.stamped's rule without two new frozen objects per update (a third of a
         # notification's cost on the server: docs/performance.md, "Stamping a notification on
         # the wire"): the stamp goes straight on the wire.
@@ -167,6 +187,8 @@ class SubscriptionSource:
         self._transport.wait_for_room()
         exc = error if isinstance(error, BaseException) else RuntimeError(error)
         bodies: Bodies = [(BodyKind.EXCEPTION, encode_exception(*describe_error(exc)))]
+        if self.alarm is not None:
+            self.alarm.error()  # the client makes the INVALID alarm of an error itself
         self._fan_out(
             RequestType.NOTIFICATION_EXC, update_type, bodies, _NO_CONTEXT, time.time_ns()
         )
@@ -221,6 +243,10 @@ class SubscriptionSource:
                 bodies = _encode_data(acquired.data)
                 encode_context(acquired.context)  # refuses what the wire cannot carry
                 context = acquired.context
+                if self.alarm is not None:
+                    frame = self.alarm(acquired.data)
+                    if frame is not None:
+                        bodies.append((BodyKind.REPLY_CONTEXT, frame))
             except Exception as encode_error:
                 # The subscriber must get its FIRST in any case, or it would wait forever.
                 error, acquired = encode_error, None
@@ -331,8 +357,14 @@ class SubscriptionRegistry:
     still queued) is remembered so the late ``add`` is refused too: no subscriber can leak.
     """
 
-    def __init__(self, transport: ServerTransport) -> None:
+    def __init__(
+        self,
+        transport: ServerTransport,
+        alarms: Callable[[str, str], AlarmRule | None] | None = None,
+    ) -> None:
         self._transport = transport
+        # (device, property) -> the property's alarm rule (None: no alarm limits declared).
+        self._alarms = alarms
         self._lock = Lock()
         self._sources: dict[SourceKey, SubscriptionSource] = {}
         self._by_peer: dict[bytes, dict[int, SubscriptionSource]] = {}
@@ -376,6 +408,8 @@ class SubscriptionRegistry:
                 source = SubscriptionSource(
                     device, property, selector, filters, key, self._transport
                 )
+                if self._alarms is not None:
+                    source.alarm = self._alarms(device, property)
                 self._sources[key] = source
             source.add_subscriber(peer, sub_id, client)
             subs[sub_id] = source
