@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -394,19 +394,22 @@ class AlarmRule:
 
     def __init__(self, fields: Mapping[str, Field]) -> None:
         self._fields = {n: f for n, f in fields.items() if f.has_alarm_limits}
-        self._bounds = tuple((name, *_quiet_range(f)) for name, f in self._fields.items())
+        self._bounds: tuple[tuple[str, float, float], ...] = tuple(
+            (name, *_quiet_range(f)) for name, f in self._fields.items()
+        )
 
     def __bool__(self) -> bool:
         return bool(self._bounds)
 
     def __call__(self, values: Mapping[str, Any]) -> Alarm:
-        get = values.get
+        get: Callable[[str], Any] = values.get
         for name, low, high in self._bounds:
             value = get(name)
-            if value.__class__ in _PLAIN_NUMBERS and low <= value <= high:
-                continue  # NaN compares False: the full rule names it
             if value is None:
                 continue
+            cls = value.__class__
+            if cls in _PLAIN_NUMBERS and low <= value <= high:
+                continue  # NaN compares False: the full rule names it
             return compute_alarm(self._fields, values)
         return NO_ALARM
 
