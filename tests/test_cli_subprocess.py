@@ -106,7 +106,7 @@ def test_serve_get_subscribe_and_sigterm(
     assert len(lines) == 3
     assert " FIRST " in lines[0]
     assert all("n=" in line for line in lines)
-    assert sub.stderr.strip().startswith("3 updates in")
+    assert sub.stderr.strip().splitlines()[-1].startswith("3 updates in")
 
     listed = run("directory", "list", "--json", cwd=tmp_path)
     assert [s["endpoint"] for s in json.loads(listed.stdout)["servers"]] == [info["endpoint"]]
