@@ -613,3 +613,88 @@ def test_one_time_format_utc_or_local_stated_everywhere(stand: Stand, browser: B
         expect(chart.locator(".u-legend")).to_contain_text("time (+05:30)")
     finally:
         context.close()
+
+
+def test_a_layout_is_saved_loaded_shared_by_link_and_opened_by_the_cli_as_a_kiosk(
+    stand: Stand, page: Page, browser: Browser, tmp_path: Path
+) -> None:
+    from rda.panel.layout import parse_layout
+
+    # Arrange a page: two views (a selector, the orbit as lines), a chart, two columns.
+    acquisition = open_view(page, "PS1/Acquisition")
+    acquisition.get_by_test_id("selector").fill("CPS.USER.MD1")
+    acquisition.get_by_test_id("selector").press("Enter")
+    acquisition.locator('[data-chart="PS1/Acquisition/current"]').click()
+    orbit = open_view(page, "BPM1/Orbit")
+    orbit.get_by_test_id("rows-as-lines").click()
+    page.get_by_test_id("columns").select_option("2")
+    with page.expect_download(timeout=WAIT) as download:
+        page.get_by_test_id("layout-save").click()
+    saved = tmp_path / "wall.json"
+    saved.write_bytes(Path(download.value.path()).read_bytes())
+    layout = parse_layout(saved.read_bytes())  # what the page saved is a valid layout
+    assert [(v.device, v.property, v.selector) for v in layout.views] == [
+        ("PS1", "Acquisition", "CPS.USER.MD1"),
+        ("BPM1", "Orbit", ""),
+    ]
+    assert layout.views[1].images == {"orbit": "lines"} and layout.columns == 2
+    assert [(s.device, s.selector, s.field) for s in layout.chart.series] == [
+        ("PS1", "CPS.USER.MD1", "current")
+    ]
+
+    def laid_out(p: Page) -> None:
+        view = p.locator('article[data-view="PS1/Acquisition"]')
+        expect(view.get_by_test_id("view-head")).to_have_class("view-head status-ok", timeout=WAIT)
+        expect(view.get_by_test_id("selector-shown")).to_have_text("CPS.USER.MD1")
+        lines = p.locator('[data-image-view="orbit"]')
+        expect(lines).to_have_attribute("data-mode", "lines", timeout=WAIT)
+        chip = p.locator('#chart [data-series="PS1/Acquisition@CPS.USER.MD1/current"]')
+        expect(chip).to_be_visible()
+        expect(p.get_by_test_id("landing")).to_be_hidden()
+
+    # Reloaded: an empty page; the file brings it all back.
+    page.goto(stand.url)
+    expect(page.get_by_test_id("landing")).to_be_visible(timeout=WAIT)
+    page.get_by_test_id("layout-file").set_input_files(str(saved))
+    laid_out(page)
+    expect(page.get_by_test_id("layout-status")).to_have_text("layout from wall.json")
+    shot(page, "panel-layout")
+    # Shared as a link: a fresh page opened from it shows the same.
+    page.get_by_test_id("layout-share").click()
+    link = page.get_by_test_id("share-link").input_value()
+    assert link.startswith(stand.url) and "#layout=" in link and page.url == link
+    other = page.context.new_page()
+    other.goto(link)
+    laid_out(other)
+    # The same link with ?kiosk: read-only, no tree, no set form, no close buttons.
+    other.goto(link.replace("/#layout=", "/?kiosk#layout="))
+    laid_out(other)
+    expect(other.locator("body")).to_have_attribute("data-kiosk", "true")
+    expect(other.locator("#side")).to_be_hidden()
+    expect(other.locator(".view-head button").first).to_be_hidden()
+    other.close()
+    # A file that is no layout: the panel's reason, and the page as it was.
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"views": [{"device": "PS1"}]}')
+    page.get_by_test_id("layout-file").set_input_files(str(bad))
+    expect(page.get_by_test_id("layout-status")).to_contain_text("views.0.property: Field required")
+    expect(page.get_by_test_id("layout-status")).to_have_class("layout-status bad")
+    expect(page.locator('article[data-view="PS1/Acquisition"]')).to_be_visible()
+
+    # rda panel --layout FILE --kiosk: every new tab opens the layout, read-only.
+    kiosk, lines = stand.spawn("kiosk", "panel", "--port", "0", "--allow-set", "--kiosk",
+                               "--layout", str(saved))  # fmt: skip
+    try:
+        url = lines.wait_for("rda panel:", 30.0).split()[2]
+        wall = page.context.new_page()
+        wall.goto(url)
+        laid_out(wall)
+        expect(wall.locator("body")).to_have_attribute("data-kiosk", "true")
+        expect(wall.locator("#mode")).to_contain_text("kiosk (read-only)")
+        # --kiosk wins over --allow-set: no set form is built at all.
+        expect(wall.locator(".setform input")).to_have_count(0)
+        shot(wall, "panel-kiosk")
+        wall.close()
+    finally:
+        kiosk.terminate()
+        kiosk.wait(10)

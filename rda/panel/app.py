@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket
 
 from rda.panel.history import Past, parse_minutes
 from rda.panel.hosts import HostCheck, panel_names
+from rda.panel.layout import MAX_LAYOUT_BYTES, Layout, LayoutError, parse_layout
 from rda.panel.session import PanelState, RenderCache, Session
 from rda.panel.source import PanelSource, live_state
 from rda.panel.views import describe_error
@@ -92,13 +93,18 @@ def create_app(
     heartbeat_timeout: float = 10.0,
     refresh: float = REFRESH,
     hosts: frozenset[str] | None = None,
+    layout: Layout | None = None,
+    kiosk: bool = False,
 ) -> Starlette:
     """The panel as an ASGI application over ``source`` (which the app closes at shutdown),
     answering requests for IP literals and ``hosts`` (default: ``localhost``; see
-    ``rda.panel.hosts.panel_names``) only."""
+    ``rda.panel.hosts.panel_names``) only. ``layout`` is what a new tab opens (unless its URL
+    carries one); ``kiosk`` makes every tab read-only (sets refused, whatever ``allow_set``)."""
     state = PanelState(
         source=source,
-        allow_set=allow_set,
+        allow_set=allow_set and not kiosk,
+        kiosk=kiosk,
+        layout=None if layout is None else layout.model_dump(),
         history="" if history is None else history.kind,
         heartbeat_timeout=heartbeat_timeout,
         renders=RenderCache(),
@@ -190,6 +196,20 @@ def create_app(
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
         return JSONResponse(series)
 
+    async def check_layout(request: Request) -> Response:
+        """A layout from the browser (a loaded file, a shared link), validated: the normalised
+        layout, or 400 with what is wrong. Nothing is stored."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LAYOUT_BYTES:
+                return JSONResponse({"error": f"a layout is at most {MAX_LAYOUT_BYTES} bytes"}, 413)
+        try:
+            checked = parse_layout(bytes(body))
+        except LayoutError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        return JSONResponse(checked.model_dump())
+
     async def ws(websocket: WebSocket) -> None:
         if not _same_origin(websocket):
             await websocket.close(code=1008, reason="cross-origin WebSocket refused")
@@ -205,6 +225,7 @@ def create_app(
         Route("/", index),
         Route("/api/tree", tree),
         Route("/api/history", past),
+        Route("/api/layout", check_layout, methods=["POST"]),
         WebSocketRoute("/ws", ws),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -23,6 +23,7 @@ from rda.business.directory import StaticDirectory, default_directory
 from rda.panel.app import create_app, serve
 from rda.panel.history import HistoryReader, Past, ServiceHistory
 from rda.panel.hosts import panel_names
+from rda.panel.layout import Layout, LayoutError, load_layout
 from rda.panel.source import PanelSource
 
 __all__ = ["panel"]
@@ -54,6 +55,19 @@ __all__ = ["panel"]
     help="A recorder store (path or URI) to read the charts' past from; without it the past "
     "is asked of a recorder serving history (rda record --serve).",
 )
+@click.option(
+    "--layout",
+    "layout_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="A saved layout (JSON) every new tab opens with, unless its link carries one.",
+)
+@click.option(
+    "--kiosk",
+    is_flag=True,
+    help="Read-only wall display: no sets (whatever --allow-set), no tree, no editing controls.",
+)
 @click.pass_context
 def panel(
     ctx: click.Context,
@@ -64,10 +78,18 @@ def panel(
     server_key: str | None,
     allow_set: bool,
     history_store: str | None,
+    layout_file: Path | None,
+    kiosk: bool,
 ) -> None:
     """A live web panel: servers, devices and properties learnt from the directory and the
     servers; values, strip charts and (with --allow-set) sets, in the browser."""
     options = ctx.obj if isinstance(ctx.obj, Options) else Options()
+    layout: Layout | None = None
+    if layout_file is not None:  # checked before anything starts: a bad file is exit 2
+        try:
+            layout = load_layout(layout_file)
+        except LayoutError as exc:
+            raise click.BadParameter(str(exc), param_hint="--layout") from None
     history: Past | None = None
     if history_store is not None:
         try:
@@ -99,6 +121,8 @@ def panel(
         history=history,
         heartbeat_timeout=config.heartbeat_timeout,
         hosts=panel_names(bind, allowed_hosts),
+        layout=layout,
+        kiosk=kiosk,
     )
 
     def announce(url: str) -> None:

@@ -66,6 +66,8 @@ class PanelState:
     renders: RenderCache
     tree: list[dict[str, Any]]
     tree_version: int = 0
+    kiosk: bool = False  # read-only wall display: no sets, no editing controls
+    layout: dict[str, Any] | None = None  # rda panel --layout FILE, validated (rda.panel.layout)
     tabs_closed: int = 0  # tabs whose socket ended, however they left
     hosts_refused: int = 0  # requests for a Host that is not the panel's (rda.panel.hosts)
 
@@ -115,6 +117,8 @@ class Session:
                     "history": self.state.history,
                     "heartbeat_timeout": self.state.heartbeat_timeout,
                     "max_fps": MAX_FPS,
+                    "kiosk": self.state.kiosk,
+                    "layout": self.state.layout,
                 }
             )
             self._wake.set()  # the tree goes first

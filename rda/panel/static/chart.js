@@ -114,12 +114,18 @@ export class StripChart {
 
   owns(viewId) { return this.views.has(viewId); }
 
+  // The charted fields, for a saved layout.
+  layoutSeries() {
+    return [...this.series.values()].map((s) =>
+      ({ device: s.device, property: s.property, selector: s.selector, field: s.field }));
+  }
+
   async add(device, property, selector, field) {
     const viewId = `series:${device}/${property}@${selector}`;
     const key = `${device}/${property}${selector ? "@" + selector : ""}/${field}`;
     if (this.series.has(key)) return;
     this.section.hidden = false;
-    this.series.set(key, { t: [], v: [], label: key, viewId, field });
+    this.series.set(key, { t: [], v: [], label: key, viewId, field, device, property, selector });
     if (this.io.history()) await this.fill(key, device, property, selector, field);
     let view = this.views.get(viewId);
     if (!view) {
@@ -209,7 +215,7 @@ export class StripChart {
       axes: [
         { label: `time (${zoneLabel()})`,
           values: (u, splits) => splits.map((v) => formatClock(v * 1000)) },
-        {},
+        { size: 70 },
       ],
       cursor: { drag: { x: true, y: false } },
       hooks: {

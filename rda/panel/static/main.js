@@ -2,7 +2,8 @@
 // The server pushes "tree" and "frames" messages; this module routes them.
 import { PropertyView } from "/static/view.js";
 import { StripChart } from "/static/chart.js";
-import { setTimeZone } from "/static/time.js";
+import { setTimeZone, timeZone } from "/static/time.js";
+import { checkLayout, download, layoutInLink, linkFor } from "/static/layout.js";
 
 const state = {
   socket: null,
@@ -12,8 +13,12 @@ const state = {
   nextSet: 1,
   pendingSets: new Map(),  // set id -> callback
   collapsed: new Set(),    // devices the operator folded: the 2 s tree refresh keeps them so
+  columns: null,           // the views' grid columns (null: as many as fit)
+  title: "",
+  laidOut: false,          // the first hello's layout (link, else --layout) was applied
 };
-const bench = new URLSearchParams(location.search).has("bench");
+const query = new URLSearchParams(location.search);
+const bench = query.has("bench");
 window.rdaLatency = [];   // ms from the server's acquisition stamp to the painted value
 
 function el(tag, attrs = {}, ...children) {
@@ -53,14 +58,99 @@ const api = {
   allowSet: () => state.hello && state.hello.allow_set,
 };
 
-function openView(device, property, writable) {
+// Whether the tree lists DEVICE/PROPERTY with a setter (a layout may open a view before the
+// tree arrives: the view learns it when the tree does).
+function writableOf(device, property) {
+  for (const server of state.tree) {
+    for (const d of server.devices) {
+      if (d.name !== device) continue;
+      const p = d.properties.find((q) => q.name === property);
+      if (p) return Boolean(p.writable);
+    }
+  }
+  return false;
+}
+
+function openView(device, property, writable, options = {}) {
   const id = `${device}/${property}`;
   if (state.views.has(id)) { state.views.get(id).root.scrollIntoView(); return; }
   const view = new PropertyView(id, device, property, writable, api);
+  if (options.selector) { view.selector = options.selector; view.selectorInput.value = options.selector; }
+  for (const [name, mode] of Object.entries(options.images || {})) view.imageModes.set(name, mode);
   state.views.set(id, view);
   document.getElementById("views").append(view.root);
   view.open();
   showLanding();
+}
+
+// -- layouts ---------------------------------------------------------------------------------
+
+function currentLayout() {
+  const views = [];
+  for (const article of document.querySelectorAll("#views article[data-view]")) {
+    const view = state.views.get(article.dataset.view);
+    if (!view) continue;
+    views.push({ device: view.device, property: view.property, selector: view.selector,
+                 images: Object.fromEntries(view.imageModes) });
+  }
+  return {
+    version: 1, title: state.title, time_zone: timeZone(), columns: state.columns, views,
+    chart: { window: Number(document.getElementById("chart-window").value),
+             series: chart.layoutSeries() },
+  };
+}
+
+function setColumns(columns) {
+  state.columns = columns;
+  document.getElementById("columns").value = columns ? String(columns) : "";
+  document.getElementById("views").style.gridTemplateColumns =
+    columns ? `repeat(${columns}, minmax(0, 1fr))` : "";
+}
+
+function applyLayout(layout) {
+  for (const view of [...state.views.values()]) { api.closed(view); view.root.remove(); }
+  chart.clear();
+  state.title = layout.title;
+  document.title = layout.title ? `${layout.title} · rda panel` : "rda panel";
+  document.getElementById("tz").value = layout.time_zone;
+  setTimeZone(layout.time_zone);
+  setColumns(layout.columns);
+  for (const v of layout.views) {
+    openView(v.device, v.property, writableOf(v.device, v.property),
+             { selector: v.selector, images: v.images });
+  }
+  document.getElementById("chart-window").value = String(layout.chart.window);
+  for (const s of layout.chart.series) chart.add(s.device, s.property, s.selector, s.field);
+  showLanding();
+}
+
+function layoutStatus(text, bad = false) {
+  const status = document.getElementById("layout-status");
+  status.textContent = text;
+  status.className = bad ? "layout-status bad" : "layout-status";
+}
+
+async function applyChecked(text, origin) {
+  try {
+    applyLayout(await checkLayout(text));
+    layoutStatus(`layout from ${origin}`);
+  } catch (err) {
+    layoutStatus(`${origin}: ${err.message}`, true);
+  }
+}
+
+// Once per page, on the first hello: the link's layout, else the panel's --layout.
+function firstLayout(hello) {
+  if (state.laidOut) return;
+  state.laidOut = true;
+  const linked = layoutInLink();
+  if (linked !== null) applyChecked(linked, "the link");
+  else if (hello.layout) { applyLayout(hello.layout); layoutStatus("layout from rda panel --layout"); }
+}
+
+function setKiosk(on) {
+  document.body.classList.toggle("kiosk", on);
+  document.body.dataset.kiosk = on ? "true" : "false";
 }
 
 function showLanding() {
@@ -155,13 +245,18 @@ function connect() {
     const msg = JSON.parse(event.data);
     if (msg.type === "hello") {
       state.hello = msg;
+      setKiosk(msg.kiosk || query.has("kiosk"));
+      firstLayout(msg);
       document.getElementById("mode").textContent =
-        `${msg.allow_set ? "sets allowed" : "read-only"} · ` +
+        `${msg.kiosk ? "kiosk (read-only)" : msg.allow_set ? "sets allowed" : "read-only"} · ` +
         `heartbeat timeout ${msg.heartbeat_timeout} s · at most ${msg.max_fps} frames/s per view` +
         (msg.history ? ` · history from the ${msg.history}` : "");
     } else if (msg.type === "tree") {
       state.tree = msg.servers;
       renderTree();
+      for (const view of state.views.values()) {
+        if (!view.writable && writableOf(view.device, view.property)) view.writable = true;
+      }
     } else if (msg.type === "frames") {
       onFrames(msg.frames);
     } else if (msg.type === "set_result") {
@@ -189,5 +284,28 @@ setInterval(() => {
 }, TICK_MS);
 
 document.getElementById("filter").addEventListener("input", renderTree);
+document.getElementById("layout-save").addEventListener("click", () => {
+  download("rda-panel-layout.json", JSON.stringify(currentLayout(), null, 1) + "\n");
+  layoutStatus("layout saved");
+});
+const loadInput = document.getElementById("layout-file");
+document.getElementById("layout-load").addEventListener("click", () => loadInput.click());
+loadInput.addEventListener("change", async () => {
+  const file = loadInput.files[0];
+  if (file) await applyChecked(await file.text(), file.name);
+  loadInput.value = "";
+});
+document.getElementById("layout-share").addEventListener("click", () => {
+  const link = linkFor(currentLayout());
+  history.replaceState(null, "", link);  // the address bar holds it: copy, bookmark, send
+  const shown = document.getElementById("share-link");
+  shown.value = link;
+  shown.hidden = false;
+  shown.select();
+  if (navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {});
+  layoutStatus("link to this layout: in the address bar and below");
+});
+document.getElementById("columns").addEventListener("change", (e) =>
+  setColumns(e.target.value ? Number(e.target.value) : null));
 document.getElementById("tz").addEventListener("change", (e) => setTimeZone(e.target.value));
 connect();
