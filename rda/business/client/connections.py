@@ -225,8 +225,15 @@ class Connections:
 
     def _move(self, ep: Endpoint, moves: dict[str, str]) -> None:
         """Re-home devices (and their subscriptions) from ``ep`` to their new endpoints and
-        subscribe there; each subscription then starts again with a FIRST update."""
+        subscribe there; each subscription then starts again with a FIRST update.
+
+        A subscription whose old server still runs (taken over with ``--replace``: only the
+        directory said it moved) is ended there first, with an UNSUBSCRIBE on the old
+        connection, so the client does not receive both servers' streams; what the old server
+        sent before it read the UNSUBSCRIBE is dropped on arrival (``Subscriptions.route``
+        takes a subscription's notifications only from the connection its SUBSCRIBE went on)."""
         targets: dict[str, Endpoint] = {}
+        leaving: list[tuple[Subscription, int]] = []
         with self._lock:
             if self._closing:
                 return
@@ -239,8 +246,12 @@ class Connections:
                     del ep.subs[sub.id]
                     new.subs[sub.id] = sub
                     sub.endpoint = address
+                    if sub.connection is not None and sub.connection == ep.connection:
+                        leaving.append((sub, sub.connection))
                     sub.connection = None
                 targets[address] = new
+        for sub, old in leaving:
+            self._subscriptions.send_unsubscribe(sub, old)
         for address, new in targets.items():
             moved = sorted(d for d, a in moves.items() if a == address)
             log.info("%s moved from %s to %s", ", ".join(moved), ep.address, address)

@@ -110,7 +110,7 @@ class _Inbound:
 
     def on_message(self, connection: int, message: Message) -> None:
         if message.header.request_type in _NOTIFICATIONS:
-            self._route(message, None)
+            self._route(message, None, connection)
         else:
             self._reply(message)
 
@@ -126,7 +126,7 @@ class _Inbound:
         for message in messages:
             try:
                 if message.header.request_type in _NOTIFICATIONS:
-                    route(message, staged)
+                    route(message, staged, connection)
                 else:
                     reply(message)
             except Exception as exc:

@@ -96,11 +96,14 @@ class Subscriptions:
         with self._lock:
             return self._subs.pop(sub.id, None) is not None
 
-    def route(self, message: Message, staged: list[Subscription] | None) -> None:
-        """A NOTIFICATION_* or SUBSCRIBE_EXCEPTION arrived (dispatcher thread): hand it to its
-        subscription; ``staged`` collects the subscriptions to flush after a batch."""
+    def route(self, message: Message, staged: list[Subscription] | None, connection: int) -> None:
+        """A NOTIFICATION_* or SUBSCRIBE_EXCEPTION arrived on ``connection`` (dispatcher
+        thread): hand it to its subscription; ``staged`` collects the subscriptions to flush
+        after a batch. One from another connection than the subscription's (its old server,
+        before it read the UNSUBSCRIBE of a move) is dropped and counted as late: taking it
+        would interleave two servers' sequences and count false gaps."""
         sub = self._subs.get(message.header.id)
-        if sub is None:
+        if sub is None or sub.connection != connection:
             self._requests.count_late()
             return
         if message.header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
@@ -127,15 +130,14 @@ class Subscriptions:
             return
         conn = self._forget(sub)
         if conn is not None:
-            frames = encode_routed(
-                Kind.REQUEST,
-                RequestType.UNSUBSCRIBE,
-                sub.id,
-                sub.device,
-                sub.property,
-                sub.selector,
-            )
-            self._transport.send(conn, frames)
+            self.send_unsubscribe(sub, conn)
+
+    def send_unsubscribe(self, sub: Subscription, conn: int) -> None:
+        """End ``sub`` on the server at ``conn`` (closed by its user, or moved elsewhere)."""
+        frames = encode_routed(
+            Kind.REQUEST, RequestType.UNSUBSCRIBE, sub.id, sub.device, sub.property, sub.selector
+        )
+        self._transport.send(conn, frames)
 
     def submit(
         self, group: str, task: Callable[[], None], on_drop: Callable[[], None] | None
