@@ -194,3 +194,44 @@ def test_a_subscriptions_lines_show_the_acquisition_stamp_and_say_so(recorded: S
     assert re.fullmatch(
         r"\d\d:\d\d:\d\d\.\d{3}\* ERROR     seq=1  RemoteError: RuntimeError: .*no value", line
     ), line
+
+
+# -- 18: not-found errors suggest close names ---------------------------------------------------
+
+
+def test_not_found_errors_suggest_close_names(demo: Server) -> None:
+    """Issue 37, item 18: ``rda get PS11/Acquisition`` listed where it looked, not what exists,
+    and ``rda set PS1/Setting curent=3`` pointed to ``--no-read`` instead of ``current``
+    (checked against main: PYTHONPATH=/work/main prints ``rda: not found: PS11: no such
+    device`` and ``rda: PS1/Setting has no field 'curent' (fields: current); --no-read sends
+    it as given``). Close names are suggested: devices from the directory (and, with
+    ``--endpoint``, the server's ``devices``), fields from the value read."""
+    ep = ("-e", demo.endpoint)
+    device = rda_in("get", "PS11/Acquisition", *ep)
+    assert device.exit_code == ExitCode.NO_SUCH_DEVICE
+    assert device.stderr == "rda: not found: PS11: no such device; did you mean 'PS1'?\n"
+    field = rda_in("set", "PS1/Setting", "curent=3", *ep)
+    assert field.exit_code == ExitCode.NO_SUCH_DEVICE
+    assert field.stderr == (
+        "rda: PS1/Setting has no field 'curent': did you mean 'current'? "
+        "(fields: current; --no-read sends it as given)\n"
+    )
+    one = rda_in("get", "PS1/Setting", "-f", "curent", *ep)
+    assert one.stderr == (
+        "rda: PS1/Setting has no field 'curent': did you mean 'current'? (fields: current)\n"
+    )
+    sub = rda_in("subscribe", "PS11/Acquisition", "-d", "1", *ep)
+    assert sub.exit_code == ExitCode.NO_SUCH_DEVICE
+    assert sub.stderr.splitlines()[-1].endswith("PS11: no such device; did you mean 'PS1'?")
+    nothing_close = rda_in("get", "XYZ/Acquisition", *ep)
+    assert nothing_close.stderr == "rda: not found: XYZ: no such device\n"
+
+
+def test_device_names_come_from_the_directory() -> None:
+    with install(demo_builder()).build().start():  # in this test's directory file
+        result = rda_in("get", "PS11/Acquisition")
+        assert result.exit_code == ExitCode.NO_SUCH_DEVICE
+        assert result.stderr.startswith("rda: not found: PS11: no such device (looked in ")
+        assert result.stderr.endswith("); did you mean 'PS1'?\n")
+        late = rda_in("subscribe", "BPM/Orbit", "-d", "1")
+        assert late.stderr.splitlines()[-1].endswith("did you mean 'BPM1'?")

@@ -152,8 +152,8 @@ def test_no_read_sends_only_the_given_fields(plain: Stand) -> None:
 def test_a_misspelt_field_is_named_with_the_known_ones(plain: Stand) -> None:
     line = one_line_error(rda_cli("set", "MYPS1/Setting", "volts=3"), ExitCode.NO_SUCH_DEVICE)
     assert line == (
-        "rda: MYPS1/Setting has no field 'volts' (fields: current, mode); "
-        "--no-read sends it as given"
+        "rda: MYPS1/Setting has no field 'volts' "
+        "(fields: current, mode; --no-read sends it as given)"
     )
     assert plain.supply.sets == []
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from rda.admin.cli.common import (
     ExitCode,
     Options,
     cli_error,
+    did_you_mean,
     emit_json,
     open_client,
     reporting,
@@ -32,11 +34,12 @@ from rda.admin.cli.common import (
 )
 from rda.admin.cli.values import BadValueError, build_data, merge_data, parse_assignments
 from rda.admin.format import format_duration, format_mapping, format_value, humanize
+from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import default_directory
 from rda.serialization.data import Data
-from rda.serialization.errors import NotAuthorizedError, RdaError
+from rda.serialization.errors import NoSuchDeviceError, NotAuthorizedError, RdaError
 from rda.serialization.header import DataContext
 from rda.transport.reasons import HANDSHAKE_REFUSED
 
@@ -84,7 +87,7 @@ def get(
 ) -> None:
     """Read a property once and print its value."""
     device, prop = split_address(address)
-    with open_client(options, key_file, server_key) as client:
+    with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
         acq = client.access_point(device, prop).get(selector=selector or None, timeout=timeout)
     if field is not None:
         value = _field(acq.data, field, address)
@@ -132,7 +135,7 @@ def set_(
     keeps the other fields (--no-read sends only the given ones)."""
     device, prop = split_address(address)
     given = _set_values(values, json_text)
-    with open_client(options, key_file, server_key) as client:
+    with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
         ap = client.access_point(device, prop)
         template: Data | None = None
         unread: str | None = None  # why the value could not be read first
@@ -159,15 +162,45 @@ def set_(
     click.echo(f"{address}: set {', '.join(given)}{note}", err=True)
 
 
+@contextmanager
+def _suggesting(client: ClientService, options: Options, device: str) -> Iterator[None]:
+    """An unknown ``device`` ends the command with the close names that exist (a typo:
+    ``PS11`` -> ``did you mean 'PS1'?``)."""
+    try:
+        yield
+    except NoSuchDeviceError as exc:
+        hint = _device_hint(client, options, device, exc)
+        if not hint:
+            raise
+        raise cli_error(exc, hint=hint) from None
+
+
+def _device_hint(client: ClientService, options: Options, device: str, exc: RdaError) -> str:
+    """``did you mean ...?`` for an unknown ``device``, from the directory's names and, with
+    ``--endpoint``, the server's ``devices``; ``""`` for an unknown property or no close name.
+    Only on this error path: a request more or less does not matter there."""
+    if not str(exc).startswith(f"{device}: no such device"):
+        return ""  # the device exists; its property does not (the message lists those)
+    known: set[str] = set()
+    with suppress(RdaError):
+        known.update(client.directory.devices())
+    if options.endpoint is not None:
+        with suppress(RdaError):
+            reply = client.admin(options.endpoint, "devices", timeout=2.0).to_dict()
+            known.update(str(name) for name in reply.get("devices", []))
+    return did_you_mean(device, known)
+
+
 def _check_fields(address: str, given: Mapping[str, Any], template: Data) -> None:
-    """A name the value read does not have is most likely misspelt: name it and the known
-    ones before anything is sent (--no-read sends it anyway)."""
+    """A name the value read does not have is most likely misspelt: name it, the close known
+    one and all known ones before anything is sent (--no-read sends it anyway)."""
     unknown = [name for name in given if name not in template]
     if unknown:
         names = ", ".join(repr(n) for n in unknown)
+        hints = "; ".join(h for n in unknown if (h := did_you_mean(n, template)))
         raise CliError(
-            f"{address} has no field {names} (fields: {', '.join(template)}); "
-            "--no-read sends it as given",
+            f"{address} has no field {names}{': ' + hints if hints else ''} "
+            f"(fields: {', '.join(template)}; --no-read sends it as given)",
             ExitCode.NO_SUCH_DEVICE,
         )
 
@@ -222,7 +255,7 @@ def subscribe(
     tally = _Tally()
     if not as_json:
         click.echo(TIME_COLUMN, err=True)
-    with open_client(options, key_file, server_key) as client:
+    with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
         point = client.access_point(device, prop)
         sub = point.subscribe(selector=selector or None, backfill=backfill)
         try:
@@ -247,12 +280,17 @@ def subscribe(
             # Connections re-established while watching (server restarts, moves: issue 12).
             tally.reconnects = client.statistics().reconnects
             sub.close()
+        hint = ""
+        if tally.updates == 0 and isinstance(tally.last_error, NoSuchDeviceError):
+            hint = _device_hint(client, options, device, tally.last_error)
     summary = tally.summary()
     if as_json:
         emit_json({"summary": summary})
     else:
         click.echo(_summary_line(summary), err=True)
     if tally.updates == 0 and tally.last_error is not None:
+        if hint:
+            raise cli_error(tally.last_error, hint=hint)
         raise tally.last_error
 
 
@@ -387,8 +425,10 @@ def _field(data: Data, path: str, address: str) -> Any:
     for part in path.split("."):
         if not isinstance(value, Data) or part not in value:
             fields = ", ".join(value) if isinstance(value, Data) else "none"
+            hint = did_you_mean(part, value) if isinstance(value, Data) else ""
             raise CliError(
-                f"{address} has no field {path!r} (fields: {fields})", ExitCode.NO_SUCH_DEVICE
+                f"{address} has no field {path!r}{': ' + hint if hint else ''} (fields: {fields})",
+                ExitCode.NO_SUCH_DEVICE,
             )
         value = value[part]
     return value

@@ -11,8 +11,9 @@ traceback, because hiding those would hide the bug.
 
 from __future__ import annotations
 
+import difflib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ __all__ = [
     "add_global_options",
     "check_endpoint",
     "cli_error",
+    "did_you_mean",
     "emit_json",
     "fail",
     "open_client",
@@ -111,14 +113,27 @@ def reporting() -> Iterator[None]:
         raise cli_error(exc) from None
 
 
-def cli_error(exc: RdaError, note: str = "") -> CliError:
-    """The one-line CLI error for ``exc`` (``note`` appended in parentheses), with its code."""
+def cli_error(exc: RdaError, note: str = "", hint: str = "") -> CliError:
+    """The one-line CLI error for ``exc`` (``note`` appended in parentheses, ``hint`` after a
+    semicolon), with its code."""
     # One line, whatever the message: multi-line ones (ConfigError lists each problem)
     # are joined rather than cut.
     text = " ".join(line.strip() for line in str(exc).splitlines()) or type(exc).__name__
     if note:
         text += f" ({note})"
+    if hint:
+        text += f"; {hint}"
     return CliError(f"{_kind(exc)}: {text}", exit_code_for(exc))
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"did you mean 'PS1'?"`` for the names in ``known`` close to a mistyped ``name`` (a
+    typo, a missing or extra character), else ``""``. Glob patterns are not names."""
+    names = sorted({k for k in known if k != name and not any(c in k for c in "*?[")})
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return f"did you mean {' or '.join(repr(c) for c in close)}?"
 
 
 def _kind(exc: BaseException) -> str:
