@@ -31,7 +31,7 @@ import rda
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device, prop
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.testing import GatewayProcess, LocalIoc, PvaIsland, free_port, wait_until
+from rda.testing import GatewayProcess, LocalIoc, PvaIsland, PvaMonitor, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,10 +237,9 @@ def _values(updates: list[Any]) -> list[Any]:
 def test_monitors_of_both_see_the_scan(contexts: tuple[Any, Any]) -> None:
     ioc_ctx, gw_ctx = contexts
     seen: dict[str, list[Any]] = {"T:calc": [], "SIM/Counter.count": []}
-    subs = [
-        ctx.monitor(name, seen[name].append, notify_disconnect=True)
-        for ctx, name in ((ioc_ctx, "T:calc"), (gw_ctx, "SIM/Counter.count"))
-    ]
+    monitors = [PvaMonitor(ioc_ctx), PvaMonitor(gw_ctx)]
+    monitors[0].watch("T:calc", lambda name, v: seen[name].append(v))
+    monitors[1].watch("SIM/Counter.count", lambda name, v: seen[name].append(v))
     try:
         wait_until(
             lambda: all(len(_values(v)) >= 5 for v in seen.values()),
@@ -249,8 +248,8 @@ def test_monitors_of_both_see_the_scan(contexts: tuple[Any, Any]) -> None:
             probe=lambda: {k: len(v) for k, v in seen.items()},
         )
     finally:
-        for sub in subs:
-            sub.close()
+        for monitor in monitors:
+            monitor.close()
     for name, values in seen.items():
         numbers = [v["value"] for v in _values(values)]
         assert numbers == sorted(numbers), name  # each a later count than the one before

@@ -26,7 +26,7 @@ import rda
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device, prop
 from rda.business.server.requests import GetRequest
-from rda.testing import GatewayProcess, PvaIsland, free_port, wait_until
+from rda.testing import GatewayProcess, PvaIsland, PvaMonitor, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -85,6 +85,10 @@ def setup(tmp_path: Path) -> Iterator[tuple[list[Server], PvaIsland, Any, str]]:
             server.stop()
 
 
+def _values(updates: list[Any]) -> list[Any]:
+    return [u for u in updates if isinstance(u, Value)]
+
+
 def _subscribers(endpoint: str) -> int:
     with rda.ClientService(directory=rda.StaticDirectory({"*": endpoint})) as client:
         return int(client.admin(endpoint, "subscriptions", timeout=10)["count"])
@@ -97,10 +101,11 @@ def test_clients_share_one_subscription_and_may_leave_mid_monitor(
     # p4p keeps a context's channels open until the context closes: a SharedPV sees channels
     # come and go, not monitors (docs/gateway.md, "Subscriptions").
     watcher = Context("pva", conf=island.client_conf(), useenv=False, nt=False)
+    monitor = PvaMonitor(watcher)
     seen: list[Any] = []
-    watcher.monitor("TICK/Tick.count", seen.append)
+    monitor.watch("TICK/Tick.count", lambda _, v: seen.append(v))
     other: list[Any] = []
-    watcher.monitor("TICK/Tick", other.append)
+    monitor.watch("TICK/Tick", lambda _, v: other.append(v))
     env = {**os.environ, **island.client_conf()}
     with subprocess.Popen(
         [sys.executable, "-m", "p4p.client.cli", "-w", "20", "monitor", "TICK/Tick.count"],
@@ -108,17 +113,21 @@ def test_clients_share_one_subscription_and_may_leave_mid_monitor(
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-    ) as monitor:
-        assert monitor.stdout is not None
+    ) as cli:
+        assert cli.stdout is not None
         lines: list[str] = []
         while len([x for x in lines if "isconnect" not in x]) < 2 and len(lines) < 20:
-            lines.append(monitor.stdout.readline())
-        wait_until(lambda: len(seen) >= 2 and len(other) >= 2, "both monitors to get values")
+            lines.append(cli.stdout.readline())
+        wait_until(
+            lambda: len(_values(seen)) >= 2 and len(_values(other)) >= 2,
+            "both monitors to get values",
+        )
         # Three EPICS monitors on two PVs of one property: one rda subscriber.
         assert _subscribers(endpoint) == 1
-        monitor.kill()  # mid-monitor, no goodbye
-        monitor.wait(30)
+        cli.kill()  # mid-monitor, no goodbye
+        cli.wait(30)
     assert _subscribers(endpoint) == 1  # the watcher's channels still hold it
+    monitor.close()
     watcher.close()
     wait_until(lambda: _subscribers(endpoint) == 0, "the gateway to end its rda subscription")
     # The gateway carries on: a new client gets a fresh value.
@@ -135,7 +144,8 @@ def test_an_outage_is_invalid_and_recovers(
 ) -> None:
     servers, _, ctx, endpoint = setup
     updates: list[Any] = []
-    sub = ctx.monitor("TICK/Tick.count", updates.append, notify_disconnect=True)
+    monitor = PvaMonitor(ctx)
+    monitor.watch("TICK/Tick.count", lambda _, v: updates.append(v))
     try:
         wait_until(lambda: any(isinstance(u, Value) for u in updates), "a first value")
         servers[0].stop()
@@ -166,4 +176,4 @@ def test_an_outage_is_invalid_and_recovers(
         first = next(i for i, u in enumerate(updates) if isinstance(u, Value))
         assert all(isinstance(u, Value) for u in updates[first:])
     finally:
-        sub.close()
+        monitor.close()

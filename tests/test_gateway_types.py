@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from p4p import Value
 
 import rda
-from rda.gateway import nt
+from rda.gateway import metadata, nt
 from rda.gateway.naming import PvName, parse_pv_name, pv_name
 
 NAME = st.text(
@@ -108,3 +110,68 @@ def test_the_property_structure_holds_every_kind() -> None:
     # The layout is what decides whether a PV keeps its type.
     assert nt.layout_of(rda.Data(x=1.0)) != nt.layout_of(rda.Data(x=1))
     assert nt.layout_of(rda.Data(x=np.zeros(3))) != nt.layout_of(rda.Data(x=np.zeros((1, 3))))
+
+
+def test_metadata_maps_to_display_control_and_value_alarm() -> None:
+    description = rda.PropertyDescription(
+        "PS1",
+        "Setting",
+        {
+            "current": rda.Field(
+                units="A",
+                description="set point",
+                precision=3,
+                limits=(-10.0, 10.0),
+                warning=(-8.0, 8.0),
+                alarm=(None, 9.0),
+            ),
+            "label": rda.Field(units="-", description="a name"),
+        },
+    )
+    meta = metadata.field_metadata(description, ("current",), "d")
+    value = Value(nt.field_type(rda.DataType.FLOAT64, 0), {"value": 1.0, **meta})
+    assert value["display.units"] == "A" and value["display.precision"] == 3
+    assert value["display.description"] == "set point"
+    assert (value["display.limitLow"], value["display.limitHigh"]) == (-10.0, 10.0)
+    assert (value["control.limitLow"], value["control.limitHigh"]) == (-10.0, 10.0)
+    assert value["valueAlarm.lowWarningLimit"] == -8.0
+    assert value["valueAlarm.highWarningLimit"] == 8.0
+    assert value["valueAlarm.highAlarmLimit"] == 9.0
+    assert math.isnan(value["valueAlarm.lowAlarmLimit"])  # not declared
+    assert value["valueAlarm.highAlarmSeverity"] == 2 and value["valueAlarm.lowAlarmSeverity"] == 0
+    assert value["valueAlarm.highWarningSeverity"] == 1
+    # Not declared at all: what an IOC sends for a record without them.
+    bare = metadata.field_metadata(description, ("other",), "d")
+    assert bare["display"]["units"] == "" and math.isnan(bare["control"]["limitLow"])
+    assert metadata.field_metadata(None, ("current",), "i")["control"]["limitLow"] == 0
+    # A string field: units and description only.
+    assert metadata.field_metadata(description, ("label",), "s") == {
+        "display": {"description": "a name", "units": "-"}
+    }
+
+
+def test_a_field_pv_shows_its_own_fields_alarm() -> None:
+    description = rda.PropertyDescription(
+        "PS1", "Setting", {"current": rda.Field(units="A", warning=(-8.0, 8.0), alarm=(-9.0, 9.0))}
+    )
+    assert metadata.field_alarm(description, ("current",), 1.0) == metadata.NO_ALARM
+    minor = metadata.field_alarm(description, ("current",), 8.5)
+    assert (minor.severity, minor.status) == (1, metadata.DEVICE)
+    major = metadata.field_alarm(description, ("current",), -9.5)
+    assert major.severity == 2 and "current" in major.message
+    assert metadata.field_alarm(description, ("other",), 99.0) == metadata.NO_ALARM
+    assert metadata.field_alarm(None, ("current",), 99.0) == metadata.NO_ALARM
+    assert metadata.alarm_state(rda.Alarm(rda.Severity.MAJOR, "too high")).as_dict() == {
+        "severity": 2,
+        "status": metadata.DEVICE,
+        "message": "too high",
+    }
+
+
+def test_errors_are_invalid_with_their_text() -> None:
+    lost = metadata.error_alarm(rda.DisconnectedError("server gone"))
+    assert (lost.severity, lost.status) == (3, metadata.DRIVER)
+    assert lost.message == "DisconnectedError: server gone"
+    remote = metadata.error_alarm(rda.RemoteError("RuntimeError", "interlock open"))
+    assert (remote.severity, remote.status) == (3, metadata.DEVICE)
+    assert remote.message == "RuntimeError: interlock open"

@@ -34,12 +34,12 @@ log = logging.getLogger("rda.gateway")
 class Update:
     """One rda notification as every PV of its feed shows it."""
 
-    data: Data | None  # None: an error or a lost connection (the PVs keep their last value)
+    data: Data | None  # the value; on an error the last value (None before any)
     context: DataContext
     alarm: metadata.AlarmState
     gaps: int  # updates missed since the feed opened (rda's counted gaps), never reset
     description: metadata.Description
-
+    failed: bool = False  # an error or a lost connection: ``alarm`` says which
 
 class View(Protocol):
     """A PV that shows a feed's updates."""
@@ -89,12 +89,12 @@ class Feed:
         with self._lock:
             self._gaps += n.gap
             self.updates += 1
-            update = Update(data, n.context, alarm, self._gaps, self._description)
-            if data is None and self._last is not None:
-                # Keep showing the last value, now INVALID (docs/gateway.md, "Alarms").
-                update = Update(
-                    self._last.data, n.context, update.alarm, self._gaps, self._description
-                )
+            if data is None:
+                # Keep showing the last value, now INVALID (docs/gateway.md).
+                last = None if self._last is None else self._last.data
+                update = Update(last, n.context, alarm, self._gaps, self._description, True)
+            else:
+                update = Update(data, n.context, alarm, self._gaps, self._description)
             self._last = update
             views = list(self._views)
         with self._show_lock:

@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification
+from rda.business.metadata import Alarm, Field, PropertyDescription, compute_alarm
 from rda.serialization.errors import DisconnectedError, RdaError, RemoteError, TimeoutError
 
 __all__ = [
@@ -26,9 +28,11 @@ __all__ = [
     "NO_ALARM",
     "AlarmState",
     "Description",
+    "alarm_state",
     "describe",
     "error_alarm",
     "error_text",
+    "field_alarm",
     "field_metadata",
     "notification_alarm",
 ]
@@ -52,8 +56,31 @@ class AlarmState:
 
 NO_ALARM = AlarmState()
 
-# The property's description as the gateway keeps it (None: not known).
-Description = Any
+# The property's description as the gateway keeps it (None: the server gave none).
+Description = PropertyDescription | None
+
+
+def alarm_state(alarm: Alarm) -> AlarmState:
+    """An rda alarm as ``alarm_t``: a limit alarm has status DEVICE, as QSRV2 reports a
+    record's HIHI or LOW."""
+    severity = int(alarm.severity)
+    return AlarmState(severity, DEVICE if severity else 0, alarm.message)
+
+
+def field_alarm(description: Description, path: tuple[str, ...], value: Any) -> AlarmState:
+    """The alarm of one field's value under its declared limits (the rule the rda server
+    applies to the whole value, ``compute_alarm``, applied to this field alone): a field PV
+    shows its own alarm, not the property's worst field's."""
+    declared = _declared(description, path)
+    if declared is None:
+        return NO_ALARM
+    return alarm_state(compute_alarm({path[-1]: declared}, {path[-1]: value}))
+
+
+def _declared(description: Description, path: tuple[str, ...]) -> Field | None:
+    if description is None or not path:
+        return None
+    return description.fields.get(".".join(path))
 
 
 def error_alarm(error: RdaError) -> AlarmState:
@@ -78,41 +105,49 @@ def notification_alarm(notification: Notification) -> AlarmState:
     return NO_ALARM
 
 
-def describe(client: Any, device: str, prop: str) -> Description:
+def describe(client: ClientService, device: str, prop: str) -> Description:
     """The property's description, or None when the server gives none."""
     return None
 
 
 def field_metadata(description: Description, path: tuple[str, ...], code: str) -> dict[str, Any]:
-    """The ``display``, ``control`` and ``valueAlarm`` initialisers of a field PV whose value
-    has element code ``code`` (numeric codes get limits; strings and booleans only units and
-    description)."""
-    numeric = code in "bhilfd"
-    units = ""
-    description = ""
-    if not numeric:
-        return {"display": {"description": description, "units": units}}
-    nan = math.nan if code in "fd" else 0
+    """The ``display``, ``control`` and ``valueAlarm`` initialisers of the field PV of
+    ``path`` whose value has element code ``code``: numeric codes get limits (NaN, or 0 for
+    integers, when not declared), strings and booleans only units and description."""
+    declared = _declared(description, path) or Field()
+    if code not in "bhilfd":
+        return {"display": {"description": declared.description, "units": declared.units}}
+    unset = math.nan if code in "fd" else 0
+
+    def limit(value: float | None) -> Any:
+        if value is None:
+            return unset
+        return value if code in "fd" else int(value)
+
+    low, high = declared.limits or (None, None)
+    warn_low, warn_high = declared.warning or (None, None)
+    alarm_low, alarm_high = declared.alarm or (None, None)
     return {
         "display": {
-            "limitLow": nan,
-            "limitHigh": nan,
-            "description": description,
-            "units": units,
-            "precision": 0,
+            "limitLow": limit(low),
+            "limitHigh": limit(high),
+            "description": declared.description,
+            "units": declared.units,
+            "precision": declared.precision or 0,
             "form": {"index": 0, "choices": FORM_CHOICES},
         },
-        "control": {"limitLow": nan, "limitHigh": nan, "minStep": 0},
+        "control": {"limitLow": limit(low), "limitHigh": limit(high), "minStep": 0},
         "valueAlarm": {
+            # The rda server computes the alarms from these limits, not the pvAccess server.
             "active": False,
-            "lowAlarmLimit": nan,
-            "lowWarningLimit": nan,
-            "highWarningLimit": nan,
-            "highAlarmLimit": nan,
-            "lowAlarmSeverity": 0,
-            "lowWarningSeverity": 0,
-            "highWarningSeverity": 0,
-            "highAlarmSeverity": 0,
+            "lowAlarmLimit": limit(alarm_low),
+            "lowWarningLimit": limit(warn_low),
+            "highWarningLimit": limit(warn_high),
+            "highAlarmLimit": limit(alarm_high),
+            "lowAlarmSeverity": MAJOR if alarm_low is not None else 0,
+            "lowWarningSeverity": MINOR if warn_low is not None else 0,
+            "highWarningSeverity": MINOR if warn_high is not None else 0,
+            "highAlarmSeverity": MAJOR if alarm_high is not None else 0,
             "hysteresis": 0.0,
         },
     }

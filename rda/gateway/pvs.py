@@ -142,12 +142,15 @@ class GatewayPv:
         """(type key, type, initial value, changes to post) for ``update``; None when it
         carries no value for this PV."""
         data = update.data
-        if data is None:
-            return None
+        if data is None or (update.failed and self._type_key is not None):
+            return None  # nothing to show, or only the alarm on the value shown
         head = _head(update)
         path = self.name.field
         if path:
             kind, value = resolve_field(data, path)
+            if not update.failed:
+                # A field PV shows its own field's alarm (its limits), not the property's.
+                head["alarm"] = metadata.field_alarm(update.description, path, value).as_dict()
             if kind is DataType.DATA:
                 return self._structure(value, update, head)
             if kind is DataType.DATA_ARRAY:

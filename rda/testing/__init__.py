@@ -8,6 +8,7 @@
 * :class:`LocalEtcd`: a real, throwaway etcd on free ports (for ``rda.EtcdDirectory`` tests);
 * :class:`PvaIsland`, :class:`LocalIoc`, :class:`GatewayProcess`: a loopback-only pvAccess
   neighbourhood, a real EPICS IOC and the rda pvAccess gateway in processes of their own;
+  :class:`PvaMonitor`: p4p monitors that never lose their first update;
 * :func:`free_port`: a port for a test's own server, outside the ephemeral range;
 * :class:`RecordingClientHandler` / :class:`RecordingServerHandler`: handlers that record calls
   and let a test wait for a condition with a bound;
@@ -34,7 +35,7 @@ from rda.testing._memory import (
 from rda.testing._memory_client import MemoryClientTransport
 from rda.testing._memory_server import MemoryServerTransport
 from rda.testing._ports import free_port
-from rda.testing._pva import GatewayProcess, LocalIoc, PvaIsland, PvaProcess
+from rda.testing._pva import GatewayProcess, LocalIoc, PvaIsland, PvaMonitor, PvaProcess
 from rda.testing._recorders import RecordingClientHandler, RecordingServerHandler
 from rda.testing._waiting import wait_until
 
@@ -51,6 +52,7 @@ __all__ = [
     "MemoryServerTransport",
     "OneServerDirectory",
     "PvaIsland",
+    "PvaMonitor",
     "PvaProcess",
     "RawPeer",
     "RecordingClientHandler",

@@ -6,7 +6,8 @@ answers beyond loopback and two tests never see each other's PVs. :class:`LocalI
 ``python -m pvxslibs.ioc -d FILE.db`` (EPICS base with QSRV2, from PyPI's pvxslibs) and
 :class:`GatewayProcess` runs ``rda gateway pva``; both wait for the process to say it is
 ready, keep its output in a log file, and stop it by its pid (SIGTERM, then SIGKILL after
-the timeout). p4p itself is imported by neither: only the processes need it.
+the timeout). :class:`PvaMonitor` watches PVs from a p4p client without losing a first
+update. p4p is imported only by :class:`PvaMonitor`, when used.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import IO, Any
 
 from rda.testing._ports import free_port
 
-__all__ = ["GatewayProcess", "LocalIoc", "PvaIsland", "PvaProcess"]
+__all__ = ["GatewayProcess", "LocalIoc", "PvaIsland", "PvaMonitor", "PvaProcess"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,62 @@ class GatewayProcess(PvaProcess):
         if endpoint is not None:
             command += ["--endpoint", endpoint]
         super().__init__([*command, "gateway", "pva", *args], island, log)
+
+
+class PvaMonitor:
+    """Monitors of a p4p client ``Context`` without p4p's first-update race.
+
+    p4p's threaded ``Context.monitor`` drops the wake-up of an update that arrives before the
+    call has returned (it logs "Lost Subscription update"), and that subscription is never
+    woken again: against a fast server (an IOC) a monitor can stay silent for ever. Here one
+    thread (``rda-test-pva-monitor``) pops every subscription's queue when any of them wakes,
+    and at least every half second, so no wake-up can be lost. ``callback(name, update)`` gets
+    each ``Value`` or error in order, on that thread.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        import threading
+
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        self._subs: list[tuple[str, Any, Any]] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rda-test-pva-monitor", daemon=True)
+        self._thread.start()
+
+    def watch(self, name: str, callback: Any, request: Any = None) -> None:
+        from p4p.client import raw
+
+        sub = raw.Context.monitor(self._ctx, name, lambda *_: self._wake.set(), request)
+        with self._lock:
+            self._subs.append((name, sub, callback))
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            with self._lock:
+                subs = list(self._subs)
+            for name, sub, callback in subs:
+                while not self._stop.is_set():
+                    update = sub.pop()
+                    if update is None:
+                        break
+                    callback(name, update)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+        with self._lock:
+            subs, self._subs = self._subs, []
+        for _, sub, _ in subs:
+            sub.close()
+
+    def __enter__(self) -> PvaMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
