@@ -41,6 +41,7 @@ class Update:
     description: metadata.Description
     failed: bool = False  # an error or a lost connection: ``alarm`` says which
 
+
 class View(Protocol):
     """A PV that shows a feed's updates."""
 
