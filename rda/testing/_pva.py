@@ -13,6 +13,7 @@ update. p4p is imported only by :class:`PvaMonitor`, when used.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,12 +27,25 @@ from rda.testing._ports import free_port
 __all__ = ["GatewayProcess", "LocalIoc", "PvaIsland", "PvaMonitor", "PvaProcess"]
 
 
+def free_pva_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 (pvAccess serves and searches on both)."""
+    for _ in range(100):
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both TCP and UDP")
+
+
 @dataclass(frozen=True)
 class PvaIsland:
     """The EPICS variables of one loopback-only pvAccess neighbourhood."""
 
-    server_port: int = field(default_factory=free_port)
-    broadcast_port: int = field(default_factory=free_port)
+    server_port: int = field(default_factory=free_pva_port)
+    broadcast_port: int = field(default_factory=free_pva_port)
 
     def environment(self) -> dict[str, str]:
         """What a server process of this island runs with (clients use :meth:`client_conf`)."""
