@@ -52,7 +52,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
     context = acquired.context
     if context.acq_stamp:
         return acquired
-    if context is _NO_CONTEXT:
+    if context is _NO_CONTEXT and acquired.alarm is NO_ALARM:
         return stamped_data(acquired.data)
     return new_acquired(
         acquired.data,
