@@ -122,9 +122,7 @@ def installed(
     Path(purelib, "rda_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # The tutorial's section 8 runs `pytest`: a launcher in the new venv, as pip would make.
     launcher = venv / "bin" / "pytest"
-    launcher.write_text(
-        f"#!{python}\nimport sys\n\nimport pytest\n\nsys.exit(pytest.main())\n"
-    )
+    launcher.write_text(f"#!{python}\nimport sys\n\nimport pytest\n\nsys.exit(pytest.main())\n")
     launcher.chmod(0o755)
     tools = tmp_path_factory.mktemp("tools")
     bash = shutil.which("bash")
