@@ -15,6 +15,7 @@ for _ in $(seq 100); do [ -s "$work/serve.json" ] && break; sleep 0.1; done
 run() { echo; echo "\$ rda $*"; "$BIN/rda" "$@"; }
 run directory list
 run get PS1/Acquisition
+run describe PS1/Acquisition
 run set PS1/Setting current=5
 run get PS1/Setting
 run subscribe PS1/Acquisition --count 5

@@ -10,6 +10,11 @@ Devices:
   positions in mm) with the monitor ``positions`` along the ring, published with the cycle.
 - ``FAULTY``: its ``Status`` property fails on purpose, to show an error reaching a client.
 
+Every property declares its fields' metadata (docs/server.md, "Property metadata"): units,
+precision, the converters' control limits, and alarm limits, so that every tool shows them.
+The measured current is in a MINOR alarm beyond +-90 A and in a MAJOR one beyond +-95 A: set
+``current=97`` and watch ``Acquisition`` go MINOR, then MAJOR as it follows.
+
 ``rda serve demo --secure DIR`` serves it with CURVE encryption and client authentication
 (:func:`demo_security`, docs/security.md).
 """
@@ -25,11 +30,12 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
 
+from rda.business import metadata
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import FileDirectory
@@ -47,7 +53,9 @@ from rda.serialization.data import Data
 from rda.serialization.header import DataContext
 
 __all__ = [
+    "ACQUISITION_FIELDS",
     "CYCLES",
+    "ORBIT_FIELDS",
     "BeamPositionMonitor",
     "Faulty",
     "PowerConverter",
@@ -74,7 +82,34 @@ MONITORS = 64
 class SettingModel(BaseModel):
     """What a power converter accepts as ``Setting``."""
 
-    current: float = Field(ge=-100.0, le=100.0, description="Current set point, A")
+    current: Annotated[float, metadata.Field(units="A", precision=3, limits=(-100.0, 100.0))] = (
+        Field(ge=-100.0, le=100.0, description="Current set point, A")
+    )
+
+
+# What the converters' and the monitor's acquisitions declare (the Setting's is in its model).
+ACQUISITION_FIELDS = {
+    "current": metadata.Field(
+        units="A",
+        precision=4,
+        description="Measured current",
+        warning=(-90.0, 90.0),
+        alarm=(-95.0, 95.0),
+    ),
+    "set_point": metadata.Field(units="A", precision=3, description="Set point it follows"),
+}
+ORBIT_FIELDS = {
+    "orbit": metadata.Field(
+        units="mm",
+        precision=3,
+        description="Closed orbit, rows H and V",
+        warning=(-2.5, 2.5),
+        alarm=(-4.0, 4.0),
+    ),
+    "positions": metadata.Field(
+        units="m", precision=1, description="Monitor positions along the ring"
+    ),
+}
 
 
 class PowerConverter(Device):
@@ -92,7 +127,12 @@ class PowerConverter(Device):
 
     # The demo's handlers only read or write memory under a short lock: non-blocking, so the
     # server answers them on its dispatcher (no worker hop) when the device is idle.
-    @prop("Setting", schema=SettingModel, blocking=False)
+    @prop(
+        "Setting",
+        schema=SettingModel,
+        blocking=False,
+        description="The current the converter is asked to give",
+    )
     def setting(self, request: GetRequest) -> Data:
         with self._lock:
             return Data(current=self.set_point)
@@ -102,7 +142,12 @@ class PowerConverter(Device):
         with self._lock:
             self.set_point = value.current
 
-    @prop("Acquisition", blocking=False)
+    @prop(
+        "Acquisition",
+        blocking=False,
+        fields=ACQUISITION_FIELDS,
+        description="The measured current, published every basic period",
+    )
     def acquisition(self, request: GetRequest) -> AcquiredData:
         with self._lock:
             return self._last
@@ -136,7 +181,12 @@ class BeamPositionMonitor(Device):
             self._data(self._measure(0)), DataContext("CPS.USER.ALL", stamp, stamp, "CPS.USER.ALL")
         )
 
-    @prop("Orbit", blocking=False)
+    @prop(
+        "Orbit",
+        blocking=False,
+        fields=ORBIT_FIELDS,
+        description="Closed-orbit readings of 64 monitors, published every basic period",
+    )
     def orbit(self, request: GetRequest) -> AcquiredData:
         with self._lock:
             return self._last
@@ -162,7 +212,7 @@ class BeamPositionMonitor(Device):
 class Faulty(Device):
     """A device whose ``Status`` always fails: the error case of the demo."""
 
-    @prop("Status")
+    @prop("Status", description="Fails on purpose: the error case")
     def status(self, request: GetRequest) -> Data:
         raise RuntimeError("interlock chain open: converter in fault state (simulated)")
 

@@ -40,11 +40,19 @@ def test_alarm_below_and_above_each_limit() -> None:
     minor = compute_alarm(fields, {"current": 9.0})
     assert minor == rda.Alarm(rda.Severity.MINOR, "current 9 A above high warning 8", "current")
     major = compute_alarm(fields, {"current": 11.25})
-    assert major == rda.Alarm(rda.Severity.MAJOR, "current 11.25 A above high alarm 10", "current")
+    assert major == rda.Alarm(rda.Severity.MAJOR, "current 11.2 A above high alarm 10", "current")
     low = compute_alarm(fields, {"current": -9})
     assert low.severity is rda.Severity.MINOR and "below low warning -8" in low.message
     nan = compute_alarm(fields, {"current": math.nan})
     assert nan.severity is rda.Severity.INVALID and nan.message == "current is not a number"
+
+
+def test_messages_round_by_precision_unless_that_hides_the_crossing() -> None:
+    volts = {"v": rda.Field(units="V", precision=2, alarm=(None, 10))}
+    assert compute_alarm(volts, {"v": 10.4567}).message == "v 10.46 V above high alarm 10"
+    # 10.0004 with two digits would read 10.00, on the limit: shown in full.
+    assert compute_alarm(volts, {"v": 10.0004}).message == "v 10.0004 V above high alarm 10"
+    assert compute_alarm(volts, {"v": 12}).message == "v 12 V above high alarm 10"
 
 
 def test_one_sided_limits() -> None:

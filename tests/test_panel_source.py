@@ -62,9 +62,11 @@ def test_discover_learns_devices_properties_and_facts(server: Server, source: Pa
     assert entry["error"] is None and entry["name"] == "RdaDemoServer"
     devices = {d["name"]: d["properties"] for d in entry["devices"]}
     assert set(devices) == {"PS1", "PS2", "PS3", "BPM1", "FAULTY"}
-    assert devices["PS1"] == [
-        {"name": "Acquisition", "writable": False},
-        {"name": "Setting", "writable": True},
+    # Each property row also carries its declared metadata (docs/server.md, "Property
+    # metadata"): description, fields, alarm.
+    assert [(p["name"], p["writable"]) for p in devices["PS1"]] == [
+        ("Acquisition", False),
+        ("Setting", True),
     ]
     assert entry["role"] == "server"
     assert {d["kind"] for d in entry["devices"]} == {"device"}

@@ -192,7 +192,7 @@ def test_alarm_on_notifications_and_get_replies(
             rda.Severity.NONE,
         ]
         assert alarms[1] == rda.Alarm(
-            rda.Severity.MAJOR, "current 9.5 A above high alarm 9", "current"
+            rda.Severity.MAJOR, "current 9.500 A above high alarm 9", "current"
         )
         supply.publish_error("Setting", "probe lost")
         error = sub.poll(10)
@@ -203,7 +203,7 @@ def test_alarm_on_notifications_and_get_replies(
     supply.current = 9.5
     reply = ap.get(timeout=10)
     assert reply.alarm == rda.Alarm(
-        rda.Severity.MAJOR, "current 9.5 A above high alarm 9", "current"
+        rda.Severity.MAJOR, "current 9.500 A above high alarm 9", "current"
     )
     array = client.access_point("PS1", "Acquisition").get(timeout=10)
     assert array.alarm.severity is rda.Severity.MINOR and "wave[1]" in array.alarm.message
@@ -307,14 +307,14 @@ def test_an_older_client_decodes_a_reply_with_an_alarm_as_before(
         monkeypatch.setattr(protocol, "_parse_compiled", None)
     data = Data(current=9.5, mode="DC")
     with_alarm = _reply_message(
-        data, encode_alarm(2, "current 9.5 A above high alarm 9", "current")
+        data, encode_alarm(2, "current 9.500 A above high alarm 9", "current")
     )
     without = _reply_message(data, None)
     assert [k for k, _ in with_alarm.body] == [BodyKind.DATA, BodyKind.DATA_CONTEXT, 3]
     # What an older client reads of a reply: data, context, seq and the exception; all equal.
     for read in ("data", "context", "seq", "exception"):
         assert getattr(with_alarm, read) == getattr(without, read)
-    assert with_alarm.alarm == (2, "current 9.5 A above high alarm 9", "current")
+    assert with_alarm.alarm == (2, "current 9.500 A above high alarm 9", "current")
     assert without.alarm == (0, "", "")
     # A notification's tail as SubscriptionSource builds it, alarm last: same seq peek.
     routed = encode_routed(

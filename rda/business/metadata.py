@@ -346,10 +346,25 @@ def _numeric(value: Any) -> np.ndarray[Any, Any] | float | None:
     return None
 
 
-def _shown(value: float, f: Field) -> str:
-    """A value in a message: in full (a precision could round it onto the limit it crossed),
-    an integral value without its ``.0``, then the units."""
+def _given(value: float, f: Field) -> str:
+    """A value a client sent, as sent (a refused set names what was asked), with the units."""
     text = str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    return f"{text} {f.units}" if f.units else text
+
+
+def _shown(value: float, f: Field, limit: float) -> str:
+    """A value in a message, then the units: an integral value without its ``.0``; else with
+    the field's precision when that still shows it beyond the ``limit`` it crossed
+    (``96.9298 A`` above 95), in full when rounding would put it onto the limit
+    (``10.0004`` above 10 with precision 2 is not shown as ``10.00``)."""
+    if value.is_integer() and abs(value) < 1e15:
+        text = str(int(value))
+    else:
+        text = repr(value)
+        if f.precision is not None:
+            rounded = f"{value:.{f.precision}f}"
+            if (float(rounded) > limit) == (value > limit) and float(rounded) != limit:
+                text = rounded
     return f"{text} {f.units}" if f.units else text
 
 
@@ -442,11 +457,11 @@ def _scalar_alarm(name: str, value: float, f: Field, label: str = "") -> Alarm:
         low, high = pair
         if high is not None and value > high:
             return Alarm(
-                severity, f"{label} {_shown(value, f)} above high {kind} {_bound(high)}", name
+                severity, f"{label} {_shown(value, f, high)} above high {kind} {_bound(high)}", name
             )
         if low is not None and value < low:
             return Alarm(
-                severity, f"{label} {_shown(value, f)} below low {kind} {_bound(low)}", name
+                severity, f"{label} {_shown(value, f, low)} below low {kind} {_bound(low)}", name
             )
     return NO_ALARM
 
@@ -503,9 +518,9 @@ def _scalar_limit(name: str, value: float, f: Field) -> str:
     if math.isnan(value):
         return f"{name} is not a number {span}"
     if value > high:
-        return f"{name} {_shown(value, f)} above the high limit {_bound(high)} {span}"
+        return f"{name} {_given(value, f)} above the high limit {_bound(high)} {span}"
     if value < low:
-        return f"{name} {_shown(value, f)} below the low limit {_bound(low)} {span}"
+        return f"{name} {_given(value, f)} below the low limit {_bound(low)} {span}"
     return ""
 
 

@@ -33,17 +33,24 @@ from rda.admin.cli.common import (
     split_address,
 )
 from rda.admin.cli.values import BadValueError, build_data, merge_data, parse_assignments
-from rda.admin.format import format_duration, format_mapping, format_value, humanize
+from rda.admin.format import (
+    format_duration,
+    format_mapping,
+    format_table,
+    format_value,
+    humanize,
+)
 from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.directory import default_directory
+from rda.business.metadata import Field, PropertyDescription, span
 from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, NotAuthorizedError, RdaError
 from rda.serialization.header import DataContext
 from rda.transport.reasons import HANDSHAKE_REFUSED
 
-__all__ = ["admin", "get", "set_", "subscribe"]
+__all__ = ["admin", "describe", "get", "set_", "subscribe"]
 
 _TIMEOUT = click.option(
     "--timeout", type=TIMEOUT, default=None, help="Seconds to wait (default: RDA_REQUEST_TIMEOUT)."
@@ -85,10 +92,13 @@ def get(
     key_file: Path | None,
     server_key: str | None,
 ) -> None:
-    """Read a property once and print its value."""
+    """Read a property once and print its value: with the units and the precision the server
+    declares for its fields (rda describe), and its alarm state when in alarm."""
     device, prop = split_address(address)
     with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
-        acq = client.access_point(device, prop).get(selector=selector or None, timeout=timeout)
+        ap = client.access_point(device, prop)
+        acq = ap.get(selector=selector or None, timeout=timeout)
+        fields = _declared_fields(ap, timeout) if field is None else {}
     if field is not None:
         value = _field(acq.data, field, address)
         if as_json:
@@ -99,10 +109,91 @@ def get(
             click.echo(format_value(value))
         return
     if as_json:
-        emit_json(_acquired_json(address, acq))
+        shown = _acquired_json(address, acq)
+        shown["units"] = {name: f.units for name, f in fields.items() if f.units}
+        shown["alarm"] = acq.alarm.to_dict()
+        emit_json(shown)
         return
     click.echo(f"{address}  {_context_line(acq.context)}".rstrip())
-    click.echo(format_mapping(acq.data.to_dict(), indent=2))
+    click.echo(format_mapping(_with_units(acq.data.to_dict(), fields), indent=2))
+    if acq.alarm:
+        click.echo(f"  ALARM {acq.alarm.severity.name}: {acq.alarm.message}")
+
+
+def _declared_fields(ap: Any, timeout: float | None) -> Mapping[str, Field]:
+    """The fields the server declares for the property; none when it cannot say (a server
+    from before describe, or one that refuses it): the value is then shown as it comes."""
+    try:
+        described: PropertyDescription = ap.describe(timeout=timeout)
+    except RdaError:
+        return {}
+    return described.fields
+
+
+def _with_units(values: dict[str, Any], fields: Mapping[str, Field]) -> dict[str, Any]:
+    """Top-level numbers shown by their field's precision and units (``3.142 A``), arrays
+    summarised as usual with the units after them."""
+    if not fields:
+        return values
+    shown = dict(values)
+    for name, f in fields.items():
+        value = shown.get(name)
+        if value is None or isinstance(value, bool | str | Mapping):
+            continue
+        if isinstance(value, int | float):
+            shown[name] = f.format(value)
+        elif f.units:
+            shown[name] = f"{format_value(value)} {f.units}"
+    return shown
+
+
+@click.command("describe")
+@click.argument("address", metavar="DEVICE/PROPERTY", shell_complete=_complete_address)
+@_JSON
+@_TIMEOUT
+@security_options
+@click.pass_obj
+def describe(
+    options: Options,
+    address: str,
+    as_json: bool,
+    timeout: float | None,
+    key_file: Path | None,
+    server_key: str | None,
+) -> None:
+    """Print what the server declares about a property: its fields' units, precision,
+    control limits and alarm limits, its description, whether it can be set."""
+    device, prop = split_address(address)
+    with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
+        described = client.access_point(device, prop).describe(timeout=timeout)
+    if as_json:
+        emit_json(described.to_dict())
+        return
+    click.echo(f"{address}  {'settable' if described.settable else 'read-only'}")
+    if described.description:
+        click.echo(f"  {described.description}")
+    if not described.fields:
+        click.echo("  (no field metadata declared)")
+        return
+    rows = [_field_row(name, f) for name, f in described.fields.items()]
+    columns = ["field", "units", "precision", "limits", "warning", "alarm", "description"]
+    click.echo(_indented(format_table(rows, columns)))
+
+
+def _field_row(name: str, f: Field) -> dict[str, Any]:
+    return {
+        "field": name,
+        "units": f.units or "-",
+        "precision": "-" if f.precision is None else str(f.precision),
+        "limits": "-" if f.limits is None else span(f.limits),
+        "warning": "-" if f.warning is None else span(f.warning),
+        "alarm": "-" if f.alarm is None else span(f.alarm),
+        "description": f.description,
+    }
+
+
+def _indented(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 @click.command("set")

@@ -173,6 +173,12 @@ def _get() -> click.Command:
     return get
 
 
+def _describe() -> click.Command:
+    from rda.admin.cli.access import describe
+
+    return describe
+
+
 def _set() -> click.Command:
     from rda.admin.cli.access import set_
 
@@ -217,6 +223,11 @@ def _keys() -> click.Command:
 
 cli.add_lazy_command("get", _get, "Read a property once and print its value.")
 cli.add_lazy_command("set", _set, "Write a property.")
+cli.add_lazy_command(
+    "describe",
+    _describe,
+    "Print a property's declared metadata: units, precision, limits, alarm limits.",
+)
 cli.add_lazy_command(
     "subscribe",
     _subscribe,
