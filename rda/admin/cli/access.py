@@ -92,8 +92,10 @@ def get(
     key_file: Path | None,
     server_key: str | None,
 ) -> None:
-    """Read a property once and print its value: with the units and the precision the server
-    declares for its fields (rda describe), and its alarm state when in alarm."""
+    """Read a property once and print its value.
+
+    Each field the server declares is shown with its precision and units (rda describe), and
+    the value's alarm state when it is in alarm."""
     device, prop = split_address(address)
     with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
         ap = client.access_point(device, prop)
@@ -161,8 +163,9 @@ def describe(
     key_file: Path | None,
     server_key: str | None,
 ) -> None:
-    """Print what the server declares about a property: its fields' units, precision,
-    control limits and alarm limits, its description, whether it can be set."""
+    """Print a property's declared metadata: units, precision, limits, alarm limits.
+
+    Also its description and whether it can be set; --json prints the description as JSON."""
     device, prop = split_address(address)
     with open_client(options, key_file, server_key) as client, _suggesting(client, options, device):
         described = client.access_point(device, prop).describe(timeout=timeout)
