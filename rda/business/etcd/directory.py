@@ -66,7 +66,9 @@ class EtcdDirectoryState:
     def summary(self) -> str:
         parts = [f"etcd {self.url}", f"watch {self.watching}"]
         for name, reg in self.registrations.items():
-            parts.append(f"{name} {reg.state}")
+            # What is wrong with it, when something is (the keys written over, the outage).
+            said = f" ({reg.last_error})" if reg.last_error and reg.state != "registered" else ""
+            parts.append(f"{name} {reg.state}{said}")
         if self.last_error:
             parts.append(f"last error: {self.last_error}")
         return "; ".join(parts)

@@ -101,6 +101,11 @@ def compare_absent(key: str) -> dict[str, Any]:
     return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
+def compare_mod(key: str, revision: int) -> dict[str, Any]:
+    """A txn comparison true when ``key`` was last modified at ``revision`` (unchanged since)."""
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
 def put_op(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
     if lease:
@@ -211,6 +216,13 @@ class EtcdGateway:
         """Refresh ``lease``; its remaining TTL in seconds, 0 when it has expired."""
         answer = self.call("lease/keepalive", {"ID": str(lease)})
         return int(answer.get("result", {}).get("TTL", 0))
+
+    def lease_keys(self, lease: int) -> set[str] | None:
+        """The keys attached to ``lease`` now; None when it has expired (or never was)."""
+        answer = self.call("lease/timetolive", {"ID": str(lease), "keys": True})
+        if int(answer.get("TTL", -1)) < 0:
+            return None
+        return {base64.b64decode(k).decode() for k in answer.get("keys", [])}
 
     def revoke(self, lease: int) -> None:
         """Drop ``lease`` and every key attached to it; an unknown lease is no error."""

@@ -22,6 +22,16 @@ taken over at once rather than waiting for the lease; a live lease is otherwise 
 Transactions are cut in batches (etcd refuses more than 128 operations per transaction by
 default). If a device batch fails, the lease is revoked: nothing half-registered remains.
 
+The keeper also checks, at each refresh, that every key is still attached to its lease (etcd
+lists a lease's keys): a key written over by hand (``etcdctl put``, which detaches it from the
+lease) would otherwise send the server's clients elsewhere while it says "registered", and
+outlive its stop. A key that still names this server (same server and endpoint) is written
+again under the lease (re-asserted: it goes with the lease again); one that names something
+else is reported, not fought over: the state becomes ``overwritten`` with the keys and where
+they point now (admin ``info``, ``statistics().directory``), with a warning in the log, until
+the keys are ours again. At stop, a key that still names this server but is off the lease is
+deleted with it.
+
 When etcd is unreachable the keeper keeps trying; if the lease expired meanwhile, it claims
 everything again with a new lease when etcd is back (and logs it when someone else has taken
 the name in between). If the server's entry is taken over on purpose (``replace``), the keeper
@@ -54,6 +64,8 @@ from rda.business.etcd.gateway import (
     EtcdGateway,
     KeyValue,
     compare_absent,
+    compare_mod,
+    delete_op,
     put_op,
     range_op,
 )
@@ -125,7 +137,9 @@ def _pid_gone(entry: ServerEntry) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RegistrationState:
-    state: str  # "registered", "unreachable", "re-registering", "replaced", "stopped"
+    # "registered", "overwritten" (keys written over by another: ``last_error`` says which and
+    # where they point), "unreachable", "re-registering", "replaced", "stopped"
+    state: str
     lease: int
     since: float
     last_error: str
@@ -290,7 +304,7 @@ class Registration:
     def _keep(self) -> None:
         period = self._ttl / 3
         while not self._stop.wait(
-            period if self._state.state == "registered" else min(period, 0.5)
+            period if self._state.state in ("registered", "overwritten") else min(period, 0.5)
         ):
             try:
                 self._refresh()
@@ -313,7 +327,15 @@ class Registration:
         if self._lease and self._gateway.keepalive(self._lease) > 0:
             if self._taken_over():
                 return
-            if self._state.state != "registered":
+            lost = self._check_keys()
+            if lost:
+                if lost != self._state.last_error:
+                    log.warning("server %r: directory keys written over: %s", self.entry.name, lost)
+                self._set_state("overwritten", lost)
+                return
+            if self._state.state == "overwritten":
+                log.info("server %r: every directory key is its own again", self.entry.name)
+            elif self._state.state != "registered":
                 log.info("server %r: etcd reachable again; entry kept", self.entry.name)
             self._set_state("registered")
             return
@@ -321,6 +343,49 @@ class Registration:
         self._set_state("re-registering", self._state.last_error)
         self.claim()
         log.info("server %r: registered again in etcd (lease %d)", self.entry.name, self._lease)
+
+    def _keys(self) -> dict[str, bytes]:
+        """Every key of this registration and the value it should hold."""
+        device = device_value(self.entry)
+        keys = {self.device_key(d): device for d in self.entry.devices}
+        keys[self.server_key] = json.dumps(asdict(self.entry)).encode()
+        return keys
+
+    def _check_keys(self) -> str:
+        """Re-assert our keys that were written over with our own entry; describe those that
+        now point elsewhere ("" when every key is on our lease)."""
+        attached = self._gateway.lease_keys(self._lease)
+        if attached is None:
+            return ""  # expired meanwhile: the next refresh claims everything again
+        expected = self._keys()
+        lost: list[str] = []
+        for key in sorted(set(expected) - attached):
+            _, kvs = self._gateway.range(key)
+            current = kvs[0] if kvs else None
+            if current is not None and _same_entry(current.value, expected[key]):
+                # Our own entry, off the lease (written again by hand): put it back on the
+                # lease, unless it changed meanwhile.
+                ok, _ = self._gateway.txn(
+                    [compare_mod(key, current.mod_revision)],
+                    [put_op(key, expected[key], self._lease)],
+                    [],
+                )
+                if ok:
+                    log.info("server %r: %s put back on its lease", self.entry.name, key)
+                    continue
+            name = key[len(self._prefix) :]
+            lost.append(f"{name} -> {_points_to(current)}")
+        return "; ".join(lost)
+
+    def _release_orphans(self) -> None:
+        """At stop: delete our keys that still name us but are off the lease (the revoke does
+        not reach them), each only if unchanged since read."""
+        attached = self._gateway.lease_keys(self._lease) or set()
+        expected = self._keys()
+        for key in sorted(set(expected) - attached):
+            _, kvs = self._gateway.range(key)
+            if kvs and _same_entry(kvs[0].value, expected[key]):
+                self._gateway.txn([compare_mod(key, kvs[0].mod_revision)], [delete_op(key)], [])
 
     def _taken_over(self) -> bool:
         """True (and the lease revoked) when another process has replaced our entry."""
@@ -344,6 +409,10 @@ class Registration:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         if self._lease and self._state.state != "replaced":
+            try:
+                self._release_orphans()
+            except RdaError as exc:
+                log.warning("server %r: could not clean its keys: %s", self.entry.name, exc)
             self._revoke_quietly(self._lease)
         self._lease = 0
         self._set_state("stopped")
@@ -354,6 +423,25 @@ class Registration:
         except RdaError as exc:
             # etcd down: the lease expires by itself within ttl.
             log.warning("server %r: could not revoke lease %d: %s", self.entry.name, lease, exc)
+
+
+def _same_entry(value: bytes, expected: bytes) -> bool:
+    """Whether a key's value is our entry (as JSON: key order and spacing do not matter)."""
+    try:
+        return bool(json.loads(value) == json.loads(expected))
+    except ValueError:
+        return False
+
+
+def _points_to(kv: KeyValue | None) -> str:
+    """Where a written-over key sends clients now, for the report."""
+    if kv is None:
+        return "deleted"
+    try:
+        raw = json.loads(kv.value)
+        return f"server {raw.get('server', raw.get('name'))!r} at {raw.get('endpoint')}"
+    except (ValueError, AttributeError):
+        return f"{len(kv.value)} bytes that are no entry"
 
 
 def _holder(kv: KeyValue) -> str:
