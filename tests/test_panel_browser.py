@@ -170,9 +170,10 @@ class Stand:
         self.panel = self.server = None
 
 
-# A server of its own for the staleness tests, started and killed by pid: TICK/Value published
-# at 10 Hz, paused and resumed by SIGUSR1 (it says "paused"/"publishing"), and a settable
-# TICK/Setting. Registered in the stand's file directory, as the demo is.
+# A server of its own for the staleness and alarm tests, started and killed by pid: TICK/Value
+# published at 10 Hz, paused and resumed by SIGUSR1 (it says "paused"/"publishing"), and a
+# settable TICK/Setting with metadata (A, 2 digits, limits -10..10, MINOR above 5, MAJOR above
+# 8). Registered in the stand's file directory, as the demo is.
 PAUSABLE = """
 import signal, sys, threading, time
 from pydantic import BaseModel
@@ -192,7 +193,8 @@ class Ticker(rda.Device):
     def value(self, request):
         return rda.Data(value=float(self.count), count=self.count)
 
-    @rda.prop("Setting", schema=Level, blocking=False)
+    @rda.prop("Setting", schema=Level, blocking=False, fields={"level": rda.Field(
+        units="A", precision=2, limits=(-10.0, 10.0), warning=(None, 5.0), alarm=(None, 8.0))})
     def setting(self, request):
         return rda.Data(level=self.level)
 
@@ -698,3 +700,60 @@ def test_a_layout_is_saved_loaded_shared_by_link_and_opened_by_the_cli_as_a_kios
     finally:
         kiosk.terminate()
         kiosk.wait(10)
+
+
+def test_metadata_formats_values_shows_limits_and_alarms_reach_the_summary(
+    stand: Stand, page: Page
+) -> None:
+    proc, _ = stand.start_pausable(free_port())
+    try:
+        view = open_view(page, "TICK/Setting")
+        expect(view).to_have_attribute("data-described", "true", timeout=WAIT)
+        value = view.locator('tr[data-field="level"] td.fvalue')
+        expect(value).to_contain_text("0.00 A")  # precision 2, units A
+        form = view.locator(".setform")
+        expect(form.get_by_test_id("limits-level")).to_have_text("limits -10 … 10 A")
+        level = form.locator('input[name="level"]')
+        expect(level).to_have_attribute("min", "-10")
+        expect(level).to_have_attribute("max", "10")
+
+        def set_level(text: str) -> None:
+            level.fill(text)
+            form.get_by_test_id("set").click()
+            form.get_by_test_id("confirm-set").click()
+
+        # Above the warning limit: MINOR on the header, the field and the tree entry.
+        set_level("6")
+        expect(view).to_have_attribute("data-alarm", "MINOR", timeout=WAIT)
+        expect(value).to_contain_text("6.00 A")
+        expect(view.locator('tr[data-field="level"]')).to_have_attribute("data-alarm", "MINOR")
+        expect(view.get_by_test_id("alarm-badge")).to_have_text("MINOR")
+        entry = page.locator('[data-prop="TICK/Setting"]')
+        expect(entry).to_have_attribute("data-severity", "MINOR", timeout=WAIT)
+        # Above the alarm limit: MAJOR, first in the summary (newest first).
+        set_level("9")
+        expect(view).to_have_attribute("data-alarm", "MAJOR", timeout=WAIT)
+        expect(view.get_by_test_id("alarm")).to_contain_text("MAJOR")
+        summary = page.get_by_test_id("alarm-summary")
+        first = summary.locator("tr[data-alarm-row]").first
+        expect(first).to_have_attribute("data-alarm-row", "TICK/Setting", timeout=WAIT)
+        expect(first).to_have_attribute("data-severity", "MAJOR")
+        expect(entry).to_have_attribute("data-severity", "MAJOR", timeout=WAIT)
+        # The demo's failing property is there too, as an error.
+        faulty = summary.locator('tr[data-alarm-row="FAULTY/Status"]')
+        expect(faulty).to_have_attribute("data-state", "error", timeout=WAIT)
+        shot(page, "panel-alarms")
+        # Outside the control limits: refused by the server, naming the limit, next to the field.
+        set_level("20")
+        error = form.get_by_test_id("field-error-level")
+        expect(error).to_contain_text("10", timeout=WAIT)
+        expect(error).to_contain_text("level")
+        expect(value).to_contain_text("9.00 A")
+        # Back in range: no alarm, out of the summary.
+        set_level("1")
+        expect(view).to_have_attribute("data-alarm", "NONE", timeout=WAIT)
+        expect(summary.locator('tr[data-alarm-row="TICK/Setting"]')).to_have_count(0, timeout=WAIT)
+        expect(entry).to_have_attribute("data-severity", "NONE")
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -105,6 +105,58 @@ def test_the_connection_state_corrects_the_trees_state_at_once(
     assert live_state("connected", None) == "connected"
 
 
+def test_the_alarm_watch_lists_errors_alarms_and_disconnections_newest_first() -> None:
+    import rda
+    from rda.panel.alarms import AlarmWatch
+
+    class Magnet(rda.Device):
+        @rda.prop("Current", blocking=False, fields={"i": rda.Field(units="A", alarm=(None, 8.0))})
+        def current(self, request: Any) -> rda.Data:
+            return rda.Data(i=0.0)
+
+    magnet = Magnet()
+    builder = demo_builder(directory=None, rate_hz=50.0).device("MAG", magnet)
+    with install(builder).build() as server:
+        client = ClientService(directory=StaticDirectory({"*": server.endpoint}))
+        source = PanelSource(client, "tester")
+        watch = AlarmWatch(source)
+        try:
+            described = source.describe("MAG", "Current")
+            assert described is not None and described["fields"]["i"]["units"] == "A"
+            watch.follow(source.discover())
+            assert (
+                source.feeds() == 9
+            )  # every property (PS1-3 x 2, Orbit, Status, MAG): one feed each
+            wait_until(lambda: watch.evaluate() or watch.summary(), timeout=10.0)
+            (faulty,) = watch.summary()
+            assert faulty["device"] == "FAULTY" and faulty["state"] == "error"
+            assert "interlock chain open" in faulty["message"]
+            now = time.time_ns()
+            magnet.publish(
+                "Current", rda.AcquiredData(rda.Data(i=9.0), rda.DataContext("", now, now, ""))
+            )
+            wait_until(
+                lambda: watch.evaluate() and "MAG/Current" in watch.severities(), timeout=10.0
+            )
+            first = watch.summary()[0]  # the newest first
+            assert (first["device"], first["severity"], first["field"]) == ("MAG", "MAJOR", "i")
+            assert watch.severities()["MAG/Current"] == "MAJOR"
+            server.stop()
+            wait_until(
+                lambda: (
+                    watch.evaluate() or all(r["state"] == "disconnected" for r in watch.summary())
+                ),
+                timeout=10.0,
+            )
+            rows = watch.summary()
+            assert len(rows) == 9 and {r["severity"] for r in rows} == {"INVALID"}
+        finally:
+            watch.close()
+            assert source.feeds() == 0
+            source.close()
+            client.close()
+
+
 def test_a_set_keeps_the_current_values_types_and_logs_who_asked(
     source: PanelSource, caplog: pytest.LogCaptureFixture
 ) -> None:

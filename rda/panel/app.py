@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from rda.panel.alarms import AlarmWatch
 from rda.panel.history import Past, parse_minutes
 from rda.panel.hosts import HostCheck, panel_names
 from rda.panel.layout import MAX_LAYOUT_BYTES, Layout, LayoutError, parse_layout
@@ -40,13 +41,14 @@ from rda.panel.views import describe_error
 from rda.serialization.errors import RdaError
 from rda.transport.ratelog import RateLimitedLog
 
-__all__ = ["REFRESH", "STATE_POLL", "STATIC", "create_app", "serve"]
+__all__ = ["ALARM_POLL", "REFRESH", "STATE_POLL", "STATIC", "create_app", "serve"]
 
 log = logging.getLogger("rda.panel")
 
 STATIC = Path(__file__).parent / "static"
 REFRESH = 2.0
 STATE_POLL = 0.25
+ALARM_POLL = 0.5
 _CSP = (
     "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
     "connect-src 'self'; frame-ancestors 'none'"
@@ -111,6 +113,7 @@ def create_app(
         tree=[],
     )
     sessions: set[Session] = set()
+    alarms = AlarmWatch(source)
     refusals = RateLimitedLog(log, interval=60.0)
 
     def refuse_host(host: str) -> None:
@@ -136,6 +139,26 @@ def create_app(
         for session in list(sessions):
             session.tree_changed()
 
+    async def watch_alarms() -> None:
+        followed = -1
+        while True:
+            await asyncio.sleep(ALARM_POLL)
+            try:
+                if followed != state.tree_version:
+                    followed = state.tree_version
+                    await asyncio.to_thread(alarms.follow, state.tree)
+                if await asyncio.to_thread(alarms.evaluate):
+                    state.alarms = {
+                        "alarms": alarms.summary(),
+                        "severities": alarms.severities(),
+                        "unwatched": alarms.unwatched,
+                    }
+                    state.alarms_version += 1
+                    for session in list(sessions):
+                        session.tree_changed()
+            except Exception:
+                log.exception("panel: watching the alarms failed")
+
     async def watch_states() -> None:
         while True:
             await asyncio.sleep(STATE_POLL)
@@ -158,6 +181,7 @@ def create_app(
         tasks = [
             asyncio.create_task(refresh_tree(), name="rda-panel-discovery"),
             asyncio.create_task(watch_states(), name="rda-panel-states"),
+            asyncio.create_task(watch_alarms(), name="rda-panel-alarms"),
         ]
         try:
             yield
@@ -167,6 +191,7 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await asyncio.to_thread(alarms.close)
             await asyncio.to_thread(source.close)
 
     async def index(request: Request) -> Response:

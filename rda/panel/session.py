@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
@@ -68,6 +68,11 @@ class PanelState:
     tree_version: int = 0
     kiosk: bool = False  # read-only wall display: no sets, no editing controls
     layout: dict[str, Any] | None = None  # rda panel --layout FILE, validated (rda.panel.layout)
+    # The alarm summary (rda.panel.alarms): {"alarms": rows, "severities", "unwatched"}.
+    alarms: dict[str, Any] = field(
+        default_factory=lambda: {"alarms": [], "severities": {}, "unwatched": 0}
+    )
+    alarms_version: int = 0
     tabs_closed: int = 0  # tabs whose socket ended, however they left
     hosts_refused: int = 0  # requests for a Host that is not the panel's (rda.panel.hosts)
 
@@ -91,6 +96,7 @@ class Session:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._tree_sent = -1
+        self._alarms_sent = -1
         self._sets: set[asyncio.Task[None]] = set()
         client = websocket.client
         self.browser = f"{client.host}:{client.port}" if client else "unknown"
@@ -180,6 +186,14 @@ class Session:
         await asyncio.to_thread(
             self.state.source.attach, view.device, view.prop, view.selector, slot
         )
+        if not slot.series:  # units, precision and limits for the view's value and set form
+            task = asyncio.create_task(self._describe(view_id, view.device, view.prop))
+            self._sets.add(task)
+            task.add_done_callback(self._sets.discard)
+
+    async def _describe(self, view_id: str, device: str, prop: str) -> None:
+        description = await asyncio.to_thread(self.state.source.describe, device, prop)
+        await self.ws.send_json({"type": "describe", "view": view_id, "description": description})
 
     async def _set(self, request: dict[str, Any]) -> None:
         reply: dict[str, Any] = {"type": "set_result", "id": request.get("id")}
@@ -224,6 +238,9 @@ class Session:
                 if self._tree_sent != self.state.tree_version:
                     self._tree_sent = self.state.tree_version
                     await self.ws.send_json({"type": "tree", "servers": self.state.tree})
+                if self._alarms_sent != self.state.alarms_version:
+                    self._alarms_sent = self.state.alarms_version
+                    await self.ws.send_json({"type": "alarms", **self.state.alarms})
                 frames = []
                 for view in list(self.views.values()):
                     frame = view.slot.take()

@@ -24,7 +24,7 @@ from typing import Any
 from rda.business.client.history import HISTORY_PREFIX
 from rda.business.client.service import ClientService
 from rda.business.client.subscriptions import Notification, Subscription
-from rda.panel.views import ViewSlot, describe_error
+from rda.panel.views import Viewer, describe_error
 from rda.serialization.data import Data, DataType
 from rda.serialization.errors import RdaError, RemoteError
 
@@ -51,7 +51,7 @@ class Feed:
     def __init__(self, client: ClientService, device: str, prop: str, selector: str) -> None:
         self.key = (device, prop, selector)
         self._lock = threading.Lock()
-        self._slots: list[ViewSlot] = []
+        self._slots: list[Viewer] = []
         self._last: Notification | None = None
         self._sub: Subscription = client.access_point(device, prop).subscribe(
             selector=selector or None, listener=self._deliver
@@ -64,7 +64,7 @@ class Feed:
         for slot in slots:
             slot.offer(n)
 
-    def add(self, slot: ViewSlot) -> None:
+    def add(self, slot: Viewer) -> None:
         with self._lock:
             self._slots.append(slot)
             last = self._last
@@ -72,7 +72,7 @@ class Feed:
         if last is not None:
             slot.offer(last)
 
-    def remove(self, slot: ViewSlot) -> bool:
+    def remove(self, slot: Viewer) -> bool:
         """Detach ``slot``; True when no view is left (the caller closes the feed)."""
         with self._lock:
             if slot in self._slots:
@@ -235,7 +235,7 @@ class PanelSource:
 
     # -- subscriptions -----------------------------------------------------------------------
 
-    def attach(self, device: str, prop: str, selector: str, slot: ViewSlot) -> None:
+    def attach(self, device: str, prop: str, selector: str, slot: Viewer) -> None:
         """Show ``device/prop`` (cycle ``selector``, "" for none) in ``slot``."""
         key = (device, prop, selector)
         with self._lock:
@@ -249,7 +249,7 @@ class PanelSource:
                 self._feeds[key] = feed
             feed.add(slot)
 
-    def detach(self, device: str, prop: str, selector: str, slot: ViewSlot) -> None:
+    def detach(self, device: str, prop: str, selector: str, slot: Viewer) -> None:
         key = (device, prop, selector)
         with self._lock:
             feed = self._feeds.get(key)
@@ -261,6 +261,16 @@ class PanelSource:
     def feeds(self) -> int:
         with self._lock:
             return len(self._feeds)
+
+    def describe(self, device: str, prop: str) -> dict[str, Any] | None:
+        """``device/prop``'s declared metadata (units, precision, limits, alarm limits) as
+        JSON, None when the server declares none or cannot say (an older server, an error):
+        the view then shows plain values."""
+        try:
+            return self.client.access_point(device, prop).describe(timeout=ADMIN_TIMEOUT).to_dict()
+        except RdaError as exc:
+            log.debug("panel: no description of %s/%s: %s", device, prop, exc)
+            return None
 
     # -- sets --------------------------------------------------------------------------------
 

@@ -17,19 +17,37 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rda.business.client.subscriptions import Notification
 from rda.panel.render import context_json, numeric_fields
 from rda.serialization.errors import DisconnectedError
 from rda.serialization.header import UpdateType
 
-__all__ = ["MAX_FPS", "MAX_POINTS", "Frame", "ViewSlot", "describe_error"]
+__all__ = ["MAX_FPS", "MAX_POINTS", "Frame", "ViewSlot", "Viewer", "alarm_json", "describe_error"]
 
 MAX_FPS = 30.0
 # Strip-chart points kept per field between two frames: beyond that every other point is
 # dropped (the chart has no more pixels than this per frame anyway).
 MAX_POINTS = 256
+
+
+class Viewer(Protocol):
+    """What a shared subscription feeds (a view's slot, the alarm watch's entry): called on a
+    listener thread, it must only store and count."""
+
+    def offer(self, n: Notification) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+def alarm_json(n: Notification | None) -> dict[str, Any] | None:
+    """The alarm a value carries (``{"severity": "MAJOR", "message", "field"}``), None when in
+    no alarm. An error or a disconnection is the view's status, not repeated here."""
+    if n is None or n.error is not None:
+        return None
+    alarm = n.alarm
+    return alarm.to_dict() if alarm else None
 
 
 def describe_error(error: BaseException) -> str:
@@ -68,6 +86,7 @@ class Frame:
             "first": self.first,
             "disconnected": self.disconnected,
             "context": None if n is None or n.error is not None else context_json(n.context),
+            "alarm": alarm_json(n),
         }
 
 

@@ -2,7 +2,7 @@
 // The server pushes "tree" and "frames" messages; this module routes them.
 import { PropertyView } from "/static/view.js";
 import { StripChart } from "/static/chart.js";
-import { setTimeZone, timeZone } from "/static/time.js";
+import { formatTime, onTimeZone, setTimeZone, timeZone } from "/static/time.js";
 import { checkLayout, download, layoutInLink, linkFor } from "/static/layout.js";
 
 const state = {
@@ -16,7 +16,9 @@ const state = {
   columns: null,           // the views' grid columns (null: as many as fit)
   title: "",
   laidOut: false,          // the first hello's layout (link, else --layout) was applied
+  alarms: { alarms: [], severities: {}, unwatched: 0 },
 };
+const RANK = { NONE: 0, MINOR: 1, MAJOR: 2, INVALID: 3 };
 const query = new URLSearchParams(location.search);
 const bench = query.has("bench");
 window.rdaLatency = [];   // ms from the server's acquisition stamp to the painted value
@@ -189,14 +191,18 @@ function renderTree() {
         !filter || `${device.name}/${p.name}`.toLowerCase().includes(filter));
       if (!props.length && !(filter && device.name.toLowerCase().includes(filter)) && filter) continue;
       const list = el("ul", { class: "props" });
+      let worst = "NONE";
       for (const p of props) {
+        const severity = state.alarms.severities[`${device.name}/${p.name}`] || "NONE";
+        if (RANK[severity] > RANK[worst]) worst = severity;
         list.append(el("li", {},
           el("button", { type: "button", "data-prop": `${device.name}/${p.name}`,
+                         "data-severity": severity,
                          onclick: () => openView(device.name, p.name, p.writable) }, p.name),
           p.writable ? el("span", { class: "rw" }, " rw") : ""));
       }
       const details = el("details", { class: "device", "data-device": device.name },
-        el("summary", {}, device.name), list);
+        el("summary", { "data-severity": worst }, device.name), list);
       details.open = filter !== "" || !state.collapsed.has(device.name);
       details.addEventListener("toggle", () => {
         if (details.open) state.collapsed.delete(device.name);
@@ -226,6 +232,30 @@ function onFrames(frames) {
     });
   }
 }
+
+// The alarm summary: every property in alarm, in error or disconnected, newest first.
+function renderAlarms() {
+  const rows = state.alarms.alarms;
+  const body = document.getElementById("alarm-rows");
+  body.replaceChildren(...rows.map((r) => {
+    const address = `${r.device}/${r.property}`;
+    return el("tr", { "data-alarm-row": address, "data-severity": r.severity, "data-state": r.state },
+      el("td", { class: "when" }, formatTime(r.since * 1000)),
+      el("td", {}, el("span", { class: `sev sev-${r.severity}` },
+        r.state === "alarm" ? r.severity : r.state)),
+      el("td", {}, el("button", { type: "button", class: "link",
+        onclick: () => openView(r.device, r.property, writableOf(r.device, r.property)) }, address)),
+      el("td", { class: "muted" }, r.server),
+      el("td", { class: "message" }, r.message));
+  }));
+  document.getElementById("alarm-count").textContent = String(rows.length);
+  const section = document.getElementById("alarms");
+  section.dataset.count = String(rows.length);
+  section.dataset.worst = rows.reduce((w, r) => (RANK[r.severity] > RANK[w] ? r.severity : w), "NONE");
+  document.getElementById("alarm-note").textContent = state.alarms.unwatched
+    ? `${state.alarms.unwatched} properties not watched (limit reached)` : "";
+}
+onTimeZone(() => renderAlarms());
 
 function setLink(text, cls) {
   const link = document.getElementById("link");
@@ -259,6 +289,13 @@ function connect() {
       }
     } else if (msg.type === "frames") {
       onFrames(msg.frames);
+    } else if (msg.type === "describe") {
+      const view = state.views.get(msg.view);
+      if (view) view.describe(msg.description);
+    } else if (msg.type === "alarms") {
+      state.alarms = msg;
+      renderAlarms();
+      renderTree();
     } else if (msg.type === "set_result") {
       const done = state.pendingSets.get(msg.id);
       state.pendingSets.delete(msg.id);

@@ -63,6 +63,26 @@ function number(value) {
     ? value.toExponential(3) : String(Number(value.toPrecision(4)));
 }
 
+// A scalar as the property declares it: its precision (digits after the point) and units.
+export function formatScalar(value, type, meta) {
+  if (value === null || value === undefined) return "NaN";
+  if (typeof value === "boolean") return String(value);
+  let text = meta && meta.precision !== undefined && meta.precision !== null && !type.startsWith("INT")
+    ? value.toFixed(meta.precision) : String(value);
+  if (meta && meta.units) text += ` ${meta.units}`;
+  return text;
+}
+
+// "-10 … 10 A", "… 50 A", "-5 …": a declared pair as the operator reads it.
+function range(pair, units) {
+  if (!pair) return "";
+  const [low, high] = pair;
+  const u = units ? ` ${units}` : "";
+  if (low === null || low === undefined) return `… ${high}${u}`;
+  if (high === null || high === undefined) return `${low}${u} …`;
+  return `${low} … ${high}${u}`;
+}
+
 const LINE_COLOURS = ["#1d4ed8", "#b3261e", "#1b7f3b", "#a15c00", "#7c3aed", "#0e7490", "#be185d"];
 
 // A 2-D numeric array: an image with its colour scale, row labels and column axis, or (for a
@@ -214,6 +234,8 @@ export class PropertyView {
     this.imageModes = new Map();  // field name -> "image" or "lines" (kept in layouts)
     this.lastFields = null;
     this.formBuilt = false;
+    this.description = null;   // the property's declared metadata (describe), null: none
+    this.alarm = null;         // the newest value's alarm, null: none
     this.status = "waiting";
     this.disconnected = false;
     this.lastContext = null;   // of the last good value: kept through outages
@@ -239,7 +261,9 @@ export class PropertyView {
     });
     const close = el("button", { type: "button", title: "close",
                                  onclick: () => { this.api.closed(this); this.root.remove(); } }, "✕");
-    this.head.append(this.title, this.selectorInput, this.cycleList, close);
+    this.alarmBadge = el("span", { class: "alarm-badge", "data-testid": "alarm-badge", hidden: "" });
+    this.head.append(this.title, this.alarmBadge, this.selectorInput, this.cycleList, close);
+    this.alarmLine = el("div", { class: "view-alarm", "data-testid": "alarm", hidden: "" });
     this.error = el("div", { class: "view-error", "data-testid": "view-error" });
     this.staleLine = el("div", { class: "view-stale", "data-testid": "stale", hidden: "" });
     this.meta = el("div", { class: "meta" });
@@ -262,8 +286,8 @@ export class PropertyView {
     this.value = el("div", { class: "value", "data-testid": "value" });
     this.form = el("div", { class: "setform", hidden: "" });
     this.root = el("article", { class: "view", "data-view": this.id, "data-stale": "false",
-                                "data-disconnected": "false" },
-      this.head, this.error, this.staleLine, this.meta, this.value, this.form);
+                                "data-disconnected": "false", "data-alarm": "NONE" },
+      this.head, this.error, this.alarmLine, this.staleLine, this.meta, this.value, this.form);
   }
 
   open() {
@@ -300,6 +324,7 @@ export class PropertyView {
       if (f.context) this.lastContext = f.context;
     }
     this.setStatus(f.status, f.error, f.disconnected);
+    if (f.status === "ok") this.setAlarm(f.alarm || null);
     const ctx = this.lastContext || {};
     if (ctx.cycle_name && !this.cycles.has(ctx.cycle_name) && this.cycles.size < 64) {
       this.cycles.add(ctx.cycle_name);
@@ -379,17 +404,57 @@ export class PropertyView {
     this.formNote.textContent = enabled ? "" : "disconnected: sets are disabled until it is back";
   }
 
+  fieldMeta(name) {
+    return this.description && this.description.fields ? this.description.fields[name] : undefined;
+  }
+
+  // The property's declared metadata arrived (or null: none): values are formatted with it,
+  // the set form shows its limits.
+  describe(description) {
+    this.description = description;
+    this.root.dataset.described = description ? "true" : "none";
+    if (this.lastFields) this.renderFields(this.lastFields);
+    if (this.formBuilt) this.showLimits();
+  }
+
+  // The server's alarm for the newest value (null: none): the header, the field's row and a
+  // line saying why. MINOR, MAJOR, INVALID as EPICS colours them.
+  setAlarm(alarm) {
+    this.alarm = alarm;
+    const severity = alarm ? alarm.severity : "NONE";
+    if (this.root.dataset.alarm !== severity) this.root.dataset.alarm = severity;
+    const text = alarm ? `${alarm.severity}: ${alarm.message}` : "";
+    if (this.alarmLine.textContent !== text) this.alarmLine.textContent = text;
+    this.alarmLine.hidden = !alarm;
+    this.alarmBadge.textContent = alarm ? alarm.severity : "";
+    this.alarmBadge.hidden = !alarm;
+  }
+
+  showLimits() {
+    for (const [name, [input, hint]] of this.formInputs || []) {
+      const meta = this.fieldMeta(name);
+      const limits = meta && meta.limits;
+      if (limits) {
+        if (limits[0] !== null) input.min = String(limits[0]);
+        if (limits[1] !== null) input.max = String(limits[1]);
+      }
+      hint.textContent = limits ? `limits ${range(limits, meta.units)}` : meta && meta.units ? meta.units : "";
+    }
+  }
+
   renderFields(fields) {
     // Plots and canvases are kept across frames (uPlot setData, repaint), tables rebuilt.
     const table = el("table", { class: "fields" });
     const extra = [];
     for (const field of fields) {
       const row = el("tr", { "data-field": field.name });
+      if (this.alarm && this.alarm.field === field.name) row.dataset.alarm = this.alarm.severity;
       const valueCell = el("td", { class: "fvalue" });
       row.append(el("td", { class: "fname" }, field.name), valueCell,
                  el("td", { class: "ftype" }, field.type.toLowerCase()));
       if (field.kind === "scalar") {
-        valueCell.textContent = field.value === null ? "NaN" : String(field.value);
+        const meta = this.fieldMeta(field.name);
+        valueCell.textContent = formatScalar(field.value, field.type, meta);
         if (field.type !== "BOOL") {
           valueCell.append(" ", el("button", { class: "chart-add", type: "button",
             title: "add to the strip chart", "data-chart": `${this.id}/${field.name}`,
@@ -458,6 +523,7 @@ export class PropertyView {
     if (!editable.length) return;
     this.formBuilt = true;
     this.form.hidden = false;
+    this.formInputs = new Map();  // name -> [input, limits hint]
     const inputs = new Map();
     const errors = new Map();
     const row = el("div");
@@ -470,7 +536,9 @@ export class PropertyView {
       inputs.set(f.name, [input, f]);
       const err = el("span", { class: "field-error", "data-testid": `field-error-${f.name}` });
       errors.set(f.name, err);
-      row.append(el("label", {}, `${f.name} (${f.type.toLowerCase()})`, input, err));
+      const hint = el("span", { class: "limits", "data-testid": `limits-${f.name}` });
+      this.formInputs.set(f.name, [input, hint]);
+      row.append(el("label", {}, `${f.name} (${f.type.toLowerCase()})`, input, hint, err));
     }
     const status = el("span", { class: "set-status", "data-testid": "set-status" });
     const confirmBox = el("div", { class: "confirm", hidden: "" });
@@ -514,5 +582,6 @@ export class PropertyView {
     this.formNote = el("div", { class: "form-note", "data-testid": "form-note" });
     this.form.replaceChildren(row, confirmBox, this.formNote);
     this.setFormEnabled(!this.disconnected);
+    this.showLimits();
   }
 }
