@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -29,6 +30,7 @@ from rda.business.server.requests import GetRequest
 from rda.demo import demo_builder
 from rda.serialization.data import Data
 from rda.serialization.header import DataContext
+from rda.testing import free_port
 
 
 def run_rda(*args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -235,3 +237,66 @@ def test_device_names_come_from_the_directory() -> None:
         assert result.stderr.endswith("); did you mean 'PS1'?\n")
         late = rda_in("subscribe", "BPM/Orbit", "-d", "1")
         assert late.stderr.splitlines()[-1].endswith("did you mean 'BPM1'?")
+
+
+# -- 20: messages that named the wrong thing ---------------------------------------------------
+
+
+def test_a_refused_connection_is_not_called_lost() -> None:
+    """Issue 37, item 20: a port where nothing listens gave ``connection to tcp://127.0.0.1:P
+    lost (connection refused or closed)`` for a connection that never existed (checked against
+    main: PYTHONPATH=/work/main prints "lost"). It says it could not connect."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    got = rda_in("get", "PS1/Setting", "-e", endpoint, "--timeout", "5")
+    assert got.exit_code == ExitCode.DISCONNECTED
+    assert got.stderr == (
+        f"rda: disconnected: get PS1/Setting: could not connect to {endpoint} "
+        "(connection refused or closed)\n"
+    )
+    sub = rda_in("subscribe", "PS1/Setting", "-e", endpoint, "-d", "1")
+    assert sub.exit_code == ExitCode.DISCONNECTED
+    assert f"PS1/Setting: could not connect to {endpoint} (connection refused" in sub.stdout
+    assert " lost " not in sub.stdout + sub.stderr
+
+
+def test_admin_output_is_plain_text(demo: Server) -> None:
+    """Issue 37, item 20: ``rda admin SRV info`` printed ``float64[0]`` for an empty
+    ``blocking_properties``, and ``commands`` showed raw reST (````Device````) and help cut at
+    the docstring's first line break (checked against main: PYTHONPATH=/work/main)."""
+    info = rda_in("admin", demo.endpoint, "info")
+    assert info.exit_code == 0, info.stderr
+    assert re.search(r"^  blocking_properties +\[\]$", info.stdout, re.M), info.stdout
+    assert "float64[0]" not in info.stdout
+    listed = rda_in("admin", demo.endpoint, "commands")
+    assert "``" not in listed.stdout
+    assert "for Device objects, their properties." in listed.stdout
+    assert "is refused and the old policy stays." in listed.stdout  # the whole first paragraph
+
+
+def test_directory_list_under_etcd_names_no_unrelated_file(
+    etcd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, item 20: under etcd, ``rda directory list`` also printed ``directory file:
+    ...``, a file it did not read (checked against main: PYTHONPATH=/work/main). The file is
+    named only when it is asked (no etcd, or as etcd's configured fallback)."""
+    monkeypatch.setenv("RDA_DIRECTORY_URL", etcd.url.replace("http://", "etcd://"))
+    listed = rda_in("directory", "list")
+    assert listed.exit_code == 0, listed.stderr
+    assert listed.stdout.startswith("etcd: ")
+    assert "directory file" not in listed.stdout
+    monkeypatch.delenv("RDA_DIRECTORY_URL")
+    assert rda_in("directory", "list").stdout.startswith("directory file: ")
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_must_be_more_than_zero(timeout: str) -> None:
+    """Issue 37, item 20: ``--timeout 0`` was accepted and timed out at once (checked against
+    main: PYTHONPATH=/work/main, exit 3 ``timed out``). It is a usage error, before or after
+    the subcommand."""
+    for args in (
+        ["--timeout", timeout, "get", "PS1/Setting"],
+        ["get", "PS1/Setting", "--timeout", timeout],
+    ):
+        result = rda_in(*args, "-e", "tcp://127.0.0.1:1")
+        assert result.exit_code == ExitCode.USAGE, result.output
+        assert "Invalid value for '--timeout'" in result.stderr

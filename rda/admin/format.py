@@ -195,6 +195,10 @@ def humanize(value: Any, now: float | None = None) -> Any:
         return out
     if isinstance(value, list):
         return [humanize(v, now) for v in value]
+    if isinstance(value, np.ndarray) and value.size == 0:
+        # An empty list in an admin reply became an array of Data's default type (float64):
+        # there is no element type to show, only that it is empty.
+        return []
     return value
 
 

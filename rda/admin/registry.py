@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import threading
 import types
 from collections.abc import Callable, Mapping
@@ -255,7 +256,13 @@ class CommandRegistry:
 
 
 def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().split("\n", 1)[0].strip()
+    """A command's help: its docstring's first paragraph on one line, as plain text (the
+    reST markup of a docstring, ``code`` and :role:`name`, is for Sphinx, not for ``rda admin
+    SRV commands``)."""
+    paragraph = (doc or "").strip().split("\n\n", 1)[0]
+    text = " ".join(line.strip() for line in paragraph.splitlines())
+    text = re.sub(r":[\w:]+:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 #: The process-wide registry the server uses; ``@rda.admin.command`` registers here.

@@ -10,10 +10,12 @@ from rda.transport.state import ConnState
 
 __all__ = [
     "CLOSED_LOCALLY",
+    "CONNECT_FAILED",
     "FORGOTTEN",
     "HANDSHAKE_REFUSED",
     "HEARTBEAT_TIMEOUT",
     "LANE_IDLE",
+    "NEVER_CONNECTED",
     "NOT_RDA",
     "NO_CONNECT_ACK",
     "PEER_GONE",
@@ -36,12 +38,17 @@ FORGOTTEN = "the server no longer knew this connection"
 # Client: the peer at the endpoint is no ZeroMQ socket (rda.transport._handshake); the business
 # layer raises DisconnectedError, not NotAuthorizedError: no key would help.
 NOT_RDA = "the peer does not speak the rda protocol"
+# Client: the socket closed before the connection was up (nothing listens there, or the peer
+# closed during the handshake).
+CONNECT_FAILED = "connection refused or closed"
+# The reasons of a connection that never was: "lost" would name one that never existed.
+NEVER_CONNECTED = frozenset({CONNECT_FAILED, NO_CONNECT_ACK})
 
 
 def lost_reason(state: ConnState) -> str:
     """Client: why a connection whose socket closed under it is over."""
     if state is ConnState.CONNECTING:
-        return "connection refused or closed"
+        return CONNECT_FAILED
     return "server closed the connection"
 
 

@@ -56,8 +56,12 @@ def directory_list(options: Options, as_json: bool, check: bool) -> None:
     servers: list[dict[str, Any]] = []
     static: dict[str, str] = {}
     chain = default_directory(config)
+    parts = _parts(chain)
+    # The file is named only when it is one of the directories asked (without etcd, or as
+    # etcd's configured fallback): under etcd alone it has nothing to do with the answer.
+    uses_file = any(isinstance(part, FileDirectory) for part in parts)
     try:
-        for part in _parts(chain):
+        for part in parts:
             if isinstance(part, FileDirectory | EtcdDirectory):
                 servers.extend(_server_row(entry, repr(part)) for entry in part.servers())
             else:
@@ -79,7 +83,9 @@ def directory_list(options: Options, as_json: bool, check: bool) -> None:
         return
     if config.directory_url is not None:
         click.echo(f"etcd: {config.directory_url} (prefix {config.directory_prefix})")
-    click.echo(f"directory file: {config.directory_file}")
+    if uses_file:
+        fallback = " (fallback)" if config.directory_url is not None else ""
+        click.echo(f"directory file{fallback}: {config.directory_file}")
     if servers:
         # The host column only when servers may be on other hosts (etcd).
         hosts = config.directory_url is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +92,21 @@ class Options:
             return Config()
 
 
-#: ``--timeout`` everywhere: seconds, more than 0 (0 would time out at once).
-TIMEOUT = click.FloatRange(min=0.0, min_open=True)
+class _Seconds(click.FloatRange):
+    """A finite number of seconds, more than 0 (0 would time out at once; nan and inf are
+    no durations)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+
+#: ``--timeout`` everywhere.
+TIMEOUT = _Seconds(min=0.0, min_open=True)
 
 #: The global options that are the subcommands' own (``rda get --json``, ``rda admin
 #: --timeout``): given before the subcommand (``rda --json get``), they become its defaults

@@ -22,7 +22,7 @@ from typing import Any
 
 from rda.business.client.endpoints import Endpoint, resolve_again
 from rda.business.client.reconnect import Backoff, BackoffPolicy
-from rda.business.client.requests import RequestTable
+from rda.business.client.requests import RequestTable, connection_ended
 from rda.business.client.statistics import ClientCounters, ServerConnectionStatistics
 from rda.business.client.subscription_set import Subscriptions
 from rda.business.client.subscriptions import Subscription
@@ -424,7 +424,6 @@ class Connections:
                 continue
             sub.deliver_error(
                 DisconnectedError(
-                    f"{sub.device}/{sub.property}: connection to {ep.address} lost ({reason}); "
-                    "reconnecting"
+                    f"{sub.device}/{sub.property}: {connection_ended(ep.address, reason)}; retrying"
                 )
             )

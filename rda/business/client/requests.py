@@ -44,9 +44,9 @@ from rda.serialization.errors import (
 )
 from rda.serialization.header import RequestType
 from rda.serialization.message import Message
-from rda.transport.reasons import HANDSHAKE_REFUSED, NOT_RDA
+from rda.transport.reasons import HANDSHAKE_REFUSED, NEVER_CONNECTED, NOT_RDA
 
-__all__ = ["RequestCounts", "RequestTable", "disconnect_error"]
+__all__ = ["RequestCounts", "RequestTable", "connection_ended", "disconnect_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +71,15 @@ def disconnect_error(p: Pending, address: str, reason: str) -> RdaError:
     if reason.startswith(NOT_RDA):
         # Not "lost": there never was an rda connection (a wrong port, another service).
         return DisconnectedError(f"{p.op} {p.device}/{p.property}: {reason}")
-    return DisconnectedError(
-        f"{p.op} {p.device}/{p.property}: connection to {address} lost ({reason})"
-    )
+    return DisconnectedError(f"{p.op} {p.device}/{p.property}: {connection_ended(address, reason)}")
+
+
+def connection_ended(address: str, reason: str) -> str:
+    """How a connection to ``address`` ended, in words: ``could not connect`` when it never
+    was up (nothing listens there), else ``lost``."""
+    if reason in NEVER_CONNECTED:
+        return f"could not connect to {address} ({reason})"
+    return f"connection to {address} lost ({reason})"
 
 
 class RequestTable:
