@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rda.business.client.subscriptions import Entry, Notification, Subscription
 from rda.serialization.data import Data, DataType
@@ -40,12 +40,27 @@ from rda.serialization.errors import (
 from rda.serialization.header import DataContext, RequestType, UpdateType
 from rda.serialization.message import Message
 
-__all__ = ["HISTORY_PREFIX", "Backfill", "backfill_rows", "history_iter", "to_ns"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "HISTORY_PREFIX",
+    "Backfill",
+    "backfill_rows",
+    "history_batches",
+    "history_chunks",
+    "history_iter",
+    "history_table",
+    "shape_table",
+    "to_ns",
+]
 
 log = logging.getLogger(__name__)
 
 HISTORY_PREFIX = "history:"
-CHUNK_ROWS = 5000
+CHUNK_ROWS = 5000  # rows per chunk for Notifications (a chunk's rows become objects at once)
+TABLE_CHUNK_ROWS = 1_000_000  # for tables: as many as the server sends (it caps by bytes)
+CHUNK_FORMAT = "arrow"  # the query's ``format``: the reply is an Arrow IPC stream
 SEAM_WAIT_MS = 2000  # how long the server may wait for the recorder to reach the seam
 
 TimeLike = int | datetime.datetime | datetime.timedelta | None
@@ -75,27 +90,69 @@ def _row_error(text: str) -> RdaError:
     return error_from_remote(kind, message) if sep else error_from_remote("RemoteError", text)
 
 
-def chunk_notifications(chunk: Data) -> list[Notification]:
-    """The HISTORY notifications of one chunk, in the order the server sent them."""
-    stamps = chunk.get_array("acq_stamp")
-    cycles = chunk.get_array("cycle_stamp")
-    names = chunk.get_str_list("cycle_name")
-    selectors = chunk.get_str_list("selector")
-    errors = chunk.get_str_list("error")
-    values = chunk.get_data_array("values")
+def chunk_notifications(chunk: pa.Table) -> list[Notification]:
+    """The HISTORY notifications of one chunk (its Arrow table as sent), in order."""
+    from rda.business.client.arrow_rows import rows_to_data
+
+    count = chunk.num_rows
+    stamps = chunk.column("acq_stamp").to_numpy().tolist()
+    cycles = chunk.column("cycle_stamp").fill_null(0).to_numpy().tolist()
+    names = chunk.column("cycle_name").fill_null("").to_pylist()
+    selectors = chunk.column("selector").fill_null("").to_pylist()
+    errors = chunk.column("error").to_pylist()
+    values = rows_to_data(chunk.column("data")) if "data" in chunk.schema.names else [None] * count
     out = []
-    for i, value in enumerate(values):
-        context = DataContext(names[i], int(cycles[i]), int(stamps[i]), selectors[i])
+    for i in range(count):
+        context = DataContext(names[i], cycles[i], stamps[i], selectors[i])
         if errors[i]:
-            error = _row_error(errors[i])
-            out.append(Notification(None, context, UpdateType.HISTORY, error))
+            out.append(Notification(None, context, UpdateType.HISTORY, _row_error(errors[i])))
         else:
-            out.append(Notification(value, context, UpdateType.HISTORY))
+            value = values[i]
+            out.append(
+                Notification(Data() if value is None else value, context, UpdateType.HISTORY)
+            )
     return out
+
+
+# Meta columns of a chunk and of ``history_table`` (docs/history.md, "The chunk"); a value
+# field of one of these names is renamed ``data.<name>`` in the table.
+META_COLUMNS = ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "recorder_id", "seq", "error")
+
+
+def shape_table(chunk: pa.Table) -> pa.Table:
+    """A chunk as ``history_table`` returns it: ``time`` (``timestamp[ns, UTC]``, the
+    acquisition stamp) first, the chunk's meta columns, then one column per top-level field
+    of the value (the ``data`` struct flattened, zero-copy; a field's Arrow metadata, e.g.
+    its units, kept)."""
+    import pyarrow as pa
+
+    arrays = [chunk.column("acq_stamp").cast(pa.timestamp("ns", tz="UTC"))]
+    fields = [pa.field("time", pa.timestamp("ns", tz="UTC"), nullable=False)]
+    for field in chunk.schema:
+        if field.name != "data":
+            arrays.append(chunk.column(field.name))
+            fields.append(field)
+    if "data" in chunk.schema.names and pa.types.is_struct(chunk.schema.field("data").type):
+        data = chunk.column("data")
+        for child, field in zip(data.flatten(), data.type, strict=True):
+            if field.name in META_COLUMNS or field.name == "time":
+                field = field.with_name(f"data.{field.name}")
+            arrays.append(child)
+            fields.append(field)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, chunk.schema.metadata))
 
 
 # What the functions below make their gets with: ``ClientService.access_point``.
 PointOf = Callable[[str, str], Any]
+
+
+def _window(start: TimeLike, end: TimeLike, limit: int | None) -> tuple[int, int]:
+    now = time.time_ns()
+    first = to_ns(start, now, "start")
+    last = to_ns(end, now, "end")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    return first, last
 
 
 def history_iter(
@@ -111,13 +168,84 @@ def history_iter(
 ) -> Iterator[Notification]:
     """``ClientService.history_iter``: the recorded updates of ``device/prop``, lazily (the
     next chunk is asked for when this one is consumed)."""
-    now = time.time_ns()
-    first = to_ns(start, now, "start")
-    last = to_ns(end, now, "end")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    return _history_rows(
+    first, last = _window(start, end, limit)
+    chunks = history_chunks(
         point_of, device, prop, selector, first, last, limit, timeout, None, chunk_rows
+    )
+    return _notifications(chunks)
+
+
+def _notifications(chunks: Iterator[pa.Table]) -> Iterator[Notification]:
+    for chunk in chunks:
+        yield from chunk_notifications(chunk)
+
+
+def history_batches(
+    point_of: PointOf,
+    device: str,
+    prop: str,
+    start: TimeLike,
+    end: TimeLike = None,
+    selector: str | None = None,
+    limit: int | None = None,
+    timeout: float | None = None,
+    chunk_rows: int = TABLE_CHUNK_ROWS,
+) -> Iterator[pa.RecordBatch]:
+    """``ClientService.history_batches``: the rows as ``pyarrow.RecordBatch`` es with the
+    columns of :func:`shape_table`, lazily (the next chunk is asked for when the batches of
+    this one are consumed)."""
+    first, last = _window(start, end, limit)
+    chunks = history_chunks(
+        point_of, device, prop, selector, first, last, limit, timeout, None, chunk_rows
+    )
+    return _batches(chunks)
+
+
+def _batches(chunks: Iterator[pa.Table]) -> Iterator[pa.RecordBatch]:
+    for chunk in chunks:
+        yield from shape_table(chunk).to_batches()
+
+
+def history_table(
+    point_of: PointOf,
+    device: str,
+    prop: str,
+    start: TimeLike,
+    end: TimeLike = None,
+    selector: str | None = None,
+    limit: int | None = None,
+    timeout: float | None = None,
+    chunk_rows: int = TABLE_CHUNK_ROWS,
+) -> pa.Table:
+    """``ClientService.history_table``: every row of the window as one ``pyarrow.Table``
+    (columns of :func:`shape_table`; the chunks' buffers, not copies)."""
+    import pyarrow as pa
+
+    first, last = _window(start, end, limit)
+    tables = [
+        shape_table(chunk)
+        for chunk in history_chunks(
+            point_of, device, prop, selector, first, last, limit, timeout, None, chunk_rows
+        )
+    ]
+    if not tables:
+        return shape_table(_empty_chunk())
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise ValueError(
+            f"{device}/{prop}: a field changes type within the window (a new schema version: "
+            f"{exc}); read it with history_batches, or a window on each side of the change"
+        ) from None
+
+
+def _empty_chunk() -> pa.Table:
+    import pyarrow as pa
+
+    kinds = [pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64()]
+    kinds.append(pa.string())
+    return pa.table(
+        {name: pa.array([], kind) for name, kind in zip(META_COLUMNS, kinds, strict=True)}
     )
 
 
@@ -126,12 +254,14 @@ def backfill_rows(
 ) -> Iterator[Notification]:
     """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
     (``Backfill`` turns a failure into one error notification)."""
-    return _history_rows(
-        point_of, device, prop, selector, start, until, None, None, until, CHUNK_ROWS
+    return _notifications(
+        history_chunks(
+            point_of, device, prop, selector, start, until, None, None, until, CHUNK_ROWS
+        )
     )
 
 
-def _history_rows(
+def history_chunks(
     point_of: PointOf,
     device: str,
     prop: str,
@@ -142,12 +272,17 @@ def _history_rows(
     timeout: float | None,
     until: int | None,
     chunk_rows: int,
-) -> Iterator[Notification]:
+) -> Iterator[pa.Table]:
+    """The chunks of a query as the server sent them (Arrow tables over the received frames),
+    each asked for when the previous one has been consumed (the flow control)."""
+    import pyarrow as pa
+
     point = point_of(HISTORY_PREFIX + device, prop)
     sent = 0
     cursor: tuple[int, str, int] | None = None
     while True:
         filters = Data()
+        filters.append("format", CHUNK_FORMAT, DataType.STRING)
         filters.append("start", start, DataType.INT64)
         filters.append("end", end, DataType.INT64)
         want = chunk_rows if limit is None else min(chunk_rows, limit - sent)
@@ -159,17 +294,25 @@ def _history_rows(
             filters.append("after_stamp", cursor[0], DataType.INT64)
             filters.append("after_recorder", cursor[1], DataType.STRING)
             filters.append("after_seq", cursor[2], DataType.INT64)
-        chunk = _history_get(point, device, prop, selector, filters, timeout)
-        rows = chunk_notifications(chunk)
-        yield from rows
-        sent += len(rows)
-        if not rows or not chunk["more"] or (limit is not None and sent >= limit):
+        reply = _history_get(point, device, prop, selector, filters, timeout)
+        try:
+            # A view of the received frame: the table's buffers point into it (zero-copy).
+            chunk = pa.ipc.open_stream(pa.py_buffer(reply.get_array("arrow"))).read_all()
+        except (pa.ArrowInvalid, KeyError, TypeError) as exc:
+            raise HistoryUnavailableError(
+                f"{device}/{prop}: the history server sent a chunk that is not an Arrow IPC "
+                f"stream ({exc})"
+            ) from None
+        if chunk.num_rows:
+            yield chunk
+        sent += chunk.num_rows
+        if not chunk.num_rows or not reply["more"] or (limit is not None and sent >= limit):
             return
-        recorders = chunk.get_str_list("recorder")
+        last = chunk.num_rows - 1
         cursor = (
-            int(chunk.get_array("acq_stamp")[-1]),
-            recorders[-1],
-            int(chunk.get_array("seq")[-1]),
+            int(chunk.column("acq_stamp")[last].as_py()),
+            str(chunk.column("recorder_id")[last].as_py()),
+            int(chunk.column("seq")[last].as_py()),
         )
 
 

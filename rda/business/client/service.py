@@ -62,6 +62,8 @@ from rda.transport.api import ClientHandler, ClientTransport, TransportSettings
 from rda.transport.protocol import Kind, encode_routed
 
 if TYPE_CHECKING:  # zmq stays unloaded for clients on the in-memory transport
+    import pyarrow as pa
+
     from rda.business.security import ClientSecurity
     from rda.transport.curve import ClientCurve
 
@@ -364,6 +366,44 @@ class ClientService:
     ) -> Iterator[Notification]:
         """:meth:`history`, lazily: the next chunk is asked for when this one is consumed."""
         return history_queries.history_iter(
+            self.access_point, device, prop, start, end, selector, limit, timeout, chunk_rows
+        )
+
+    def history_table(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+        chunk_rows: int = history_queries.TABLE_CHUNK_ROWS,
+    ) -> pa.Table:
+        """The recorded rows of ``device/prop`` with ``start <= acq_stamp < end`` as one
+        ``pyarrow.Table`` in acquisition-stamp order (needs pyarrow, the ``pipeline`` extra):
+        ``time``, the stamps, cycle, selector, ``recorder_id``, ``seq``, ``error``, what else
+        the recorder stored (update type, alarm severity), then one column per field of the
+        value (docs/history.md, "Columnar history"). The chunks' Arrow buffers are used as
+        received, so ``.to_pandas()`` and polars copy only what Arrow must."""
+        return history_queries.history_table(
+            self.access_point, device, prop, start, end, selector, limit, timeout, chunk_rows
+        )
+
+    def history_batches(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+        chunk_rows: int = history_queries.TABLE_CHUNK_ROWS,
+    ) -> Iterator[pa.RecordBatch]:
+        """:meth:`history_table` as ``pyarrow.RecordBatch`` es, lazily: the next chunk is asked
+        for when the batches of this one have been consumed."""
+        return history_queries.history_batches(
             self.access_point, device, prop, start, end, selector, limit, timeout, chunk_rows
         )
 

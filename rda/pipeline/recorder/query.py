@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,14 +38,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rda.business.client.arrow_rows import rows_to_data
 from rda.pipeline.recorder.converter import partition_dir
 from rda.pipeline.recorder.journal import Journal, read_segment
-from rda.pipeline.recorder.readback import rows_to_data
 from rda.pipeline.recorder.schema import partition_escape
 from rda.pipeline.recorder.store import Store
 from rda.serialization.data import Data
 
-__all__ = ["Chunk", "Cursor", "HistoryReader", "HistoryRow"]
+__all__ = ["CHUNK_FIRST", "Chunk", "Cursor", "HistoryReader", "HistoryRow"]
 
 _DAY_NS = 86_400 * 10**9
 _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each)
@@ -74,43 +75,60 @@ class HistoryRow:
     data: Data | None
 
 
+# The chunk's columns, in order (the wire's contract, docs/history.md "The chunk"): these
+# first, then any other column the store has (e.g. the update type, the alarm severity), then
+# ``data``. Not sent: what is derived (``ts``), the receive time, the partition values.
+CHUNK_FIRST = ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "recorder_id", "seq", "error")
+_NOT_SENT = frozenset({"ts", "recv_stamp", "data", "device", "property", "date"})
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Rows in order, as columns (what the wire carries); ``rows`` for one at a time."""
+    """Rows in order as one Arrow table (what the wire carries); ``rows`` for one at a time."""
 
-    acq_stamp: np.ndarray[Any, Any]
-    cycle_stamp: np.ndarray[Any, Any]
-    seq: np.ndarray[Any, Any]
-    recorder: list[str]
-    selector: list[str]
-    cycle_name: list[str]
-    error: list[str | None]
-    data: list[Data | None]
+    table: pa.Table
     more: bool  # rows of the window remain after the last one
 
     @classmethod
     def empty(cls) -> Chunk:
-        none = np.zeros(0, np.int64)
-        return cls(none, none, none, [], [], [], [], [], False)
+        return cls(pa.table({name: pa.array([], _META_TYPES[name]) for name in CHUNK_FIRST}), False)
 
     def __len__(self) -> int:
-        return len(self.data)
+        return int(self.table.num_rows)
 
     @property
     def rows(self) -> list[HistoryRow]:
+        table = self.table
+        data: list[Data | None] = (
+            rows_to_data(table.column("data"))
+            if "data" in table.schema.names
+            else [None] * table.num_rows
+        )
+        columns = {name: table.column(name).to_pylist() for name in CHUNK_FIRST}
         return [
             HistoryRow(
-                int(self.acq_stamp[i]),
-                int(self.cycle_stamp[i]),
-                self.cycle_name[i],
-                self.selector[i],
-                self.recorder[i],
-                int(self.seq[i]),
-                self.error[i],
-                self.data[i],
+                int(columns["acq_stamp"][i]),
+                int(columns["cycle_stamp"][i] or 0),
+                columns["cycle_name"][i] or "",
+                columns["selector"][i] or "",
+                columns["recorder_id"][i],
+                int(columns["seq"][i]),
+                columns["error"][i],
+                data[i],
             )
-            for i in range(len(self.data))
+            for i in range(table.num_rows)
         ]
+
+
+_META_TYPES: dict[str, pa.DataType] = {
+    "acq_stamp": pa.int64(),
+    "cycle_stamp": pa.int64(),
+    "cycle_name": pa.string(),
+    "selector": pa.string(),
+    "recorder_id": pa.string(),
+    "seq": pa.int64(),
+    "error": pa.string(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +153,50 @@ def _stored_stamps(meta: pa.Table) -> pa.Array:
     return pc.if_else(pc.equal(sent, 0), recv, sent)
 
 
+def _sorted(stamps: np.ndarray[Any, Any]) -> bool:
+    return bool(len(stamps) < 2 or np.all(stamps[1:] >= stamps[:-1]))
+
+
 class _Piece:
-    """Rows of one source, already filtered to the window: meta columns and their values."""
+    """Rows of one source, already filtered to the window, with the chunk's columns."""
 
     def __init__(self, table: pa.Table, data: pa.Array, recorder_id: str | None) -> None:
+        count = table.num_rows
+        columns: dict[str, Any] = {}
+        for name in CHUNK_FIRST:
+            if name == "recorder_id" and recorder_id is not None:
+                columns[name] = pa.repeat(pa.scalar(recorder_id), count)
+            else:
+                columns[name] = table.column(name)
+        for name in table.schema.names:
+            if name not in columns and name not in _NOT_SENT:
+                columns[name] = table.column(name)
+        columns["data"] = data
+        self.table = pa.table(columns)
         self.acq = table.column("acq_stamp").to_numpy()
         self.seq = table.column("seq").to_numpy()
-        self.table = table
-        self.data = data
-        if recorder_id is None:
-            self.recorders = table.column("recorder_id").to_pylist()
-        else:
-            self.recorders = [recorder_id] * table.num_rows
-        self.row_bytes = max(1, data.nbytes // max(1, len(data)))
+        self.recorders = self.table.column("recorder_id")
+        self.row_bytes = max(1, self.table.nbytes // max(1, count))
+        # The one recorder of its rows (a journal's, a file's), and whether the rows are in
+        # chunk order already: what lets a chunk be slices of its pieces (_assemble_runs).
+        if recorder_id is None and count:
+            names = pc.unique(self.recorders)
+            recorder_id = str(names[0].as_py()) if len(names) == 1 else None
+        self.recorder = recorder_id
+        steps = np.diff(self.acq)
+        self.ordered = bool(np.all(steps >= 0) and np.all(np.diff(self.seq)[steps == 0] > 0))
+
+    def rows_until(self, after: Cursor) -> int:
+        """How many of the first rows are at or before ``after`` (an ordered piece of one
+        recorder)."""
+        stamp = after.acq_stamp
+        if self.recorder is None or self.recorder < after.recorder_id:
+            return int(np.searchsorted(self.acq, stamp, "right"))
+        low = int(np.searchsorted(self.acq, stamp, "left"))
+        if self.recorder > after.recorder_id:
+            return low
+        high = int(np.searchsorted(self.acq, stamp, "right"))
+        return low + int(np.searchsorted(self.seq[low:high], after.seq, "right"))
 
 
 class HistoryReader:
@@ -164,7 +213,9 @@ class HistoryReader:
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
-        self._tables: collections.OrderedDict[tuple[str, int], pa.Table] = collections.OrderedDict()
+        self._tables: collections.OrderedDict[
+            tuple[str, int], tuple[pa.Table, np.ndarray[Any, Any] | None]
+        ] = collections.OrderedDict()
         self._table_bytes = 0
 
     def known(self, device: str, prop: str) -> bool:
@@ -263,9 +314,13 @@ class HistoryReader:
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
                 pieces.append((table.filter(mask), data.filter(mask)))
             return pieces
-        table = self._parquet(source.path)
-        stamps = table.column("acq_stamp")
-        table = table.filter(pc.and_(pc.greater_equal(stamps, low), pc.less(stamps, end)))
+        table, stamps = self._parquet(source.path)
+        if stamps is not None:  # in stamp order (the usual case): the window is a slice
+            first = int(np.searchsorted(stamps, low, "left"))
+            table = table.slice(first, int(np.searchsorted(stamps, end, "left")) - first)
+        else:
+            column = table.column("acq_stamp")
+            table = table.filter(pc.and_(pc.greater_equal(column, low), pc.less(column, end)))
         data = (
             table.column("data").combine_chunks()
             if "data" in table.schema.names
@@ -273,23 +328,26 @@ class HistoryReader:
         )
         return [(table.drop_columns(["data"]), data)]
 
-    def _parquet(self, path: str) -> pa.Table:
-        """A whole Parquet file, decoded once and kept (bounded by bytes, least recent out)."""
+    def _parquet(self, path: str) -> tuple[pa.Table, np.ndarray[Any, Any] | None]:
+        """A whole Parquet file, decoded once and kept (bounded by bytes, least recent out),
+        with its stamps when they are in order (else None)."""
         with self._lock:
             for key in self._tables:
                 if key[0] == path:
                     self._tables.move_to_end(key)
                     return self._tables[key]
         table = pq.read_table(path, filesystem=self.store.fs)
+        stamps = table.column("acq_stamp").to_numpy()
+        entry = (table, stamps if _sorted(stamps) else None)
         size = table.nbytes
         if size <= _TABLE_CACHE_BYTES // 4:
             with self._lock:
-                self._tables[(path, size)] = table
+                self._tables[(path, size)] = entry
                 self._table_bytes += size
                 while self._table_bytes > _TABLE_CACHE_BYTES:
                     (_, old), _ = self._tables.popitem(last=False)
                     self._table_bytes -= old
-        return table
+        return entry
 
     def chunk(
         self,
@@ -332,12 +390,15 @@ class HistoryReader:
                 acq = table.column("acq_stamp").to_numpy()
                 # Only the rows that can make this chunk: the max_rows smallest stamps (plus
                 # those at the cursor's stamp, which may be delivered already). Keeps a chunk
-                # O(max_rows) in Python however many rows remain in a big file.
+                # O(max_rows) however many rows remain in a big file.
                 needed = max_rows + int(np.count_nonzero(acq == low))
                 if len(acq) > needed:
                     left_over = True
-                    nearest = pa.array(np.sort(np.argsort(acq, kind="stable")[:needed]))
-                    table, data = table.take(nearest), data.take(nearest)
+                    if _sorted(acq):
+                        table, data = table.slice(0, needed), data.slice(0, needed)
+                    else:
+                        nearest = pa.array(np.sort(np.argsort(acq, kind="stable")[:needed]))
+                        table, data = table.take(nearest), data.take(nearest)
                 if table.num_rows:
                     piece = _Piece(table, data, self.recorder_id if source.journal else None)
                     pieces.append(piece)
@@ -353,16 +414,16 @@ class HistoryReader:
     ) -> Chunk:
         if not pieces:
             return Chunk.empty()
+        runs = self._assemble_runs(pieces, after, max_rows, max_bytes)
+        if runs is not None:
+            return runs
         acq = np.concatenate([p.acq for p in pieces])
         seq = np.concatenate([p.seq for p in pieces])
-        names = sorted({r for p in pieces for r in set(p.recorders)})
-        code_of = {name: code for code, name in enumerate(names)}
+        names = sorted({str(r) for p in pieces for r in pc.unique(p.recorders).to_pylist()})
+        value_set = pa.array(names, pa.string())
         recorder = np.concatenate(
-            [
-                np.fromiter((code_of[r] for r in p.recorders), np.int64, len(p.recorders))
-                for p in pieces
-            ]
-        )
+            [pc.index_in(p.recorders, value_set=value_set).to_numpy() for p in pieces]
+        ).astype(np.int64)
         number = np.concatenate([np.full(len(p.acq), n, np.int64) for n, p in enumerate(pieces)])
         index = np.concatenate([np.arange(len(p.acq), dtype=np.int64) for p in pieces])
         order = np.lexsort((seq, recorder, acq))
@@ -373,65 +434,91 @@ class HistoryReader:
         keep[1:] = (acq[1:] != acq[:-1]) | (recorder[1:] != recorder[:-1]) | (seq[1:] != seq[:-1])
         if after is not None:
             # Strictly after the cursor, by (acq_stamp, recorder_id, seq).
-            later = [r > after.recorder_id for r in names]
-            same = np.array([r == after.recorder_id for r in names])
-            rec_later = np.array(later)[recorder]
-            rec_same = same[recorder]
+            rec_later = np.array([r > after.recorder_id for r in names])[recorder]
+            rec_same = np.array([r == after.recorder_id for r in names])[recorder]
             keep &= (acq > after.acq_stamp) | (
                 (acq == after.acq_stamp) & (rec_later | (rec_same & (seq > after.seq)))
             )
         chosen_at = np.flatnonzero(keep)
-        sizes = np.array([pieces[n].row_bytes for n in number[chosen_at]], np.int64)
+        sizes = np.array([p.row_bytes for p in pieces], np.int64)[number[chosen_at]]
         # As many rows as fit in max_rows and max_bytes (at least one).
         within = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="left")) + 1
         take = min(max_rows, within, len(chosen_at))
         more = take < len(chosen_at)
         chosen_at = chosen_at[:take]
-        return self._columns(pieces, number[chosen_at], index[chosen_at], more)
+        number, index = number[chosen_at], index[chosen_at]
+        # One table needs one type per column: a piece whose types conflict with those before
+        # it (a field that changed type: a new schema version) starts the next chunk.
+        used = list(dict.fromkeys(number.tolist()))
+        schema = pieces[used[0]].table.schema
+        for n in used[1:]:
+            try:
+                schema = pa.unify_schemas(
+                    [schema, pieces[n].table.schema], promote_options="permissive"
+                )
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                cut = int(np.flatnonzero(number == n)[0])
+                number, index, more = number[:cut], index[:cut], True
+                break
+        return Chunk(self._table(pieces, number, index), more)
 
-    def _columns(
-        self,
-        pieces: list[_Piece],
-        number: np.ndarray[Any, Any],
-        index: np.ndarray[Any, Any],
-        more: bool,
-    ) -> Chunk:
-        """The chosen rows (piece ``number[k]``, row ``index[k]``) as the chunk's columns."""
+    @staticmethod
+    def _assemble_runs(
+        pieces: list[_Piece], after: Cursor | None, max_rows: int, max_bytes: int
+    ) -> Chunk | None:
+        """The usual case, without sorting or copying: each piece is in order and of one
+        recorder, and each starts after the last stamp of the one before (so no row is in two
+        of them): the chunk is a slice of each, one after the other. None otherwise."""
+        if not all(p.ordered and p.recorder is not None for p in pieces):
+            return None
+        if any(a.acq[-1] >= b.acq[0] for a, b in itertools.pairwise(pieces)):
+            return None
+        slices: list[pa.Table] = []
+        schema: pa.Schema | None = None
+        rows, size, more = 0, 0, False
+        for piece in pieces:
+            first = 0 if after is None else piece.rows_until(after)
+            left = len(piece.acq) - first
+            if left <= 0:
+                continue
+            fit = (max_bytes - size) // piece.row_bytes
+            take = min(left, max_rows - rows, fit if slices else max(1, fit))
+            if take > 0:
+                try:
+                    schema = (
+                        piece.table.schema
+                        if schema is None
+                        else pa.unify_schemas(
+                            [schema, piece.table.schema], promote_options="permissive"
+                        )
+                    )
+                except (pa.ArrowTypeError, pa.ArrowInvalid):
+                    return Chunk(pa.concat_tables(slices, promote_options="permissive"), True)
+                slices.append(piece.table.slice(first, take))
+                rows += take
+                size += take * piece.row_bytes
+            if take < left:
+                more = True
+                break
+        if not slices:
+            return Chunk.empty()
+        return Chunk(pa.concat_tables(slices, promote_options="permissive"), more)
+
+    @staticmethod
+    def _table(
+        pieces: list[_Piece], number: np.ndarray[Any, Any], index: np.ndarray[Any, Any]
+    ) -> pa.Table:
+        """The chosen rows (piece ``number[k]``, row ``index[k]``) as one table, in order."""
         count = len(number)
-        acq = np.empty(count, np.int64)
-        cycle = np.empty(count, np.int64)
-        seq = np.empty(count, np.int64)
-        lists: dict[str, list[Any]] = {
-            name: [None] * count for name in ("recorder", "selector", "cycle_name", "error", "data")
-        }
+        if count and number[0] == number[-1] and np.all(number == number[0]):
+            first = int(index[0])
+            if index[-1] - first == count - 1 and _sorted(index):  # a run: a zero-copy slice
+                return pieces[int(number[0])].table.slice(first, count)
+        parts: list[pa.Table] = []
+        positions: list[np.ndarray[Any, Any]] = []
         for n in np.unique(number).tolist():
             at = np.flatnonzero(number == n)
-            piece = pieces[n]
-            rows = index[at]
-            meta = piece.table.take(pa.array(rows))
-            acq[at] = meta.column("acq_stamp").to_numpy()
-            cycle[at] = meta.column("cycle_stamp").fill_null(0).to_numpy()
-            seq[at] = meta.column("seq").to_numpy()
-            found = {
-                "selector": meta.column("selector").fill_null("").to_pylist(),
-                "cycle_name": meta.column("cycle_name").fill_null("").to_pylist(),
-                "error": meta.column("error").to_pylist(),
-                "data": rows_to_data(piece.data.take(pa.array(rows))),
-                "recorder": [piece.recorders[r] for r in rows.tolist()],
-            }
-            positions = at.tolist()
-            for name, values in found.items():
-                target = lists[name]
-                for k, value in zip(positions, values, strict=True):
-                    target[k] = value
-        return Chunk(
-            acq,
-            cycle,
-            seq,
-            lists["recorder"],
-            lists["selector"],
-            lists["cycle_name"],
-            lists["error"],
-            lists["data"],
-            more,
-        )
+            parts.append(pieces[n].table.take(pa.array(index[at])))
+            positions.append(at)
+        table = pa.concat_tables(parts, promote_options="permissive")
+        return table.take(pa.array(np.argsort(np.concatenate(positions), kind="stable")))

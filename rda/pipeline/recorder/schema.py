@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from rda.business.client.arrow_rows import ND_NAMES
 from rda.pipeline.recorder.store import Store
 
 __all__ = [
@@ -63,7 +64,6 @@ _NUMPY: dict[str, pa.DataType] = {
     "f4": pa.float32(),
     "f8": pa.float64(),
 }
-ND_NAMES = ("elements", "dims")
 
 
 class DataLike(Protocol):

@@ -13,10 +13,15 @@ the recorded properties. The wire contract (docs/history.md, "History as a servi
   ``wait_ms``: ``end`` is cut to ``until``, and the server first waits (at most ``wait_ms``,
   capped at :data:`MAX_WAIT`) until the recorder has acknowledged a row of the signal stamped
   at or after ``until``;
-- the reply is one **chunk**: columns ``acq_stamp``, ``cycle_stamp``, ``seq`` (int64 arrays),
-  ``recorder``, ``selector``, ``cycle_name``, ``error`` (string arrays; ``""`` = a value),
-  ``values`` (a Data array, an empty Data for an error row), ``more`` (rows remain after the
-  last) and ``complete`` (false when the wait for ``until`` timed out).
+- the request's ``format`` filter is ``"arrow"`` (:data:`CHUNK_FORMAT`; an older client's
+  request without it is refused with a message that says so);
+- the reply is one **chunk**: ``arrow`` (an int8 array: the bytes of one Arrow IPC stream of
+  the rows, in order, columns ``acq_stamp``, ``cycle_stamp``, ``cycle_name``, ``selector``,
+  ``recorder_id``, ``seq``, ``error`` (null for a value), any other column the store has, and
+  ``data``, the value struct as stored), ``rows`` (their count), ``more`` (rows remain after
+  the last) and ``complete`` (false when the wait for ``until`` timed out). A stream of 64 KiB
+  or more travels as a ZeroMQ frame of its own (an out-of-band array), which the client reads
+  without a copy.
 
 The client asks for the next chunk only after it has used the last one, with the last row as
 cursor: that is the flow control, and the server keeps no state between chunks.
@@ -34,6 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+import pyarrow as pa
+
 from rda.business.common import AcquiredData
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
@@ -43,6 +51,7 @@ from rda.serialization.errors import NoSuchDeviceError
 from rda.serialization.header import DataContext
 
 __all__ = [
+    "CHUNK_FORMAT",
     "HISTORY_PREFIX",
     "MAX_ROWS",
     "MAX_WAIT",
@@ -55,8 +64,9 @@ __all__ = [
 log = logging.getLogger("rda.pipeline.recorder.serve")
 
 HISTORY_PREFIX = "history:"
-MAX_ROWS = 20_000  # rows per chunk the server sends at most, whatever ``limit`` asks
-MAX_BYTES = 8 << 20  # and about this many bytes of values
+CHUNK_FORMAT = "arrow"  # the request's ``format`` filter: the chunk is an Arrow IPC stream
+MAX_ROWS = 1_000_000  # rows per chunk the server sends at most, whatever ``limit`` asks
+MAX_BYTES = 16 << 20  # and about this many bytes (Arrow buffers of the rows)
 MAX_WAIT = 10.0  # seconds a seam wait may hold a worker
 
 
@@ -88,20 +98,14 @@ def _int(filters: Data, name: str, default: int | None = None) -> int | None:
 
 
 def encode_chunk(chunk: Chunk, complete: bool) -> Data:
-    """The reply Data of one chunk (the columns listed in the module docstring)."""
+    """The reply Data of one chunk: its rows as one Arrow IPC stream (module docstring)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, chunk.table.schema) as writer:
+        writer.write_table(chunk.table)
     out = Data()
-    out.append("acq_stamp", chunk.acq_stamp, DataType.INT64_ARRAY)
-    out.append("cycle_stamp", chunk.cycle_stamp, DataType.INT64_ARRAY)
-    out.append("seq", chunk.seq, DataType.INT64_ARRAY)
-    out.append("recorder", chunk.recorder, DataType.STRING_ARRAY)
-    out.append("selector", chunk.selector, DataType.STRING_ARRAY)
-    out.append("cycle_name", chunk.cycle_name, DataType.STRING_ARRAY)
-    out.append("error", [e or "" for e in chunk.error], DataType.STRING_ARRAY)
-    values = [
-        d if d is not None and e is None else Data()
-        for d, e in zip(chunk.data, chunk.error, strict=True)
-    ]
-    out.append("values", values, DataType.DATA_ARRAY)
+    # A read-only view of the stream's bytes: big ones travel as their own frame, uncopied.
+    out.append("arrow", np.frombuffer(sink.getvalue(), np.int8), DataType.INT8_ARRAY)
+    out.append("rows", len(chunk), DataType.INT64)
     out.append("more", chunk.more, DataType.BOOL)
     out.append("complete", complete, DataType.BOOL)
     return out
@@ -135,6 +139,11 @@ class HistoryHandler(RequestReplyCallback):
                 f"{device}/{prop}: not recorded by recorder {self.recorder.recorder_id!r}"
             )
         filters = request.filters or Data()
+        if filters.get("format", "") != CHUNK_FORMAT:
+            raise ValueError(
+                f"history query: this history server answers Arrow IPC chunks (filters "
+                f"format={CHUNK_FORMAT!r}); the client is older than the server"
+            )
         start = _int(filters, "start")
         end = _int(filters, "end")
         if start is None or end is None:

@@ -1,7 +1,8 @@
-"""Stored rows back into ``rda.Data``: the inverse of the mapping in ``schema.py``.
+"""Recorded rows back into ``rda.Data``: the inverse of the recorder's mapping (docs/history.md,
+"Mapping of the Data container").
 
-The history server (``serve.py``) answers with the values as they were recorded, so a row's
-``data`` struct becomes the ``Data`` the device sent: scalars keep their width (an ``int32``
+A history chunk (``history.py``) carries the values as they were recorded, as an Arrow
+``data`` struct column; ``client.history()`` makes each row the ``Data`` the device sent: scalars keep their width (an ``int32``
 column is an ``INT32`` entry), ``list<T>`` is a 1-D array, ``struct<elements, dims>`` an N-D
 array (row-major), a nested struct a nested ``Data``, ``list<struct>`` a Data array. A null
 field is a field the value did not have (a narrower, older schema version): it is left out.
@@ -18,10 +19,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rda.pipeline.recorder.schema import ND_NAMES
 from rda.serialization.data import Data, DataType
 
-__all__ = ["rows_to_data"]
+__all__ = ["ND_NAMES", "rows_to_data"]
+
+ND_NAMES = ("elements", "dims")  # the struct of an N-D array: row-major elements, then dims
 
 _SCALAR_TYPES: dict[pa.DataType, DataType] = {
     pa.bool_(): DataType.BOOL,
