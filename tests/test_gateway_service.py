@@ -1,0 +1,104 @@
+"""``rda.gateway.pva.PvaGateway`` in this process: selectors, statistics, a channel limit and
+a bounded stop that leaves no thread behind (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from p4p.client.thread import Context
+
+import rda
+from rda.business.server.builder import Server
+from rda.business.server.devices import Device, prop
+from rda.business.server.requests import GetRequest
+from rda.gateway.pva import PvaGateway
+from rda.testing import PvaIsland, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Cycled(Device):
+    """``Value``: the selector it was asked for, and a number."""
+
+    @prop("Value", blocking=False)
+    def value(self, request: GetRequest) -> rda.Data:
+        return rda.Data(asked=request.selector or "", number=42)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    builder = rda.ServerBuilder("GatewayService").endpoint("tcp://127.0.0.1:0").directory(None)
+    server = builder.device("CYC", Cycled()).build().start()
+    yield server
+    server.stop()
+
+
+def _serve(server: Server, **kwargs: Any) -> tuple[PvaGateway, rda.ClientService, Any]:
+    client = rda.ClientService(directory=rda.StaticDirectory({"*": server.endpoint}))
+    island = PvaIsland()
+    conf = {**island.environment(), "EPICS_PVAS_BROADCAST_PORT": str(island.broadcast_port)}
+    gateway = PvaGateway(client, conf=conf, refresh=0.5, **kwargs).start()
+    ctx = Context("pva", conf=gateway.conf(), useenv=False, nt=False)
+    return gateway, client, ctx
+
+
+def test_a_selector_suffix_reaches_the_server(server: Server, no_thread_leak: None) -> None:
+    gateway, client, ctx = _serve(server)
+    try:
+        plain = ctx.get("CYC/Value", timeout=20)
+        assert plain["value.asked"] == "" and plain["selector"] == ""
+        lhc = ctx.get("CYC/Value@CPS.USER.LHC1", timeout=20)
+        assert lhc["value.asked"] == "CPS.USER.LHC1"
+        assert lhc["selector"] == "CPS.USER.LHC1"
+        field = ctx.get("CYC/Value.asked@CPS.USER.SFTPRO", timeout=20)
+        assert field["value"] == "CPS.USER.SFTPRO"
+        stats = gateway.statistics()
+        # One rda subscription per (property, selector): three selectors, three feeds.
+        assert stats.feeds == 3 and stats.feeds_opened == 3 and stats.pvs == 3
+        assert stats.devices == 1 and stats.gaps == 0
+    finally:
+        ctx.close()
+        wait_until(lambda: gateway.statistics().feeds == 0, "the feeds to end with the channels")
+        gateway.stop()
+        client.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rda-gateway")]
+
+
+def test_channels_beyond_the_limit_are_refused_and_counted(server: Server) -> None:
+    gateway, client, ctx = _serve(server, max_pvs=1)
+    try:
+        assert ctx.get("CYC/Value.number", timeout=20)["value"] == 42
+        with pytest.raises(TimeoutError):
+            ctx.get("CYC/Value.asked", timeout=3)
+        assert gateway.statistics().channels_refused >= 1
+        assert gateway.statistics().pvs == 1
+    finally:
+        ctx.close()
+        gateway.stop()
+        client.close()
+
+
+def test_unknown_devices_and_properties_are_not_claimed(server: Server) -> None:
+    gateway, client, ctx = _serve(server, devices="CYC*")
+    try:
+        assert ctx.get("CYC/Value.number", timeout=20)["value"] == 42
+        for name in ("CYC/Nothing", "OTHER/Value", "not a name"):
+            with pytest.raises(TimeoutError):
+                ctx.get(name, timeout=2)
+        assert gateway.statistics().pvs == 1  # none of them made a PV
+    finally:
+        ctx.close()
+        gateway.stop()
+        client.close()
+
+
+def test_stop_is_idempotent_and_ends_every_thread(server: Server, no_thread_leak: None) -> None:
+    gateway, client, ctx = _serve(server)
+    assert ctx.get("CYC/Value.number", timeout=20)["value"] == 42
+    gateway.stop()  # with a client still connected: it is disconnected
+    gateway.stop()
+    ctx.close()
+    client.close()
