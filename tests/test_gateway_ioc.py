@@ -86,7 +86,17 @@ class Simulated(Device):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._scan, name="test-gateway-scan", daemon=True)
 
-    @prop("Setting", schema=SettingModel, blocking=False)
+    # The ao's EGU, PREC, DRVL/DRVH and LOW/HIGH, LOLO/HIHI.
+    @prop(
+        "Setting",
+        schema=SettingModel,
+        blocking=False,
+        fields={
+            "current": rda.Field(
+                units="A", precision=3, limits=(-10.0, 10.0), warning=(-8.0, 8.0), alarm=(-9.0, 9.0)
+            )
+        },
+    )
     def setting(self, request: GetRequest) -> rda.Data:
         with self._lock:
             return rda.Data(current=self.current)
@@ -217,6 +227,54 @@ def test_the_same_client_code_finds_the_same_structures(contexts: tuple[Any, Any
     assert read(gw_ctx, "SIM/Wave.samples").getID() == "epics:nt/NTScalarArray:1.0"
     for name in ("value", "alarm", "timeStamp", "display", "control", "valueAlarm"):
         assert name in read(gw_ctx, "SIM/Setting.current")
+
+
+METADATA = (
+    "display.units",
+    "display.precision",
+    "display.limitLow",
+    "display.limitHigh",
+    "control.limitLow",
+    "control.limitHigh",
+    "valueAlarm.lowAlarmLimit",
+    "valueAlarm.lowWarningLimit",
+    "valueAlarm.highWarningLimit",
+    "valueAlarm.highAlarmLimit",
+)
+
+
+def test_metadata_is_the_records(contexts: tuple[Any, Any]) -> None:
+    ioc_ctx, gw_ctx = contexts
+    expected, got = read(ioc_ctx, "T:ao"), read(gw_ctx, "SIM/Setting.current")
+    for name in METADATA:
+        assert got[name] == expected[name], name
+    assert got["display.units"] == "A" and got["display.precision"] == 3
+
+
+def test_the_same_value_raises_the_same_alarm(contexts: tuple[Any, Any]) -> None:
+    ioc_ctx, gw_ctx = contexts
+    for value, severity in ((9.5, 2), (8.5, 1), (-9.5, 2), (1.5, 0)):
+        for ctx, name in ((ioc_ctx, "T:ao"), (gw_ctx, "SIM/Setting.current")):
+            ctx.put(name, value, timeout=TIMEOUT, wait=True)
+            wait_until(
+                partial(_alarmed, ctx, name, value, severity),
+                f"{name} = {value} to be severity {severity}",
+                probe=partial(read, ctx, name),
+            )
+    message = read(gw_ctx, "SIM/Setting.current")["alarm.message"]
+    assert message == ""
+    ioc_ctx.put("T:ao", 9.5, timeout=TIMEOUT, wait=True)
+    gw_ctx.put("SIM/Setting.current", 9.5, timeout=TIMEOUT, wait=True)
+    wait_until(partial(_alarmed, gw_ctx, "SIM/Setting.current", 9.5, 2), "MAJOR again")
+    assert "above high alarm 9" in read(gw_ctx, "SIM/Setting.current")["alarm.message"]
+    assert read(gw_ctx, "SIM/Setting")["alarm.severity"] == 2  # the property's worst field
+    for ctx, name in ((ioc_ctx, "T:ao"), (gw_ctx, "SIM/Setting.current")):
+        ctx.put(name, 1.5, timeout=TIMEOUT, wait=True)
+
+
+def _alarmed(ctx: Any, name: str, value: float, severity: int) -> bool:
+    got = read(ctx, name)
+    return bool(got["value"] == value and got["alarm.severity"] == severity)
 
 
 def test_values_and_timestamps_come_through(contexts: tuple[Any, Any]) -> None:

@@ -22,6 +22,7 @@ from rda.business.metadata import Alarm, Field, PropertyDescription, compute_ala
 from rda.serialization.errors import DisconnectedError, RdaError, RemoteError, TimeoutError
 
 __all__ = [
+    "DESCRIBE_TIMEOUT",
     "DEVICE",
     "DRIVER",
     "INVALID",
@@ -102,12 +103,18 @@ def notification_alarm(notification: Notification) -> AlarmState:
     error = notification.error
     if error is not None:
         return error_alarm(error)
-    return NO_ALARM
+    return alarm_state(notification.alarm)
+
+
+# Seconds the first value of a feed waits for the property's description.
+DESCRIBE_TIMEOUT = 2.0
 
 
 def describe(client: ClientService, device: str, prop: str) -> Description:
-    """The property's description, or None when the server gives none."""
-    return None
+    """The property's description (``AccessPoint.describe``); an ``RdaError`` when the
+    server cannot give one (a server older than property metadata answers with a
+    ``RemoteProtocolError``)."""
+    return client.access_point(device, prop).describe(timeout=DESCRIBE_TIMEOUT)
 
 
 def field_metadata(description: Description, path: tuple[str, ...], code: str) -> dict[str, Any]:
