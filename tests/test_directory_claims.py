@@ -9,7 +9,8 @@ Item 7, liveness: a server started with the same name from another PID namespace
 host name (a container with host networking) took the entry without ``--replace``, because "its
 pid is not alive here". Now a pid that is gone here is confirmed by the owner's endpoint: if
 something answers there the owner is alive. A PID namespace is simulated by an entry whose pid
-this host cannot see (a reaped child's) and whose endpoint is a live server's.
+this host cannot see (a reaped child's) and whose endpoint is a live server's, and, where the
+machine allows it, made for real (``unshare --pid``: the last test).
 
 Each was checked failing on main before the fix by running this file with PYTHONPATH=/work/main
 (the overlaps registered without error; the invisible-pid entry was taken over). Real etcd
@@ -270,3 +271,70 @@ def test_a_restart_on_the_same_fixed_port_takes_its_own_stale_entry(tmp_path: Pa
     with socket.create_server((host, int(port))):  # the restarted server listens there now
         files.register("Fixed", endpoint, ["F1"])
     assert [e.pid for e in files.servers()] == [os.getpid()]
+
+
+def _can_unshare() -> bool:
+    """Whether this machine lets the test make a PID namespace (root, or user namespaces)."""
+    try:
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+SERVED = """
+from rda.business.server.devices import Device
+from rda.serialization.data import Data
+
+class Plain(Device):
+    @Device.property("Value")
+    def value(self, request):
+        return Data(x=1)
+"""
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="no PID namespaces here (unshare not permitted)")
+def test_a_server_in_another_pid_namespace_keeps_its_name(tmp_path: Path) -> None:
+    """The issue's case itself, where the machine allows it: ``rda serve`` in its own PID
+    namespace (``unshare --pid``) registers its namespace pid (1, which on the host is init,
+    started at another time: "a recycled pid"). Before the fix (the tree of 3a9a9b6^, built
+    apart) the same ``rda serve`` on the host took the name over without ``--replace``; now it
+    is refused, since the entry's endpoint answers."""
+    import selectors
+    import signal
+    import sys
+
+    rda_bin = str(Path(sys.executable).with_name("rda"))
+    (tmp_path / "plain_mod.py").write_text(SERVED)
+    command = [rda_bin, "serve", "plain_mod:Plain", "--device", "NS1", "--json"]
+    inside = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    outside: subprocess.Popen[str] | None = None
+    try:
+        assert inside.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(inside.stdout, selectors.EVENT_READ)
+            assert selector.select(60), "the namespaced server printed nothing"
+        endpoint = json.loads(inside.stdout.readline())["endpoint"]
+        entry = json.loads(Path(os.environ["RDA_DIRECTORY_FILE"]).read_text())["servers"]["NS1"]
+        assert entry["pid"] != inside.pid  # its own namespace's pid, not one this host sees
+        outside = subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert outside.stdout is not None
+        # Refused: it exits (stdout ends, ""); taken over: it prints where it serves.
+        took = outside.stdout.readline()
+        assert took == "", f"the host's server took the namespaced server's name: {took}"
+        _, err = outside.communicate(timeout=60)
+        assert outside.returncode == 1, err
+        assert "name taken" in err and endpoint in err, err
+    finally:
+        for proc in (outside, inside):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            if proc is not None:
+                proc.communicate(timeout=30)
