@@ -10,6 +10,7 @@ does when the peer is gone.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -140,6 +141,70 @@ def test_a_tab_that_leaves_while_written_to_ends_without_a_traceback(
     assert state.tabs_closed == 1
     assert not [r for r in caplog.records if r.levelno > logging.DEBUG], caplog.text
     assert "Traceback" not in caplog.text
+
+
+def test_replies_to_a_tab_that_left_are_dropped_without_a_traceback(source: PanelSource) -> None:
+    """Issue 37, item 10, the replies sent beside the request loop: a view's description and
+    a set's result, sent by their own tasks, failed with ``WebSocketDisconnect`` when the tab
+    had left, and asyncio logged ``Task exception was never retrieved`` with two tracebacks for
+    each (50 tabs of 64 views closing at once: 72 tracebacks, measured with the panel before
+    this fix). A reply to a tab that left is dropped; nothing is logged."""
+    state = PanelState(
+        source=source,
+        allow_set=False,
+        history="",
+        heartbeat_timeout=10.0,
+        renders=RenderCache(),
+        tree=[],
+    )
+    problems: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: problems.append(str(context.get("message")))
+        )
+        requests: list[dict[str, Any]] = [
+            {"type": "websocket.connect"},
+            {"op": "open", "view": "v", "device": "NOPE", "property": "Value"},
+            {"op": "set", "id": 1, "device": "NOPE", "property": "Value", "values": {"x": 1}},
+        ]
+        replies_tried = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if requests:
+                request = requests.pop(0)
+                if request.get("type") == "websocket.connect":
+                    return request
+                return {"type": "websocket.receive", "text": json.dumps(request)}
+            await replies_tried.wait()  # a reply was written to the departed tab
+            # ... and the other reply task ended too (the run, its sender, this test remain).
+            while len(asyncio.all_tasks()) > 3:
+                await asyncio.sleep(0.01)
+            return {"type": "websocket.receive", "text": json.dumps({"op": "close", "view": "v"})}
+
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if len(sent) < 2:  # the accept and the hello
+                sent.append(message)
+                return
+            kind = json.loads(message.get("text", "{}")).get("type", "")
+            if kind not in ("describe", "set_result"):
+                sent.append(message)  # the tree and frames still go out
+                return
+            replies_tried.set()  # the tab leaves as the first reply is written
+            raise ClientDisconnected()
+
+        scope = {"type": "websocket", "path": "/ws", "headers": [], "client": ("127.0.0.1", 1)}
+        session = Session(WebSocket(scope, receive, send), state)
+        await asyncio.wait_for(session.run(), 20)
+        for _ in range(3):  # the tasks' done callbacks, then their collection
+            await asyncio.sleep(0)
+        gc.collect()
+
+    asyncio.run(scenario())
+    assert state.tabs_closed == 1
+    assert problems == [], problems
 
 
 # -- Host names: DNS rebinding ----------------------------------------------------------------

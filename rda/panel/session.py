@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,9 +160,7 @@ class Session:
                 if view is not None:
                     await asyncio.to_thread(self._detach, view)
             elif op == "set":
-                task = asyncio.create_task(self._set(request))
-                self._sets.add(task)  # kept until done (the loop holds tasks weakly)
-                task.add_done_callback(self._sets.discard)
+                self._beside(self._set(request))
             else:
                 raise ValueError(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError) as exc:
@@ -187,9 +186,22 @@ class Session:
             self.state.source.attach, view.device, view.prop, view.selector, slot
         )
         if not slot.series:  # units, precision and limits for the view's value and set form
-            task = asyncio.create_task(self._describe(view_id, view.device, view.prop))
-            self._sets.add(task)
-            task.add_done_callback(self._sets.discard)
+            self._beside(self._describe(view_id, view.device, view.prop))
+
+    def _beside(self, reply: Coroutine[Any, Any, None]) -> None:
+        """Run ``reply`` (a set's result, a view's description) beside the request loop."""
+        task = asyncio.create_task(reply)
+        self._sets.add(task)  # kept until done (the loop holds tasks weakly)
+        task.add_done_callback(self._reply_done)
+
+    def _reply_done(self, task: asyncio.Task[None]) -> None:
+        self._sets.discard(task)
+        # Retrieved here, or asyncio logs "Task exception was never retrieved" with two
+        # tracebacks: a tab that left while its reply was computed is no error (its session
+        # ends in run()); anything else is a bug, logged once with its traceback.
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, WebSocketDisconnect | WebSocketDisconnected):
+            log.error("panel tab %s: a reply failed", self.browser, exc_info=error)
 
     async def _describe(self, view_id: str, device: str, prop: str) -> None:
         description = await asyncio.to_thread(self.state.source.describe, device, prop)
