@@ -21,7 +21,7 @@ import pytest
 
 import rda
 from rda.business.etcd.gateway import EtcdGateway
-from rda.business.server.builder import ServerBuilder
+from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device
 from rda.serialization.data import Data
 from rda.testing import LocalEtcd, wait_until
@@ -77,12 +77,16 @@ def test_an_overwritten_key_is_reported_a_rewritten_own_key_is_re_leased_and_cle
             admin.close()
         assert "KeyServer overwritten" in info["directory"], info["directory"]
         assert "devices/D*" in info["directory"]
+        # Counted for Prometheus (rda_directory_keys_overwritten; alert RdaDirectoryKeysOverwritten).
+        assert server.statistics().directory_keys_overwritten == 1
+        assert _overwritten_metric(server) == 1.0
         logged = [r.getMessage() for r in caplog.records]
         assert any("directory keys written over: devices/D*" in m for m in logged), logged
         assert any("devices/E1 put back on its lease" in m for m in logged), logged
         # Giving D* back (our own entry again) ends the report.
         gateway.put(f"{PREFIX}devices/D*", own)
         wait_until(lambda: _state(registry)[0] == "registered", "registered again", timeout=30)
+        assert _overwritten_metric(server) == 0.0
     finally:
         server.stop()
         registry.close()
@@ -92,6 +96,19 @@ def test_an_overwritten_key_is_reported_a_rewritten_own_key_is_re_leased_and_cle
         assert [kv.key for kv in left] == [], [kv.key for kv in left]
     finally:
         gateway.close()
+
+
+def _overwritten_metric(server: Server) -> float:
+    from rda.admin.metrics import ServerCollector
+
+    values = [
+        sample.value
+        for family in ServerCollector(server).collect()
+        if family.name == "rda_directory_keys_overwritten"
+        for sample in family.samples
+    ]
+    assert len(values) == 1, values
+    return values[0]
 
 
 def test_a_key_taken_by_another_server_stays_its_after_our_stop(etcd: LocalEtcd) -> None:

@@ -65,6 +65,12 @@ class ServerCollector(Collector):
         yield gauge(
             "rda_server_start_time_seconds", "Server start, UNIX time.", name, server.started_at
         )
+        yield gauge(
+            "rda_directory_keys_overwritten",
+            "This server's directory keys (etcd) that another wrote over to point elsewhere.",
+            name,
+            stats.directory_keys_overwritten,
+        )
 
         requests = CounterMetricFamily(
             "rda_requests",

@@ -143,6 +143,7 @@ class RegistrationState:
     lease: int
     since: float
     last_error: str
+    overwritten: int = 0  # keys written over by another that point elsewhere (the metric)
 
 
 class Registration:
@@ -176,9 +177,9 @@ class Registration:
     def state(self) -> RegistrationState:
         return self._state
 
-    def _set_state(self, state: str, error: str = "") -> None:
+    def _set_state(self, state: str, error: str = "", overwritten: int = 0) -> None:
         if state != self._state.state or error != self._state.last_error:
-            self._state = RegistrationState(state, self._lease, time.time(), error)
+            self._state = RegistrationState(state, self._lease, time.time(), error, overwritten)
 
     # -- claiming ----------------------------------------------------------------------------
 
@@ -329,9 +330,10 @@ class Registration:
                 return
             lost = self._check_keys()
             if lost:
-                if lost != self._state.last_error:
-                    log.warning("server %r: directory keys written over: %s", self.entry.name, lost)
-                self._set_state("overwritten", lost)
+                said = "; ".join(lost)
+                if said != self._state.last_error:
+                    log.warning("server %r: directory keys written over: %s", self.entry.name, said)
+                self._set_state("overwritten", said, len(lost))
                 return
             if self._state.state == "overwritten":
                 log.info("server %r: every directory key is its own again", self.entry.name)
@@ -351,12 +353,12 @@ class Registration:
         keys[self.server_key] = json.dumps(asdict(self.entry)).encode()
         return keys
 
-    def _check_keys(self) -> str:
+    def _check_keys(self) -> list[str]:
         """Re-assert our keys that were written over with our own entry; describe those that
-        now point elsewhere ("" when every key is on our lease)."""
+        now point elsewhere (none when every key is on our lease)."""
         attached = self._gateway.lease_keys(self._lease)
         if attached is None:
-            return ""  # expired meanwhile: the next refresh claims everything again
+            return []  # expired meanwhile: the next refresh claims everything again
         expected = self._keys()
         lost: list[str] = []
         for key in sorted(set(expected) - attached):
@@ -375,7 +377,7 @@ class Registration:
                     continue
             name = key[len(self._prefix) :]
             lost.append(f"{name} -> {_points_to(current)}")
-        return "; ".join(lost)
+        return lost
 
     def _release_orphans(self) -> None:
         """At stop: delete our keys that still name us but are off the lease (the revoke does

@@ -336,6 +336,15 @@ class Server:
             return str(state().summary())
         return f"{directory!r}: {'registered' if self._registered else 'not registered'}"
 
+    def _keys_overwritten(self) -> int:
+        """How many of this server's directory keys another wrote over (etcd's registration
+        state says; other directories: 0)."""
+        state = getattr(self._directory, "state", None)
+        if not callable(state):
+            return 0
+        registration = state().registrations.get(self.name)
+        return 0 if registration is None else int(registration.overwritten)
+
     @property
     def running(self) -> bool:
         return self._state == "running"
@@ -491,6 +500,7 @@ class Server:
             connections_accepted=accepted,
             connections_closed=closed,
             directory=self.directory_state(),
+            directory_keys_overwritten=self._keys_overwritten(),
             zero_copy_replies=zero_copy,
             copied_replies=copied,
             properties_in_alarm={

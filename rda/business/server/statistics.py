@@ -128,7 +128,8 @@ class ServerStatistics:
     but the reply could reach them, or with a copy of at least one (the device kept it, or
     another thread completed the get; docs/server.md, "Big arrays without a copy").
     ``directory``: where the server registered and the state of that (etcd: registered,
-    unreachable, replaced...). ``properties_in_alarm``: how many properties with declared alarm
+    unreachable, replaced, overwritten...); ``directory_keys_overwritten``: how many of its
+    etcd keys another wrote over to point elsewhere (0 when every key is its own). ``properties_in_alarm``: how many properties with declared alarm
     limits are in alarm now, by severity (``minor``, ``major``, ``invalid``; every key present),
     from the last value each sent.
     """
@@ -150,6 +151,7 @@ class ServerStatistics:
     connections_accepted: int = 0
     connections_closed: int = 0
     directory: str = ""  # where the server is registered, and how that stands
+    directory_keys_overwritten: int = 0
     zero_copy_replies: int = 0
     copied_replies: int = 0
     properties_in_alarm: dict[str, int] = field(default_factory=dict)
