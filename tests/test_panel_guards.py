@@ -70,8 +70,8 @@ def test_a_history_window_that_is_not_a_number_of_minutes_is_a_400(
     source: PanelSource, tmp_path: Path, minutes: str
 ) -> None:
     """Issue 37, item 12: ``/api/history?minutes=inf`` (or ``1e300``) answered 500 with
-    ``OverflowError: cannot convert float infinity to integer`` (checked against main:
-    PYTHONPATH=/work/main gives 500 for inf, 1e300 and -inf). The window is validated first."""
+    ``OverflowError: cannot convert float infinity to integer`` (checked with the fix
+    reverted: 500 for inf, 1e300 and -inf). The window is validated first."""
     pytest.importorskip("pyarrow")
     app = create_app(source, history=HistoryReader(str(tmp_path)))
     query = {"device": "PS1", "property": "Acquisition", "field": "current", "minutes": minutes}
@@ -99,7 +99,7 @@ def test_a_tab_that_leaves_while_written_to_ends_without_a_traceback(
     ERROR tracebacks (~550 KB): the sender's write failed (uvicorn's ``ClientDisconnected``,
     which Starlette turns into ``WebSocketDisconnect`` and a closed socket state), and the
     next ``receive_text`` in ``Session.run`` raised ``WebSocketDisconnected``, which nothing
-    caught (checked against main: PYTHONPATH=/work/main raises it out of ``run``). A tab that
+    caught (checked with the fix reverted: raises it out of ``run``). A tab that
     leaves is normal: ``run`` returns, the departure is counted, nothing above DEBUG is
     logged."""
     state = PanelState(
@@ -290,8 +290,8 @@ def test_a_rebound_name_cannot_reach_the_panel_from_chromium(tmp_path: Path) -> 
     """Issue 37, item 5: a page served from ``http://evil.example:PORT`` whose name resolves to
     127.0.0.1 (Chromium's ``--host-resolver-rules``, as a rebinding DNS would answer) read
     ``/api/tree`` and opened the WebSocket, which compared Origin with Host but never checked
-    Host, so with ``--allow-set`` it set ``D1/Setting`` (checked against main: PYTHONPATH=
-    /work/main loads the page with status 200, ``/api/tree`` 200, the socket says hello).
+    Host, so with ``--allow-set`` it set ``D1/Setting`` (checked with the fix
+    reverted: loads the page with status 200, ``/api/tree`` 200, the socket says hello).
     Now the page, the API and the socket are refused for that name; 127.0.0.1 and localhost
     still work, and ``--allowed-host evil.example`` lets the name in on purpose."""
     from playwright.sync_api import sync_playwright

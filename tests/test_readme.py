@@ -39,7 +39,7 @@ def test_readme_example_runs_and_prints_what_it_says(no_thread_leak: None) -> No
 def test_readme_example_runs_while_the_demo_runs(no_thread_leak: None) -> None:
     """Issue 37, item 21: the first thing a new user has running is ``rda serve demo``; the
     example registered ``PS1`` too and failed with ``NameTakenError: device 'PS1' is already
-    served by 'RdaDemoServer'`` (checked against main before the fix: PYTHONPATH=/work/main).
+    served by 'RdaDemoServer'`` (checked with the fix reverted).
     It uses names of its own."""
     with demo_builder().build().start():  # registered in this test's directory file
         assert _run_example() == ["Data(current: float64 = 2.5)", "FIRST"]
