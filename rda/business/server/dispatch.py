@@ -80,6 +80,11 @@ class Dispatch:
         with self._peers_lock:
             return [(peer, state) for peer, state in self._peers.items() if not state.lane]
 
+    def connected(self, peer: bytes) -> bool:
+        """Whether ``peer`` (a client's connection or one of its lanes) is connected now."""
+        with self._peers_lock:
+            return peer in self._peers
+
     def refresh_roles(self) -> None:
         """After the gate's policy changed: give connected clients their roles under it (a
         request already in flight keeps the ClientInfo it was built with)."""

@@ -457,6 +457,12 @@ class Server:
         transport = self._transport
         return {} if transport is None else transport.peer_statistics()
 
+    def connected(self, peer: bytes) -> bool:
+        """Whether the client connection (or lane) ``peer`` (``request.client.peer``) is still
+        connected: a handler whose requests wait in a queue can skip those of a client that
+        has gone (the history server does)."""
+        return self._dispatch is not None and self._dispatch.connected(peer)
+
     def client_info(self, peer_hex: str) -> ClientInfo | None:
         if self._dispatch is None:
             return None

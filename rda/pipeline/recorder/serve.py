@@ -10,8 +10,9 @@ the recorded properties. The wire contract (docs/history.md, "History as a servi
   request's ``filters``: ``start``, ``end`` (ns, ``[start, end)``), optionally the cursor
   ``after_stamp``/``after_recorder``/``after_seq`` (the last row received), ``limit`` (rows per
   chunk, at most :data:`MAX_ROWS`), and for a subscription's seam ``until`` (ns) and
-  ``wait_ms``: ``end`` is cut to ``until``, and the server first waits (at most ``wait_ms``,
-  capped at :data:`MAX_WAIT`) until the recorder has acknowledged a row of the signal stamped
+  ``wait_ms``: ``end`` is cut to ``until``, and the first chunk is answered only once (at most
+  ``wait_ms``, capped at :data:`MAX_WAIT`; parked meanwhile in ``seams.py``, off the device's
+  queue) the recorder has acknowledged a row of the signal stamped
   at or after ``until``;
 - the request's ``format`` filter is ``"arrow"`` (:data:`CHUNK_FORMAT`; an older client's
   request without it is refused with a message that says so);
@@ -35,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,8 +48,9 @@ from rda.business.common import AcquiredData
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.pipeline.recorder.query import Chunk, Cursor, HistoryReader
+from rda.pipeline.recorder.seams import SeamWait, SeamWaits
 from rda.serialization.data import Data, DataType
-from rda.serialization.errors import NoSuchDeviceError
+from rda.serialization.errors import DisconnectedError, NoSuchDeviceError
 from rda.serialization.header import DataContext
 
 __all__ = [
@@ -67,7 +70,7 @@ HISTORY_PREFIX = "history:"
 CHUNK_FORMAT = "arrow"  # the request's ``format`` filter: the chunk is an Arrow IPC stream
 MAX_ROWS = 1_000_000  # rows per chunk the server sends at most, whatever ``limit`` asks
 MAX_BYTES = 16 << 20  # and about this many bytes (Arrow buffers of the rows)
-MAX_WAIT = 10.0  # seconds a seam wait may hold a worker
+MAX_WAIT = 10.0  # seconds a seam wait may last (parked: it holds no worker)
 
 
 class _Recorder(Protocol):
@@ -78,7 +81,7 @@ class _Recorder(Protocol):
 
     def records(self, device: str, prop: str) -> bool: ...
 
-    def wait_acked(self, device: str, prop: str, stamp: int, timeout: float) -> bool: ...
+    def acked_stamp(self, device: str, prop: str) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,19 @@ class HistoryServerStatistics:
     queries: int  # chunks answered
     rows: int  # rows sent
     seam_timeouts: int  # waits for ``until`` that ran out (chunk marked incomplete)
+    departed: int = 0  # requests not run because their client had gone (queued or parked)
+    seam_waits: int = 0  # requests parked at a seam now
+
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    request: GetRequest
+    device: str
+    prop: str
+    start: int
+    end: int
+    after: Cursor | None
+    limit: int
 
 
 def _int(filters: Data, name: str, default: int | None = None) -> int | None:
@@ -112,7 +128,10 @@ def encode_chunk(chunk: Chunk, complete: bool) -> Data:
 
 
 class HistoryHandler(RequestReplyCallback):
-    """Answers history gets from the recorder's journal and store (module docstring)."""
+    """Answers history gets from the recorder's journal and store (module docstring).
+
+    A seam wait is parked (``seams.py``), not waited for on the device's worker; a request
+    whose client has gone by the time it runs is dropped, not read (issue 37, item 3)."""
 
     def __init__(self, recorder: _Recorder, reader: HistoryReader) -> None:
         self.recorder = recorder
@@ -121,15 +140,47 @@ class HistoryHandler(RequestReplyCallback):
         self._queries = 0
         self._rows = 0
         self._seam_timeouts = 0
+        self._departed = 0
+        self._connected: Callable[[bytes], bool] = lambda peer: True
+        self._seams = SeamWaits(
+            recorder.recorder_id, recorder.acked_stamp, self._answer, self._gone, self.connected
+        )
+
+    def watch_clients(self, connected: Callable[[bytes], bool]) -> None:
+        """How to tell whether a request's client is still connected (``Server.connected``)."""
+        self._connected = connected
+
+    def connected(self, peer: bytes) -> bool:
+        return self._connected(peer)
+
+    def acked(self) -> None:
+        """The recorder made rows durable (its writer thread): parked seams re-check."""
+        self._seams.acked()
+
+    def close(self) -> None:
+        """Answer the parked seam waits now (incomplete) and stop their thread."""
+        self._seams.close()
 
     def statistics(self) -> HistoryServerStatistics:
-        return HistoryServerStatistics(self._queries, self._rows, self._seam_timeouts)
+        with self._lock:
+            return HistoryServerStatistics(
+                self._queries,
+                self._rows,
+                self._seam_timeouts,
+                self._departed,
+                self._seams.parked(),
+            )
 
     def covers(self, device: str, prop: str) -> bool:
         """Recorded now (a pattern names it, or rows came), or before (the store has it)."""
         return self.recorder.records(device, prop) or self.reader.known(device, prop)
 
     def get(self, request: GetRequest) -> None:
+        if not self.connected(request.client.peer):
+            # Queued while its client went away (killed, closed): reading for nobody would
+            # hold the device's other readers.
+            self._gone(request)
+            return
         name = request.device
         if not name.startswith(HISTORY_PREFIX):
             raise NoSuchDeviceError(f"{name}: a history server serves history:<device> only")
@@ -157,28 +208,44 @@ class HistoryHandler(RequestReplyCallback):
         if after_stamp is not None:
             recorder = filters.get("after_recorder", "")
             after = Cursor(after_stamp, str(recorder), _int(filters, "after_seq", 0) or 0)
-        complete = True
         until = _int(filters, "until")
         if until is not None:
             end = min(end, until)
-            if after is None:  # only the first chunk waits: later ones follow what it saw
-                wait = (_int(filters, "wait_ms", 2000) or 0) / 1000
-                complete = self.recorder.wait_acked(device, prop, until, min(wait, MAX_WAIT))
+        query = _Query(request, device, prop, start, end, after, min(limit, MAX_ROWS))
+        # Only the first chunk waits: later ones follow what it saw.
+        if until is not None and after is None and self.recorder.acked_stamp(device, prop) < until:
+            wait = min((_int(filters, "wait_ms", 2000) or 0) / 1000, MAX_WAIT)
+            seam = SeamWait(
+                device, prop, until, time.monotonic() + wait, request.client.peer, query
+            )
+            if wait > 0 and self._seams.park(seam):
+                return  # answered by the seam thread
+            self._answer(query, False)
+            return
+        self._answer(query, True)
+
+    def _answer(self, query: _Query, complete: bool) -> None:
         chunk = self.reader.chunk(
-            device,
-            prop,
-            start,
-            end,
-            after=after,
-            selector=request.selector or None,
-            max_rows=min(limit, MAX_ROWS),
+            query.device,
+            query.prop,
+            query.start,
+            query.end,
+            after=query.after,
+            selector=query.request.selector or None,
+            max_rows=query.limit,
             max_bytes=MAX_BYTES,
         )
         with self._lock:
             self._queries += 1
             self._rows += len(chunk)
             self._seam_timeouts += not complete
-        request.complete(AcquiredData(encode_chunk(chunk, complete), DataContext()))
+        query.request.complete(AcquiredData(encode_chunk(chunk, complete), DataContext()))
+
+    def _gone(self, query: _Query | GetRequest) -> None:
+        request = query.request if isinstance(query, _Query) else query
+        with self._lock:
+            self._departed += 1
+        request.fail(DisconnectedError("the client went away before its history was read"))
 
 
 def history_devices(patterns: Sequence[tuple[str, str, str | None]]) -> list[str]:
@@ -199,8 +266,13 @@ def start_history_server(
         install(builder)
     handler = HistoryHandler(recorder, reader)
     devices = history_devices(recorder.patterns)
-    server = builder.request_reply(handler).devices(*devices).build()
-    server.start()
+    try:
+        server = builder.request_reply(handler).devices(*devices).build()
+        handler.watch_clients(server.connected)
+        server.start()
+    except BaseException:
+        handler.close()
+        raise
     log.info(
         "recorder %s serves history of %s at %s",
         recorder.recorder_id,

@@ -136,8 +136,7 @@ class Recorder:
         # Per (device, property): the newest stamp written but not yet durable, and durable.
         self._pending_stamps: dict[tuple[str, str], int] = {}
         self._acked_stamps: dict[tuple[str, str], int] = {}
-        self._ack_cond = threading.Condition()
-        self._ack_closed = False
+        self._ack_lock = threading.Lock()
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -233,22 +232,15 @@ class Recorder:
         """Whether this recorder records ``device/prop`` (a pattern names it, or rows came)."""
         if any(p == prop and fnmatch.fnmatchcase(device, g) for g, p, _ in self.patterns):
             return True
-        with self._ack_cond:
+        with self._ack_lock:
             return (device, prop) in self._acked_stamps
 
-    def wait_acked(self, device: str, prop: str, stamp: int, timeout: float) -> bool:
-        """Wait until a row of ``device/prop`` stamped at or after ``stamp`` (ns) is durable;
-        False when ``timeout`` ran out first (or the recorder stopped). The history server's
-        seam: rows of a signal arrive in stamp order, so every earlier one is durable too."""
-        key = (device, prop)
-        deadline = time.monotonic() + timeout
-        with self._ack_cond:
-            while self._acked_stamps.get(key, -1) < stamp:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._ack_closed:
-                    return False
-                self._ack_cond.wait(left)
-        return True
+    def acked_stamp(self, device: str, prop: str) -> int:
+        """The highest acquisition stamp (ns) of ``device/prop`` that is durable, -1 if none:
+        the history server's seam (rows of a signal arrive in stamp order, so every earlier
+        one is durable too). The history handler is told after each durable segment."""
+        with self._ack_lock:
+            return self._acked_stamps.get((device, prop), -1)
 
     def convert_now(self) -> int:
         """Convert every closed segment to Parquet now (also done periodically); segments done."""
@@ -257,9 +249,8 @@ class Recorder:
     def stop(self, timeout: float = 30.0, convert: bool | None = None) -> None:
         """Stop serving history, unsubscribe, write and acknowledge what is queued, convert it
         (by default), join."""
-        with self._ack_cond:
-            self._ack_closed = True
-            self._ack_cond.notify_all()  # seam waits end now, not at their timeout
+        if self.history is not None:
+            self.history.close()  # seam waits end now (answered), not at their timeout
         if self.history_server is not None:
             self.history_server.stop()
             self.history_server = None
@@ -577,10 +568,12 @@ class Recorder:
         self._bytes += segment.path.stat().st_size
         self._acked_rows += len(builder)
         self._acked_seq = segment.last_seq
-        with self._ack_cond:
+        with self._ack_lock:
             self._acked_stamps.update(self._pending_stamps)
-            self._ack_cond.notify_all()
         self._pending_stamps.clear()
+        history = self.history
+        if history is not None:
+            history.acked()  # seam waits re-check (after the lock: the handler takes its own)
         if self._on_ack is not None:
             self._on_ack(segment.first_seq, segment.last_seq)
         return True
