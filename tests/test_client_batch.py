@@ -309,8 +309,9 @@ def test_drop_oldest_in_a_batch_counts_exactly_as_one_at_a_time(service: Fixture
     for message in numbered(single, [1, 2, 3, 4, 5, 6, 9, 10]):
         transport.handler.on_message(1, message)
     stats1 = client.statistics()
-    # 1..6 dropped or reported missing: the first kept update carries them all as its gap.
-    expected = [(6, 5), (9, 2), (10, 0)]
+    # The FIRST stays (a consumer must see where its sequence starts); 2..6 dropped or
+    # reported missing: the first kept update after it carries them all as its gap.
+    expected = [(1, 0), (9, 7), (10, 0)]
     assert drain(batched) == expected
     assert drain(single) == expected
     assert stats1.dropped - stats0.dropped == 2 * 5
@@ -362,8 +363,9 @@ def test_a_listener_drains_a_burst_in_one_task_and_its_backlog_is_bounded(
     release.set()
     assert done.wait(WAIT)
     stats1 = client.statistics()
-    assert [s for s, _ in seen] == [1, *range(41, 51)]
-    assert dict(seen)[41] == 39  # the dropped ones show as the gap of the next one
+    # The second burst starts with a FIRST (seq 2, ``numbered``): it stays; 3..41 go.
+    assert [s for s, _ in seen] == [1, 2, *range(42, 51)]
+    assert dict(seen)[42] == 39  # the dropped ones show as the gap of the next one
     assert stats1.dropped - stats0.dropped == 39
     scheduler = client._subscriptions.scheduler
     assert scheduler is not None

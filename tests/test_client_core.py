@@ -361,8 +361,10 @@ def test_full_queue_drops_the_oldest_and_reports_it_as_a_gap(client: Fixture) ->
         notify(transport, conn, sub.id, seq, seq)
     first, second = sub.poll(0), sub.poll(0)
     assert first is not None and second is not None
-    assert (first.data["v"], first.gap) == (4, 3)  # 1, 2 and 3 were dropped here
-    assert (second.data["v"], second.gap) == (5, 0)
+    # The FIRST stays (where the sequence starts); 2, 3 and 4 were dropped before 5.
+    assert (first.data["v"], first.gap, first.update_type) == (1, 0, UpdateType.FIRST)
+    assert (second.data["v"], second.gap) == (5, 3)
+    assert sub.poll(0) is None
     stats = service.statistics()
     assert (stats.dropped, stats.gaps, stats.notifications) == (3, 0, 5)
 

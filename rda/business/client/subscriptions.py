@@ -228,6 +228,16 @@ def _from_message(message: Message, name: tuple[str, str], gap: int, seq: int) -
     return self
 
 
+def _plain(entry: Entry) -> bool:
+    """A value or a published error, not a FIRST nor a locally reported error (an outage)."""
+    payload = entry[0]
+    if isinstance(payload, Message):
+        return payload.header.update_type is not UpdateType.FIRST
+    if isinstance(payload, Notification):
+        return payload.error is None and payload.update_type is not UpdateType.FIRST
+    return False
+
+
 class _Inbox:
     """The bounded queue behind ``poll``: drop-oldest on overflow, the drops carried as a gap."""
 
@@ -242,6 +252,9 @@ class _Inbox:
         self._waiting = 0  # threads blocked in get(): put notifies only when someone waits
         self._items: deque[Entry] = deque()
         self._carry = 0  # updates dropped since the last one handed out
+        # Newcomers dropped because only FIRSTs and errors were queued (``_overflow``):
+        # counted on the next entry queued.
+        self._tail_carry = 0
         self._room: threading.Condition | None = None  # made by the first put_wait that waits
         self._closed = False
         self.waker: Callable[[], None] | None = None
@@ -256,11 +269,9 @@ class _Inbox:
             items = self._items
             was_empty = not items
             if len(items) >= self.capacity:
-                _, old_gap, _ = items.popleft()
-                # The dropped update and whatever it had missed before it.
-                self._carry += old_gap + 1
-                dropped = 1
-            items.append(entry)
+                dropped = self._overflow(entry)
+            else:
+                items.append(self._carried(entry) if self._tail_carry else entry)
             if self._waiting:
                 assert self._cond is not None
                 self._cond.notify()
@@ -281,16 +292,15 @@ class _Inbox:
             items = self._items
             was_empty = not items
             room = self.capacity - len(items)
-            if len(entries) <= room:
+            if len(entries) <= room and not self._tail_carry:
                 items.extend(entries)
             else:
                 # Drop oldest, exactly as the same entries put one by one would.
                 for entry in entries:
                     if len(items) >= self.capacity:
-                        _, old_gap, _ = items.popleft()
-                        self._carry += old_gap + 1
-                        dropped += 1
-                    items.append(entry)
+                        dropped += self._overflow(entry)
+                    else:
+                        items.append(self._carried(entry) if self._tail_carry else entry)
             if self._waiting:
                 assert self._cond is not None
                 self._cond.notify(len(entries))
@@ -298,6 +308,41 @@ class _Inbox:
             self._counters.add_dropped(dropped)
         if was_empty and self.waker is not None:
             self.waker()
+
+    def _overflow(self, entry: Entry) -> int:
+        """The queue is full and ``entry`` comes (lock held): drop the oldest plain update,
+        never a FIRST or an error while a plain update can go instead, since those mark where
+        a sequence starts or stopped (a consumer must see the FIRST of every subscription
+        epoch; found by rda.testing.simulation). The dropped update and
+        what it had missed are added to the gap of the entry that followed it. Returns 1."""
+        items = self._items
+        index = next((i for i, item in enumerate(items) if _plain(item)), None)
+        if index is None:
+            if _plain(entry):
+                # Nothing plain to drop but the newcomer: it goes, counted on the next one.
+                self._tail_carry += entry[1] + 1
+                return 1
+            index = 0  # only markers: the oldest goes (a newer marker follows it)
+        _, old_gap, _ = items[index]
+        del items[index]
+        if index == 0:
+            # The dropped update and whatever it had missed before it.
+            self._carry += old_gap + 1
+        elif index < len(items):
+            payload, gap, seq = items[index]
+            items[index] = (payload, gap + old_gap + 1, seq)
+        else:
+            payload, gap, seq = entry
+            entry = (payload, gap + old_gap + 1, seq)
+        items.append(self._carried(entry) if self._tail_carry else entry)
+        return 1
+
+    def _carried(self, entry: Entry) -> Entry:
+        """``entry`` with the newcomers dropped before it added to its gap (lock held)."""
+        payload, gap, seq = entry
+        gap += self._tail_carry
+        self._tail_carry = 0
+        return payload, gap, seq
 
     def put_wait(self, entry: Entry) -> bool:
         """Put without dropping: wait while the queue is full (the history rows of a backfill,
