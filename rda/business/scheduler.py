@@ -40,6 +40,8 @@ from fnmatch import fnmatchcase
 from types import TracebackType
 from typing import Literal, get_args
 
+from rda.business.driver import current_driver
+
 __all__ = [
     "BUSIEST_GROUPS",
     "GroupTaskScheduler",
@@ -134,12 +136,16 @@ class GroupTaskScheduler:
         self._dropped_newest = 0
         self._max_depth = 0
         self._places = workers
+        # A simulation's driver runs the tasks itself, one ``step`` at a time (driver.py).
+        self._driver = current_driver()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-            for i in range(workers)
+            for i in range(workers if self._driver is None else 0)
         ]
         for thread in self._threads:
             thread.start()
+        if self._driver is not None:
+            self._driver.adopt(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -275,6 +281,36 @@ class GroupTaskScheduler:
                     self._finish(group, False)
                 raise
 
+    # -- driven (rda.business.driver): what one worker turn does, in the driver's thread --------
+
+    def ready(self) -> bool:
+        """A task waits and a worker's place is free."""
+        with self._lock:
+            return bool(self._ready) and self._running < self._places and not self._closed
+
+    def step(self) -> None:
+        """Run the next ready task in the calling thread, as one worker would."""
+        with self._lock:
+            if not self._ready or self._running >= self._places or self._closed:
+                return
+            group = self._ready.popleft()
+            task, _ = group.tasks.popleft()
+            group.running = True
+            self._queued -= 1
+            self._running += 1
+        ok = True
+        try:
+            task()
+        except Exception:
+            log.exception("%s: task in group %r raised", self.name, group.key)
+            ok = False
+        finally:
+            with self._lock:
+                self._finish(group, ok)
+
+    def next_deadline(self) -> float | None:
+        return None  # ready only when a task is submitted
+
     def _finish(self, group: _Group, ok: bool) -> None:
         """Bookkeeping after a task ran; the caller holds the lock."""
         self._running -= 1
@@ -344,6 +380,8 @@ class GroupTaskScheduler:
         for key, on_drop in discarded:
             if on_drop is not None:
                 _call_on_drop(on_drop, key)
+        if self._driver is not None:
+            self._driver.release(self)
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in self._threads:

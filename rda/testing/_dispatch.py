@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rda.business.driver import current_driver
 from rda.testing._clock import FakeClock
 from rda.transport.api import Buffer
 from rda.transport.relay import Relay
@@ -185,6 +186,11 @@ class Inbox:
                 self._cond.notify_all()  # senders blocked at the high-water mark
             return batch
 
+    def ready(self) -> bool:
+        """Something can be taken now (commands only while not paused)."""
+        with self._cond:
+            return self._ready_locked()
+
     def _ready_locked(self) -> bool:
         if not self._paused:
             return bool(self._items)
@@ -220,7 +226,17 @@ class Dispatcher(ABC):
         self._closed = False
         self._killed = False
         self._stop_clock: Callable[[], None] | None = None
-        self._relay = Relay(self._lead, name, handover_after) if handover_after > 0 else None
+        # Under a simulation's driver (rda.business.driver) no thread runs the loop: the
+        # driver calls ``step``, one item at a time, and a handler runs to its end (so no
+        # hand-over is needed, and ``hands_over`` still tells the server to run inline).
+        self._driver = current_driver()
+        self._stepping = False
+        self._released = False
+        self._relay = (
+            Relay(self._lead, name, handover_after)
+            if handover_after > 0 and self._driver is None
+            else None
+        )
 
     # --- lifecycle (any thread) ---
 
@@ -228,12 +244,18 @@ class Dispatcher(ABC):
         with self._close_lock:
             if self._thread is not None or self._closed:
                 raise RuntimeError(f"{self._name}: a transport can be started once")
+            if self._driver is not None:
+                self._thread = threading.current_thread()  # started, run by the driver
+                self._driver.adopt(self)
+                return
             if isinstance(self._clock, FakeClock):
                 self._stop_clock = self._clock.on_advance(self._inbox.wake)
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
     def _on_dispatcher(self) -> bool:
+        if self._driver is not None:
+            return self._stepping
         relay = self._relay
         if relay is not None:
             return threading.get_ident() == relay.leader
@@ -248,6 +270,10 @@ class Dispatcher(ABC):
             thread = self._thread
         if first:
             self._inbox.close(discard=kill)
+        if self._driver is not None:
+            if not self._stepping:
+                self._finish_driven()
+            return  # a step that closed its own transport finishes it on its way out
         if thread is None:
             if first:
                 self._shutdown()
@@ -273,11 +299,12 @@ class Dispatcher(ABC):
                 if self._on_dispatcher():
                     self._local.append(item)
                     return
-        self._inbox.put_command(item, wait)
+        # Driven, nothing may block the one thread: the inbox goes over its mark instead.
+        self._inbox.put_command(item, wait and self._driver is None)
 
     def wait_for_room(self) -> None:
         """As ``ZmqServerTransport.wait_for_room``: block while the inbox is full."""
-        if not self._on_dispatcher():
+        if not self._on_dispatcher() and self._driver is None:
             self._inbox.wait_for_room()
 
     def barrier(self) -> Barrier | None:
@@ -347,6 +374,66 @@ class Dispatcher(ABC):
         self._inbox.close(discard=True)
         self._shutdown()
         return True
+
+    # --- driven (rda.business.driver): one loop turn per step, on the driver's thread ---
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def ready(self) -> bool:
+        if self._released:
+            return False
+        if self._local or self._inbox.ready():
+            return True
+        deadline = self._next_deadline()
+        return deadline is not None and deadline <= self._clock()
+
+    def next_deadline(self) -> float | None:
+        return None if self._released or self._inbox.closed else self._next_deadline()
+
+    def step(self) -> None:
+        """One item from the inbox (or none), then the timers, as one turn of ``_lead``."""
+        if self._released:
+            return
+        self._stepping = True
+        try:
+            self._run_local()
+            for is_command, item in self._inbox.take(0.0, 1):
+                if self._killed or isinstance(item, Barrier):
+                    continue
+                if is_command or not self._inbox.closed:
+                    self._handle(item)
+                    self._run_local()
+            self._end_batch()
+            self._run_local()
+            if not self._inbox.closed:
+                self._check_timers(self._clock())
+                self._run_local()
+            self._after_batch()
+        finally:
+            self._stepping = False
+        if self._inbox.closed:
+            self._finish_driven()
+
+    def _finish_driven(self) -> None:
+        """Closed under a driver: send what is queued (unless killed), then shut down."""
+        if self._released:
+            return
+        self._stepping = True
+        try:
+            while not self._killed and (self._local or not self._inbox.empty()):
+                self._run_local()
+                for is_command, item in self._inbox.take(0.0, _BATCH):
+                    if is_command and not isinstance(item, Barrier):
+                        self._handle(item)
+            self._inbox.close(discard=True)
+            self._released = True
+            self._shutdown()
+        finally:
+            self._stepping = False
+        assert self._driver is not None
+        self._driver.release(self)
 
     def _run_local(self) -> None:
         while self._local:

@@ -31,6 +31,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from rda.business.driver import current_driver
+
 __all__ = ["Timer", "TimerHandle"]
 
 log = logging.getLogger(__name__)
@@ -85,12 +87,19 @@ class Timer:
         self._order = itertools.count()
         self._cancelled = 0
         self._closed = False
+        self.name = name
+        # A simulation's driver runs the due callbacks itself (rda.business.driver).
+        self._driver = current_driver()
+        self._thread: threading.Thread | None = None
+        self._unhook: Callable[[], None] | None = None
+        if self._driver is not None:
+            self._driver.adopt(self)
+            return
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         on_advance = getattr(clock, "on_advance", None)
-        self._unhook: Callable[[], None] | None = (
-            on_advance(self.run_due) if callable(on_advance) else None
-        )
+        if callable(on_advance):
+            self._unhook = on_advance(self.run_due)
 
     def call_at(self, deadline: float, callback: Callable[[], None]) -> TimerHandle:
         handle = TimerHandle(self, deadline, callback)
@@ -207,8 +216,28 @@ class Timer:
             self._heap.clear()
             self._cancelled = 0
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
+        if self._driver is not None:
+            self._driver.release(self)
+        elif self._thread is not threading.current_thread() and self._thread is not None:
             self._thread.join(timeout)
+
+    # -- driven (rda.business.driver) -------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """The earliest live deadline (dead entries on top are dropped first)."""
+        with self._lock:
+            heap = self._heap
+            while heap and self._dead(heap[0][2]):
+                if isinstance(heapq.heappop(heap)[2], TimerHandle):
+                    self._cancelled -= 1
+            return heap[0][0] if heap and not self._closed else None
+
+    def ready(self) -> bool:
+        deadline = self.next_deadline()
+        return deadline is not None and deadline <= self._clock()
+
+    def step(self) -> None:
+        self.run_due()
 
     def _run_all(self, due: list[TimerHandle | int]) -> None:
         for item in due:

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from rda.business.common import AcquiredData, stamped, stamped_data
+from rda.business.driver import current_driver
 from rda.business.policy import ANONYMOUS
 from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError, RemoteError, TimeoutError, wire_type
@@ -431,14 +432,20 @@ class DeadlineWatcher:
         self._counter = itertools.count()
         self._cancelled = 0
         self._closed = False
+        self.name = name
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._started = False
+        # A simulation's driver runs the due callbacks itself (rda.business.driver).
+        self._driver = current_driver()
 
     def start(self) -> None:
         with self._cond:
             if self._started or self._closed:
                 return
             self._started = True
+        if self._driver is not None:
+            self._driver.adopt(self)
+            return
         self._thread.start()
 
     def add(self, deadline: float, callback: Callable[[], None]) -> Callable[[], None]:
@@ -519,8 +526,29 @@ class DeadlineWatcher:
             self._heap.clear()
             self._cancelled = 0
             self._cond.notify_all()
-        if self._started and self._thread is not threading.current_thread():
+        if self._driver is not None:
+            if self._started:
+                self._driver.release(self)
+        elif self._started and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    # -- driven (rda.business.driver) -------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """The earliest live deadline (cancelled entries on top are dropped first)."""
+        with self._cond:
+            heap = self._heap
+            while heap and heap[0][2].cancelled:
+                heapq.heappop(heap)
+                self._cancelled -= 1
+            return heap[0][0] if heap else None
+
+    def ready(self) -> bool:
+        deadline = self.next_deadline()
+        return deadline is not None and deadline <= self._clock()
+
+    def step(self) -> None:
+        self.run_due()
 
 
 def _noop() -> None:

@@ -1,0 +1,90 @@
+"""Seeds in parallel, replay of one seed, and the command line.
+
+``run_seed(seed)`` runs one seed in this process; ``run_seeds(seeds, jobs)`` spreads them
+over processes (each run is single-threaded and deterministic, so processes are the
+parallelism); ``replay(seed)`` runs one again with every event printed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rda.testing.simulation._model import SimSettings
+from rda.testing.simulation._world import RunResult, Simulation
+
+__all__ = ["Summary", "replay", "run_seed", "run_seeds"]
+
+
+def run_seed(seed: int, settings: SimSettings | None = None, verbose: bool = False) -> RunResult:
+    """Run ``seed`` once; the result says whether an invariant broke, and where."""
+    return Simulation(seed, settings or SimSettings(), verbose).run()
+
+
+def replay(seed: int, settings: SimSettings | None = None) -> RunResult:
+    """Run ``seed`` again, printing every event as it happens."""
+    return run_seed(seed, settings, verbose=True)
+
+
+@dataclass(slots=True)
+class Summary:
+    """What a batch of seeds did."""
+
+    seeds: int = 0
+    steps: int = 0
+    simulated: float = 0.0
+    wall: float = 0.0
+    failures: list[RunResult] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, result: RunResult) -> None:
+        self.seeds += 1
+        self.steps += result.steps
+        self.simulated += result.simulated
+        if result.failure is not None:
+            self.failures.append(result)
+        for key, value in result.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + value
+
+    def report(self) -> str:
+        rate = self.steps / self.wall if self.wall else 0.0
+        per_min = self.seeds / self.wall * 60 if self.wall else 0.0
+        lines = [
+            f"{self.seeds} seeds, {len(self.failures)} failed; {self.steps} steps, "
+            f"{self.simulated:.0f} s simulated in {self.wall:.1f} s "
+            f"({rate:.0f} steps/s, {per_min:.0f} seeds/min)",
+            "  " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
+        ]
+        return "\n".join(lines)
+
+
+def _one(args: tuple[int, SimSettings]) -> RunResult:
+    seed, settings = args
+    return run_seed(seed, settings)
+
+
+def run_seeds(
+    seeds: Iterable[int], settings: SimSettings | None = None, jobs: int | None = None
+) -> Summary:
+    """Run ``seeds`` on ``jobs`` processes (default: the CPUs this process may use)."""
+    settings = settings or SimSettings()
+    todo: Sequence[int] = list(seeds)
+    jobs = jobs or len(os.sched_getaffinity(0))
+    summary = Summary()
+    start = time.perf_counter()
+    if jobs <= 1:
+        for seed in todo:
+            summary.add(run_seed(seed, settings))
+    else:
+        # fork: the children inherit the imported modules (no re-import per process).
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for result in pool.imap_unordered(
+                _one, ((s, settings) for s in todo), chunksize=max(1, len(todo) // (jobs * 8))
+            ):
+                summary.add(result)
+    summary.wall = time.perf_counter() - start
+    summary.failures.sort(key=lambda r: r.seed)
+    return summary

@@ -1,0 +1,545 @@
+"""One simulated run: servers and clients of the real business layer, faults, workload.
+
+Everything that can vary between two runs is drawn from one ``random.Random(seed)``: the
+topology, which message arrives next and when, which piece of background work runs next
+(a dispatcher's next message, a scheduler's next task, a due timer), the workload and the
+faults. Time is a :class:`~rda.testing.FakeClock` that moves only when nothing can run
+(to the next deadline, message arrival or planned event). See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rda.business.client.service import ClientService
+from rda.business.config import Config
+from rda.business.driver import driven_by
+from rda.business.server.builder import ServerBuilder
+from rda.business.server.runtime import Server
+from rda.serialization.data import Data
+from rda.serialization.errors import NoSuchDeviceError
+from rda.testing import FakeClock
+from rda.testing.simulation._devices import HandlerFaults, SimDevice
+from rda.testing.simulation._driver import Adopted, SimDriver
+from rda.testing.simulation._invariants import Checker, LogWatch, RequestWatch, SubWatch
+from rda.testing.simulation._model import InvariantBroken, SimSettings, Trace
+from rda.testing.simulation._network import Flight, SimNetwork
+
+__all__ = ["RunResult", "Simulation"]
+
+_START = 1000.0
+
+
+def _describe(pick: Adopted | Flight | None) -> str:
+    if pick is None:
+        return "planned event"
+    if isinstance(pick, Flight):
+        frames = pick.items[0][1]
+        kind = frames[0][0] if frames and frames[0] else -1
+        way = "->server" if pick.direction == 0 else "->client"
+        return f"deliver {way} {pick.link.endpoint} {pick.link.peer!r} kind=0x{kind:02x}"
+    return f"{pick.owner}: {pick.work.name}"
+
+
+class SimDirectory:
+    """Device -> endpoint, as the simulation moves servers (a ``Directory``)."""
+
+    def __init__(self) -> None:
+        self.where: dict[str, str] = {}
+
+    def resolve(self, device: str) -> str:
+        endpoint = self.where.get(device)
+        if endpoint is None:
+            raise NoSuchDeviceError(f"{device}: no such device in the simulation")
+        return endpoint
+
+    def devices(self) -> dict[str, str]:
+        return dict(self.where)
+
+
+@dataclass(slots=True, eq=False)
+class SimServer:
+    name: str
+    endpoint: str
+    devices: dict[str, SimDevice]
+    owner: str = ""
+    server: Server | None = None
+    transport: Any = None
+    lives: int = 0
+    down: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class SimClient:
+    name: str
+    service: ClientService
+    subs: list[SubWatch] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one seed did."""
+
+    seed: int
+    steps: int
+    simulated: float
+    failure: InvariantBroken | None
+    trace: list[str]
+    counts: dict[str, int]
+
+
+class Simulation:
+    """One seed's run; :meth:`run` returns its :class:`RunResult`."""
+
+    def __init__(self, seed: int, settings: SimSettings, verbose: bool = False) -> None:
+        self.seed = seed
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self.clock = FakeClock(_START)
+        self.driver = SimDriver()
+        self.trace = Trace(verbose=verbose)
+        self.checker = Checker(self.clock)
+        self.faults = settings.faults
+        rng = self.rng
+        if "delay" in self.faults:
+            low, high = 0.0, rng.choice((0.0005, 0.005, 0.05))
+        else:
+            low = high = 0.0001
+        self.network = SimNetwork(self.clock, lambda: rng.uniform(low, high))
+        self.directory = SimDirectory()
+        self._events: list[tuple[float, int, Callable[[], None], str]] = []
+        self._order = itertools.count()
+        self.counts: dict[str, int] = {}
+        self.servers: list[SimServer] = []
+        self.clients: list[SimClient] = []
+        self._values = itertools.count(1)
+        self.handler_faults = HandlerFaults(
+            rng,
+            0.03 if "handler-error" in self.faults else 0.0,
+            0.03 if "overrun" in self.faults else 0.0,
+            self.later,
+        )
+        hb_interval = rng.choice((0.25, 0.5, 1.0))
+        self.config = Config(
+            heartbeat_interval=hb_interval,
+            heartbeat_timeout=hb_interval * rng.choice((3, 4, 6)),
+            request_timeout=1.0,
+            workers=rng.choice((1, 2, 4)),
+            queue_limit=rng.choice((4, 100)),
+            reconnect_initial=0.02,
+            reconnect_max=rng.choice((0.5, 2.0)),
+        )
+
+    # --- planning ---
+
+    def later(self, delay: float, action: Callable[[], None], what: str) -> None:
+        heapq.heappush(self._events, (self.clock() + delay, next(self._order), action, what))
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    # --- building ---
+
+    def _start_server(self, s: SimServer) -> None:
+        s.lives += 1
+        s.owner = f"{s.name}#{s.lives}"
+        net = self.network
+
+        def factory(handler: Any, settings: Any, info: dict[str, Any]) -> Any:
+            s.transport = net.server(s.endpoint, handler, settings, info)
+            return s.transport
+
+        builder = (
+            ServerBuilder(s.name)
+            .config(self.config)
+            .transport(factory)
+            .clock(self.clock)
+            .immediate_updates(True)
+            .directory(None)
+        )
+        for name, device in s.devices.items():
+            builder.device(name, device)
+        with self.driver.owning(s.owner):
+            s.server = builder.build()
+            s.server.start()
+        s.down = False
+        for name in s.devices:
+            self.directory.where[name] = s.endpoint
+
+    def _build(self) -> None:
+        rng = self.rng
+        for i in range(rng.randint(1, self.settings.max_servers)):
+            devices = {
+                f"D{i}.{j}": SimDevice(self.handler_faults) for j in range(rng.randint(1, 2))
+            }
+            s = SimServer(f"S{i}", f"mem://S{i}", devices)
+            self.servers.append(s)
+            self._start_server(s)
+        net = self.network
+        for i in range(rng.randint(2, self.settings.max_clients)):
+            name = f"C{i}"
+
+            def factory(handler: Any, settings: Any, info: dict[str, Any]) -> Any:
+                return net.client(handler, settings, info)
+
+            with self.driver.owning(name):
+                service = ClientService(
+                    self.directory,
+                    self.config,
+                    transport_factory=factory,
+                    clock=self.clock,
+                    rng_seed=rng.randrange(2**32),
+                )
+            self.clients.append(SimClient(name, service))
+
+    # --- workload (user actions) ---
+
+    def _devices(self) -> list[tuple[SimServer, str, SimDevice]]:
+        return [(s, n, d) for s in self.servers for n, d in s.devices.items()]
+
+    def _act(self) -> None:
+        """One user action, then the next one planned."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.35:
+            self._publish()
+        else:
+            client = rng.choice(self.clients)
+            if client.name not in self.driver.paused:
+                with self.driver.owning(client.name):
+                    if roll < 0.5:
+                        if sum(not w.closed for w in client.subs) < 6:
+                            self._subscribe(client)
+                    elif roll < 0.58:
+                        self._unsubscribe(client)
+                    elif roll < 0.85:
+                        self._get(client)
+                    else:
+                        self._set(client)
+        if self.clock() < self._workload_end:
+            self.later(rng.expovariate(self._rate), self._act, "user action")
+
+    def _publish(self) -> None:
+        server, name, device = self.rng.choice(self._devices())
+        if server.down or server.owner in self.driver.paused:
+            return
+        device.k += 1
+        with self.driver.owning(server.owner):
+            device.publish("Acq", Data(k=device.k))
+        self.count("published")
+        self.trace.add(self.clock(), "publish", f"{name}/Acq k={device.k}")
+
+    def _subscribe(self, client: SimClient) -> None:
+        rng = self.rng
+        _, name, _ = rng.choice(self._devices())
+        selector = rng.choice(("", "", "sel.A"))
+        filters = rng.choice((None, None, {"f": 1}))
+        queue_size = rng.choice((1000, 1000, 3))
+        watch = SubWatch(
+            self.checker,
+            f"{client.name}:sub{len(client.subs)}:{name}/Acq",
+            client.name,
+            (name, "Acq"),
+        )
+        ap = client.service.access_point(name, "Acq")
+        watch.subscription = ap.subscribe(
+            selector or None, filters, listener=watch.listener, queue_size=queue_size
+        )
+        client.subs.append(watch)
+        self.checker.subs.append(watch)
+        self.count("subscribed")
+        self.trace.add(self.clock(), "subscribe", f"{watch.label} sel={selector!r} q={queue_size}")
+
+    def _unsubscribe(self, client: SimClient) -> None:
+        open_subs = [w for w in client.subs if not w.closed]
+        if not open_subs:
+            return
+        watch = self.rng.choice(open_subs)
+        watch.subscription.close()
+        watch.closed = True
+        self.count("unsubscribed")
+        self.trace.add(self.clock(), "unsub", watch.label)
+
+    def _get(self, client: SimClient) -> None:
+        rng = self.rng
+        _, name, _ = rng.choice(self._devices())
+        prop = rng.choice(("Acq", "Setting"))
+        timeout = rng.choice((0.2, 1.0, 3.0))
+        watch = RequestWatch(f"{client.name}:get {name}/{prop}", client.name, self.clock(), timeout)
+        if prop == "Setting":
+            watch.get_key = (name, prop)
+        future = client.service.access_point(name, prop).get_async(timeout=timeout)
+        self.checker.request(watch, future)
+        self.count("gets")
+        self.trace.add(self.clock(), "get", f"{watch.label} timeout={timeout}")
+
+    def _set(self, client: SimClient) -> None:
+        rng = self.rng
+        _, name, _ = rng.choice(self._devices())
+        timeout = rng.choice((0.2, 1.0, 3.0))
+        value = next(self._values)
+        watch = RequestWatch(
+            f"{client.name}:set {name}/Setting v={value}", client.name, self.clock(), timeout
+        )
+        watch.set_key, watch.set_value = (name, "Setting"), value
+        future = client.service.access_point(name, "Setting").set_async(
+            {"v": value}, timeout=timeout
+        )
+        self.checker.request(watch, future)
+        self.count("sets")
+        self.trace.add(self.clock(), "set", f"{watch.label} timeout={timeout}")
+
+    # --- faults ---
+
+    def _fault(self) -> None:
+        rng = self.rng
+        kinds = sorted(self.faults - {"delay", "handler-error", "overrun"})
+        if kinds and self.clock() < self._workload_end:
+            kind = rng.choice(kinds)
+            getattr(self, "_fault_" + kind.replace("-", "_"))()
+            self.later(rng.expovariate(self._fault_rate), self._fault, "fault")
+
+    def _fault_reset(self) -> None:
+        links = self.network.live_links()
+        if links:
+            link = self.rng.choice(links)
+            self.network.reset(link)
+            self.count("resets")
+            self.trace.add(self.clock(), "RESET", f"{link.endpoint} {link.peer!r}")
+
+    def _fault_partition(self) -> None:
+        s = self.rng.choice(self.servers)
+        if s.endpoint in self.network.sim_partitioned:
+            return
+        self.network.partition(s.endpoint)
+        span = self.rng.uniform(0.1, 3.0) * self.config.heartbeat_timeout
+        self.count("partitions")
+        self.trace.add(self.clock(), "PARTITION", f"{s.endpoint} for {span:.3f}")
+        self.later(span, lambda: self._heal(s), "heal")
+
+    def _heal(self, s: SimServer) -> None:
+        self.network.heal(s.endpoint)
+        self.trace.add(self.clock(), "HEAL", s.endpoint)
+
+    def _fault_stall(self) -> None:
+        links = [
+            link for link in self.network.live_links() if link.peer not in self.network.sim_stalled
+        ]
+        if not links:
+            return
+        link = self.rng.choice(links)
+        self.network.stall_client(link.peer)
+        span = self.rng.uniform(0.01, 2.0)
+        self.count("stalls")
+        self.trace.add(self.clock(), "STALL", f"{link.peer!r} for {span:.3f}")
+        self.later(span, lambda: self.network.unstall_client(link.peer), "unstall")
+
+    def _fault_pause(self) -> None:
+        owners = [c.name for c in self.clients] + [s.owner for s in self.servers if not s.down]
+        owner = self.rng.choice(owners)
+        if owner in self.driver.paused:
+            return
+        self.driver.paused.add(owner)
+        self.checker.pause_began(owner)
+        span = self.rng.uniform(0.05, 2.0) * self.config.heartbeat_timeout
+        self.count("pauses")
+        self.trace.add(self.clock(), "PAUSE", f"{owner} for {span:.3f}")
+        self.later(span, lambda: self._resume(owner), "resume")
+
+    def _resume(self, owner: str) -> None:
+        self.driver.paused.discard(owner)
+        self.trace.add(self.clock(), "RESUME", owner)
+
+    def _fault_crash(self) -> None:
+        up = [s for s in self.servers if not s.down]
+        if not up:
+            return
+        s = self.rng.choice(up)
+        self.driver.paused.discard(s.owner)
+        with self.driver.owning(s.owner):
+            s.transport.kill()
+        self.driver.crash(s.owner)
+        s.down = True
+        span = self.rng.uniform(0.01, 3.0)
+        self.count("crashes")
+        self.trace.add(self.clock(), "CRASH", f"{s.owner}, back in {span:.3f}")
+        self.later(span, lambda: self._restart(s), "restart")
+
+    def _restart(self, s: SimServer) -> None:
+        self._start_server(s)
+        self.trace.add(self.clock(), "RESTART", s.owner)
+
+    def _fault_slow_consumer(self) -> None:
+        client = self.rng.choice(self.clients)
+        parts = [
+            p for p in self.driver.parts if p.owner == client.name and "listener" in p.work.name
+        ]
+        if not parts:
+            return
+        key = f"{client.name}/listeners"
+        if key in self.driver.paused:
+            return
+        for part in parts:
+            part.owner = key
+        span = self.rng.uniform(0.05, 3.0)
+        self.driver.paused.add(key)
+        self.count("slow-consumers")
+        self.trace.add(self.clock(), "SLOW", f"{client.name} listeners for {span:.3f}")
+        self.later(span, lambda: self._fast_again(client.name, key), "consumer back")
+
+    def _fast_again(self, client: str, key: str) -> None:
+        self.driver.paused.discard(key)
+        for part in self.driver.parts:
+            if part.owner == key:
+                part.owner = client
+        self.trace.add(self.clock(), "FAST", client)
+
+    # --- the loop ---
+
+    def run(self) -> RunResult:
+        rda_log = logging.getLogger("rda")
+        watch = LogWatch(self.checker)
+        propagate = rda_log.propagate
+        rda_log.addHandler(watch)
+        rda_log.propagate = False
+        failure: InvariantBroken | None = None
+        steps = 0
+        try:
+            with driven_by(self.driver):
+                steps = self._run()
+        except InvariantBroken as exc:
+            failure = exc
+            steps = self._steps
+        finally:
+            try:
+                self._close()
+            finally:
+                rda_log.removeHandler(watch)
+                rda_log.propagate = propagate
+        return RunResult(
+            self.seed,
+            steps,
+            self.clock() - _START,
+            failure,
+            self.trace.lines(),
+            dict(self.counts),
+        )
+
+    def _run(self) -> int:
+        rng = self.rng
+        settings = self.settings
+        self._steps = 0
+        with self.driver.owning("sim"):
+            self._build()
+        start = self.clock()
+        self._workload_end = start + settings.duration
+        end = self._workload_end + settings.quiet
+        self._rate = rng.choice((10.0, 40.0, 150.0))
+        self._fault_rate = rng.choice((0.5, 2.0, 5.0))
+        self.later(0.0, self._act, "user action")
+        if self.faults - {"delay", "handler-error", "overrun"}:
+            self.later(rng.expovariate(self._fault_rate), self._fault, "fault")
+        self.later(settings.duration, self._calm, "faults end")
+        self.later(settings.duration + settings.quiet * 0.8, self._last_publish, "last publish")
+        driver, network, checker, clock = self.driver, self.network, self.checker, self.clock
+        events = self._events
+        verbose = self.trace.verbose
+        while True:
+            now = clock()
+            self._steps += 1
+            if self._steps > settings.max_steps:
+                checker.broken("progress", f"{settings.max_steps} steps without the run ending")
+                checker.check()
+            ready: list[Adopted | Flight | None] = list(driver.ready())
+            ready.extend(network.due(now))
+            if events and events[0][0] <= now:
+                ready.append(None)
+            if not ready:
+                candidates = [
+                    t for t in (driver.next_deadline(), network.next_deadline()) if t is not None
+                ]
+                if events:
+                    candidates.append(events[0][0])
+                nxt = min(candidates) if candidates else None
+                if nxt is None or nxt > end:
+                    break
+                clock.set(max(nxt, now))
+                continue
+            pick = ready[rng.randrange(len(ready))]
+            if verbose:
+                self.trace.add(now, "step", _describe(pick))
+            if pick is None:
+                _, _, action, _ = heapq.heappop(events)
+                action()
+            elif isinstance(pick, Flight):
+                network.deliver(pick)
+            else:
+                driver.step(pick)
+            checker.check()
+        self._finish()
+        return self._steps
+
+    def _calm(self) -> None:
+        """The faults stop: heal, unstall, resume; crashed servers come back."""
+        for endpoint in list(self.network.sim_partitioned):
+            self.network.heal(endpoint)
+        for peer in list(self.network.sim_stalled):
+            self.network.unstall_client(peer)
+        for owner in list(self.driver.paused):
+            if owner.endswith("/listeners"):
+                self._fast_again(owner.split("/")[0], owner)
+            else:
+                self._resume(owner)
+        self.trace.add(self.clock(), "CALM", "faults over")
+
+    def _last_publish(self) -> None:
+        for s in self.servers:
+            if s.down:
+                self._restart(s)
+        for _, name, device in self._devices():
+            device.k += 1
+            server = next(s for s in self.servers if name in s.devices)
+            with self.driver.owning(server.owner):
+                device.publish("Acq", Data(k=device.k))
+        self.trace.add(self.clock(), "LAST", "a last value on every device")
+
+    def _finish(self) -> None:
+        """Progress: every request ended; every open subscription has the last value."""
+        checker = self.checker
+        for watch in checker.unfinished():
+            checker.broken("exactly-once", f"{watch.label} never ended")
+        devices = {name: d for _, name, d in self._devices()}
+        for sub in checker.subs:
+            if sub.closed:
+                continue
+            if sub.subscription.closed:
+                # Ended by rda (refused, overloaded): only with an error its user saw.
+                if not sub.errors:
+                    checker.broken("progress", f"{sub.label} ended without an error")
+                continue
+            device = devices[sub.key[0]]
+            if sub.last_k != device.k:
+                checker.broken(
+                    "progress",
+                    f"{sub.label}: with the faults over, its last value is k={sub.last_k} "
+                    f"(epoch {'open' if sub.epoch else 'closed'}), the device published "
+                    f"k={device.k}",
+                )
+        checker.check()
+
+    def _close(self) -> None:
+        with driven_by(self.driver):
+            for client in self.clients:
+                with self.driver.owning(client.name):
+                    client.service.close()
+            for s in self.servers:
+                if s.server is not None and not s.down:
+                    with self.driver.owning(s.owner):
+                        s.server.stop()
+            self.network.close()
