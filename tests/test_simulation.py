@@ -74,4 +74,3 @@ def test_regression_seed(faults: str, seed: int) -> None:
     chosen = frozenset(faults.split(",")) & frozenset(ALL_FAULTS)
     result = run_seed(seed, SimSettings(faults=chosen))
     assert result.failure is None, f"seed {seed} ({faults}): {result.failure}"
-
