@@ -102,3 +102,31 @@ def test_stop_is_idempotent_and_ends_every_thread(server: Server, no_thread_leak
     gateway.stop()
     ctx.close()
     client.close()
+
+
+def test_the_demo_devices(no_thread_leak: None) -> None:
+    from rda.admin import install
+    from rda.demo import demo_builder
+
+    builder = demo_builder(directory=None)
+    install(builder)  # the admin commands, as `rda serve demo` has them
+    demo = builder.build().start()
+    gateway, client, ctx = _serve(demo)
+    try:
+        setting = ctx.get("PS1/Setting.current", timeout=20)
+        assert setting.getID() == "epics:nt/NTScalar:1.0"
+        assert setting["display.units"] == "A" and setting["display.precision"] == 3
+        assert (setting["control.limitLow"], setting["control.limitHigh"]) == (-100.0, 100.0)
+        lhc = ctx.get("PS1/Acquisition@CPS.USER.LHC1", timeout=20)
+        assert lhc["selector"] == "CPS.USER.LHC1" and lhc["value.unit"] == "A"
+        orbit = ctx.get("BPM1/Orbit.orbit", timeout=20)
+        assert orbit.getID() == "epics:nt/NTNDArray:1.0"
+        assert [d.size for d in orbit.dimension] == [64, 2]
+        assert list(ctx.get("BPM1/Orbit.planes", timeout=20)["value"]) == ["H", "V"]
+        status = ctx.get("FAULTY/Status", timeout=20)
+        assert status["alarm.severity"] == 3 and "interlock" in status["alarm.message"]
+    finally:
+        ctx.close()
+        gateway.stop()
+        client.close()
+        demo.stop()

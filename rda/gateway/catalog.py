@@ -40,7 +40,6 @@ class Catalog:
         # device -> its property names (None: any, the server lists none)
         self._devices: dict[str, frozenset[str] | None] = {}
         self._stop = threading.Event()
-        self._learnt = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
 
@@ -81,7 +80,6 @@ class Catalog:
             devices.update(_listed(reply, self.pattern))
         self._devices = devices
         self.rounds += 1
-        self._learnt.set()
 
     def knows(self, device: str, prop: str) -> bool:
         """True when ``device/prop`` is served (from the last refresh)."""
