@@ -212,3 +212,25 @@ def test_reader_chunk_is_an_arrow_table(served: tuple[Recorder, ClientService]) 
     assert isinstance(chunk.table, pa.Table) and len(chunk) == 20 and chunk.more
     assert chunk.table.column_names[-1] == "data"
     assert chunk.table.column("recorder_id").to_pylist() == ["col"] * 20
+
+
+def test_from_recorder_gives_the_table_local_get_gives(
+    served: tuple[Recorder, ClientService],
+) -> None:
+    """``rda history get --from-recorder`` (``remote_get``, on ``history_table``) and the store
+    read with pyarrow (``local_get``) answer the same rows, columns and Arrow types."""
+    from rda.pipeline.history.local import local_get
+    from rda.pipeline.history.remote import remote_get
+
+    recorder, client = served
+    _offer(recorder, 0, 300)
+    recorder.convert_now()
+    window = (T0, T0 + 300 * 1000)
+    remote = remote_get("DEV/Prop", *window, client=client)
+    local = local_get(recorder.store, "DEV/Prop", *window)
+    assert remote.num_rows == local.num_rows == 300
+    for name in ("acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector", "i", "x", "wave"):
+        assert remote.schema.field(name).type == local.schema.field(name).type, name
+        assert remote.column(name).to_pylist() == local.column(name).to_pylist(), name
+    fields = remote_get("DEV/Prop#image", *window, client=client)
+    assert fields.column_names[-1] == "image" and fields.num_rows == 300

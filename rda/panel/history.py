@@ -5,7 +5,7 @@ Two sources, one shape (``{"t": [...], "v": [...]}``):
 - :class:`HistoryReader` (``rda panel --history STORE``): reads a recorder's Parquet store with
   ``rda.pipeline.history.local.local_get`` (pyarrow only, no JVM: docs/history.md);
 - :class:`ServiceHistory` (without ``--history``): asks the recorder that serves the signal's
-  history over rda (``client.history``, found through the directory's ``history:<DEVICE>``
+  history over rda (``client.history_table``: Arrow chunks, no object per row; found through the directory's ``history:<DEVICE>``
   entries: docs/client.md). No recorder there: ``HistoryUnavailableError``, and the chart
   starts empty and fills from the live stream.
 """
@@ -17,6 +17,7 @@ import math
 import time
 from typing import Any, Protocol
 
+from rda.business.client.history import field_column
 from rda.business.client.service import ClientService
 
 __all__ = [
@@ -117,22 +118,24 @@ class ServiceHistory:
     ) -> dict[str, Any]:
         """As :meth:`HistoryReader.series`; raises ``HistoryUnavailableError`` when no
         recorder serves ``device/prop``'s history."""
-        t: list[float] = []
-        v: list[float] = []
-        for n in self._client.history_iter(
+        table = self._client.history_table(
             device,
             prop,
             -datetime.timedelta(minutes=minutes),
             selector=selector or None,
             limit=MAX_SERVICE_ROWS,
             timeout=self._timeout,
-        ):
-            if n.error is not None:
-                continue
-            value = n.data.get(field)
+        )
+        column = field_column(field)
+        if column not in table.schema.names or table.num_rows == 0:
+            return {"t": [], "v": []}
+        t: list[float] = []
+        v: list[float] = []
+        stamps = table.column("acq_stamp").to_pylist()
+        for stamp, value in zip(stamps, table.column(column).to_pylist(), strict=True):
             if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
+                continue  # an error row (null), or not a number
             if math.isfinite(value):
-                t.append(n.context.acq_stamp / 1e9)
+                t.append(stamp / 1e9)
                 v.append(float(value))
         return _thin(t, v)

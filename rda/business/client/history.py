@@ -19,6 +19,7 @@ cause chained); a policy refusal stays ``NotAuthorizedError``.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import threading
 import time
@@ -47,12 +48,14 @@ __all__ = [
     "HISTORY_PREFIX",
     "Backfill",
     "backfill_rows",
+    "field_column",
     "history_batches",
     "history_chunks",
     "history_iter",
     "history_table",
     "shape_table",
     "to_ns",
+    "value_columns",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +122,18 @@ def chunk_notifications(chunk: pa.Table) -> list[Notification]:
 META_COLUMNS = ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "recorder_id", "seq", "error")
 
 
+def field_column(field: str) -> str:
+    """The column of value field ``field`` in a ``history_table``: its name, or
+    ``data.<name>`` for a field named like a meta column."""
+    return f"data.{field}" if field in META_COLUMNS or field == "time" else field
+
+
+def value_columns(table: pa.Table) -> list[str]:
+    """The columns of a ``history_table`` that hold the value's fields (in the value's order)."""
+    meta = table.schema.metadata or {}
+    return list(json.loads(meta.get(b"rda.fields", b"[]")))
+
+
 def shape_table(chunk: pa.Table) -> pa.Table:
     """A chunk as ``history_table`` returns it: ``time`` (``timestamp[ns, UTC]``, the
     acquisition stamp) first, the chunk's meta columns, then one column per top-level field
@@ -132,14 +147,17 @@ def shape_table(chunk: pa.Table) -> pa.Table:
         if field.name != "data":
             arrays.append(chunk.column(field.name))
             fields.append(field)
+    values: list[str] = []
     if "data" in chunk.schema.names and pa.types.is_struct(chunk.schema.field("data").type):
         data = chunk.column("data")
         for child, field in zip(data.flatten(), data.type, strict=True):
-            if field.name in META_COLUMNS or field.name == "time":
-                field = field.with_name(f"data.{field.name}")
+            field = field.with_name(field_column(field.name))
             arrays.append(child)
             fields.append(field)
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, chunk.schema.metadata))
+            values.append(field.name)
+    metadata = dict(chunk.schema.metadata or {})
+    metadata[b"rda.fields"] = json.dumps(values).encode()
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata))
 
 
 # What the functions below make their gets with: ``ClientService.access_point``.
