@@ -30,18 +30,19 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def counts(pid: int) -> tuple[int, int, int]:
-    """(CPU clock ticks, voluntary, involuntary context switches) of every thread of pid."""
-    cpu = vcs = ics = 0
+    """(CPU clock ticks of the process, including threads that ended; voluntary and
+    involuntary context switches of its live threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    cpu = int(fields[11]) + int(fields[12])
+    vcs = ics = 0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                stat = f.read()
             with open(f"/proc/{pid}/task/{task}/status") as f:
                 status = f.read()
         except OSError:
             continue  # a thread that ended meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu += int(fields[11]) + int(fields[12])
         for line in status.splitlines():
             if line.startswith("voluntary_ctxt"):
                 vcs += int(line.split()[1])
