@@ -1,5 +1,6 @@
 """``rda directory list``: where devices are, from every directory the configuration names
-(the static mapping, etcd when ``RDA_DIRECTORY_URL`` is set, this machine's file), and with
+(the static mapping, then etcd when ``RDA_DIRECTORY_URL`` is set, else this machine's file; a
+configured fallback too), and with
 ``--check`` whether each registered server answers now (an entry outlives a killed server until
 its lease's ttl runs out).
 """
@@ -37,7 +38,8 @@ _NO_REPLY = (TimeoutError, DisconnectedError, TransportError, DirectoryUnavailab
 
 @click.group()
 def directory() -> None:
-    """Where devices are: the static mapping, etcd (RDA_DIRECTORY_URL) and this machine's file."""
+    """Where devices are: the static mapping, then etcd (RDA_DIRECTORY_URL) or this machine's
+    file."""
 
 
 @directory.command("list")
@@ -50,7 +52,7 @@ def directory() -> None:
 )
 @click.pass_obj
 def directory_list(options: Options, as_json: bool, check: bool) -> None:
-    """List registered servers (with their devices: etcd and this machine's file) and static
+    """List registered servers (with their devices: etcd, or this machine's file) and static
     mappings."""
     config = options.config()
     servers: list[dict[str, Any]] = []

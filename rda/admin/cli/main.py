@@ -239,7 +239,7 @@ cli.add_lazy_command(
 cli.add_lazy_command(
     "directory",
     _directory,
-    "Where devices are: the static mapping, etcd (RDA_DIRECTORY_URL) and this machine's file.",
+    "Where devices are: the static mapping, then etcd (RDA_DIRECTORY_URL) or this machine's file.",
 )
 cli.add_lazy_command(
     "serve", _serve, "Run a server until Ctrl-C or SIGTERM, printing where it listens."
