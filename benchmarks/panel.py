@@ -18,7 +18,23 @@ subscriber in its own process): its CPU per second to receive everything, and it
 publish-to-receive latency. The ratios say what the panel costs beside the bare transport;
 they are not like for like (the panel decodes, folds, renders JSON and sends to browsers).
 
+Issue 33's parts (``--part``; ``all`` runs every one):
+
+- ``notify``: the server's cost per notification (process CPU per published value, and the
+  time inside ``publish``) with the property's metadata and alarm computation on (fields
+  with units, precision, warning and alarm limits) and off, in alternating turns, one rda
+  subscriber in its own process; baseline: a raw pyzmq PUB sending the same rate.
+  Target: on within 10 % of off.
+- ``update``: the panel process's CPU per update (one view, ``--rate`` 1 kHz), metadata on
+  and off in alternating turns. Target: on within 10 % of off.
+- ``views``: 200 views (200 properties at 10 Hz each, opened from a layout link) on one
+  Chromium page: frame times from ``requestAnimationFrame`` and ``performance.now()``,
+  p50/p99/max, and long tasks (a ``PerformanceObserver``); baseline: the same page with no
+  view open. Target: p99 under 50 ms.
+- ``latency``: the 1 kHz / 10 kHz fire test above (20 WebSocket views, browser latency).
+
     .venv/bin/python benchmarks/panel.py --seconds 5
+    .venv/bin/python benchmarks/panel.py --part notify,update,views --seconds 5
 """
 
 from __future__ import annotations
@@ -71,19 +87,36 @@ def _paced(rate: float, seconds: float | None, stop: threading.Event, send: Any)
 # -- the processes this benchmark starts -----------------------------------------------------
 
 
-def serve(port: int, rate: float) -> None:
+def _device_class(meta: bool) -> Any:
+    """A device with one property, ``Value``: with its fields' metadata and alarm limits
+    declared (``meta``: the server computes an alarm per notification) or without."""
+    import rda
+    from rda.business.server.requests import GetRequest
+
+    fields = (
+        {
+            "value": rda.Field(units="A", precision=3, warning=(-0.9, 0.9), alarm=(-0.99, 0.99)),
+            "count": rda.Field(description="publication number"),
+        }
+        if meta
+        else None
+    )
+
+    class Fast(rda.Device):
+        @rda.prop("Value", blocking=False, fields=fields)
+        def value(self, request: GetRequest) -> rda.Data:
+            return rda.Data(value=0.0, count=0)
+
+    return Fast
+
+
+def serve(port: int, rate: float, meta: bool = False) -> None:
     """``--serve``: a server whose FAST/Value is published at ``rate`` until SIGTERM."""
     import signal
 
     import rda
-    from rda.business.server.requests import GetRequest
 
-    class Fast(rda.Device):
-        @rda.prop("Value", blocking=False)
-        def value(self, request: GetRequest) -> rda.Data:
-            return rda.Data(value=0.0, count=0)
-
-    device = Fast()
+    device = _device_class(meta)()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -223,11 +256,20 @@ def _browser_latency(url: str, seconds: float) -> list[float]:
     return samples
 
 
-def measure(rate: float, views: int, seconds: float, folder: Path) -> dict[str, Any]:
+def measure(
+    rate: float,
+    views: int,
+    seconds: float,
+    folder: Path,
+    *,
+    meta: bool = False,
+    browser: bool = True,
+) -> dict[str, Any]:
     port = _free_port()
     env = {**os.environ, "RDA_DIRECTORY_FILE": str(folder / "directory.json")}
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--rate", str(rate)],
+        [sys.executable, __file__, "--serve", str(port), "--rate", str(rate)]
+        + (["--meta"] if meta else []),
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -252,7 +294,7 @@ def measure(rate: float, views: int, seconds: float, folder: Path) -> dict[str, 
             t.join(10)
         elapsed = t1 - t0
         counts = np.array(run["counts"], dtype=np.float64)
-        latency = np.array(_browser_latency(url, seconds))
+        latency = np.array(_browser_latency(url, seconds) if browser else [np.nan])
         frames = counts[:, 1].sum()
         return {
             "rate_hz": rate,
@@ -275,42 +317,344 @@ def measure(rate: float, views: int, seconds: float, folder: Path) -> dict[str, 
                     proc.stdout.close()
 
 
+# -- issue 33: metadata and alarms on vs off, and 200 views on one page -----------------------
+
+
+def subscriber(endpoint: str, seconds: float) -> None:
+    """``--sub``: one rda subscriber of FAST/Value (the notify part's peer); prints its count."""
+    import rda
+
+    count = [0]
+
+    def listener(n: Any) -> None:
+        count[0] += 1
+
+    with rda.ClientService(directory=rda.StaticDirectory({"*": endpoint})) as client:
+        sub = client.access_point("FAST", "Value").subscribe(listener=listener)
+        print("ready", flush=True)
+        time.sleep(seconds)
+        sub.close()
+    print(json.dumps({"received": count[0]}), flush=True)
+
+
+def _notify_turn(meta: bool, rate: float, seconds: float) -> dict[str, Any]:
+    """One turn: an in-process server publishing FAST/Value at ``rate`` to one subscriber."""
+    import rda
+
+    device = _device_class(meta)()
+    builder = rda.ServerBuilder("NotifyBench").endpoint("tcp://127.0.0.1:0").directory(None)
+    with builder.device("FAST", device).build() as server:
+        sub = subprocess.Popen(
+            [sys.executable, __file__, "--sub", server.endpoint, "--seconds", str(seconds + 4)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert sub.stdout is not None
+        sub.stdout.readline()
+        inside = [0.0]
+
+        def publish(i: int) -> None:
+            now = time.time_ns()
+            value = float(np.sin(i / 100))
+            data = rda.AcquiredData(
+                rda.Data(value=value, count=i), rda.DataContext("B", now, now, "")
+            )
+            t0 = time.perf_counter()
+            device.publish("Value", data)
+            inside[0] += time.perf_counter() - t0
+
+        stop = threading.Event()
+        _paced(rate, 1.0, stop, publish)  # warm-up: the subscription is live
+        inside[0] = 0.0
+        cpu0 = time.process_time()
+        sent = _paced(rate, seconds, stop, publish)
+        cpu = time.process_time() - cpu0
+        received = json.loads(sub.stdout.readlines()[-1])["received"]
+        sub.wait(10)
+    return {
+        "meta": meta,
+        "published": sent,
+        "received_by_subscriber": received,
+        "server_cpu_us_per_notify": cpu / sent * 1e6,
+        "publish_call_us": inside[0] / sent * 1e6,
+    }
+
+
+def _raw_pub_turn(rate: float, seconds: float) -> dict[str, Any]:
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    payload = b"\0" * 24
+    stop = threading.Event()
+    cpu0 = time.process_time()
+    sent = _paced(
+        rate, seconds, stop, lambda i: pub.send(time.time_ns().to_bytes(8, "little") + payload)
+    )
+    cpu = time.process_time() - cpu0
+    sub.close()
+    pub.close()
+    ctx.term()
+    return {"published": sent, "cpu_us_per_send": cpu / sent * 1e6}
+
+
+def notify_part(rate: float, seconds: float, turns: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for _ in range(turns):  # alternating turns: the machine's load drifts between them
+        for meta in (False, True):
+            runs["on" if meta else "off"].append(_notify_turn(meta, rate, seconds))
+    raw = _raw_pub_turn(rate, seconds)
+
+    def median(key: str, which: str) -> float:
+        return float(np.median([r[key] for r in runs[which]]))
+
+    off, on = median("server_cpu_us_per_notify", "off"), median("server_cpu_us_per_notify", "on")
+    call_off, call_on = median("publish_call_us", "off"), median("publish_call_us", "on")
+    return {
+        "rate_hz": rate,
+        "turns": runs,
+        "server_cpu_us_per_notify_off": off,
+        "server_cpu_us_per_notify_on": on,
+        "publish_call_us_off": call_off,
+        "publish_call_us_on": call_on,
+        "ratio_cpu_on_vs_off": on / off,
+        "ratio_publish_call_on_vs_off": call_on / call_off,
+        "raw_pyzmq": raw,
+        "ratio_cpu_off_vs_raw": off / raw["cpu_us_per_send"],
+        "targets_met": {"notify_cpu_on_le_1.10x_off": on / off <= 1.10},
+    }
+
+
+def update_part(rate: float, seconds: float, turns: int, folder: Path) -> dict[str, Any]:
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    detail = []
+    for _ in range(turns):
+        for meta in (False, True):
+            out = measure(rate, 1, seconds, folder, meta=meta, browser=False)
+            per_update = out["panel_cpu_per_s"] / rate * 1e6
+            runs["on" if meta else "off"].append(per_update)
+            detail.append({"meta": meta, **out, "panel_cpu_us_per_update": per_update})
+    raw = _raw_baseline(rate, seconds)
+    off, on = float(np.median(runs["off"])), float(np.median(runs["on"]))
+    raw_per = raw["subscriber_cpu_per_s"] / rate * 1e6
+    return {
+        "rate_hz": rate,
+        "turns": detail,
+        "panel_cpu_us_per_update_off": off,
+        "panel_cpu_us_per_update_on": on,
+        "ratio_on_vs_off": on / off,
+        "raw_pyzmq_subscriber_cpu_us_per_update": raw_per,
+        "ratio_off_vs_raw": off / raw_per if raw_per else None,
+        "targets_met": {"panel_cpu_on_le_1.10x_off": on / off <= 1.10},
+    }
+
+
+def serve_many(port: int, count: int, rate: float) -> None:
+    """``--serve-many``: ``count`` devices D000.. with a described Value, each at ``rate``."""
+    import signal
+
+    import rda
+
+    cls = _device_class(True)
+    devices = [cls() for _ in range(count)]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    builder = rda.ServerBuilder("ManyViews").endpoint(f"tcp://127.0.0.1:{port}")
+    for i, device in enumerate(devices):
+        builder.device(f"D{i:03d}", device)
+    with builder.build():
+        print("serving", flush=True)
+        i = 0
+        next_at = time.monotonic()
+        while not stop.is_set():
+            now = time.time_ns()
+            for device in devices:
+                data = rda.Data(value=float(np.sin(i / 10)), count=i)
+                device.publish("Value", rda.AcquiredData(data, rda.DataContext("B", now, now, "")))
+            i += 1
+            next_at += 1.0 / rate
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+_FRAME_TIMES = """async (seconds) => {
+    const longTasks = [];
+    let observer = null;
+    try {
+        observer = new PerformanceObserver((list) => {
+            for (const e of list.getEntries()) longTasks.push(e.duration);
+        });
+        observer.observe({ type: "longtask", buffered: false });
+    } catch (err) { /* not supported: reported as null */ }
+    const frames0 = window.rdaFrames;
+    const deltas = [];
+    const end = performance.now() + seconds * 1000;
+    await new Promise((done) => {
+        let last = performance.now();
+        const step = (t) => {
+            deltas.push(t - last);
+            last = t;
+            if (t < end) requestAnimationFrame(step); else done();
+        };
+        requestAnimationFrame(step);
+    });
+    if (observer) observer.disconnect();
+    return { deltas, longTasks: observer ? longTasks : null, frames: window.rdaFrames - frames0 };
+}"""
+
+
+def _frame_stats(sample: dict[str, Any], seconds: float) -> dict[str, Any]:
+    d = np.array(sample["deltas"][1:])
+    return {
+        "animation_frames": len(d),
+        "frame_ms_p50": float(np.percentile(d, 50)),
+        "frame_ms_p99": float(np.percentile(d, 99)),
+        "frame_ms_max": float(d.max()),
+        "long_tasks": None if sample["longTasks"] is None else len(sample["longTasks"]),
+        "view_frames_per_s": sample["frames"] / seconds,
+    }
+
+
+def _layout_link(url: str, count: int) -> str:
+    """The panel's shared-link form of a layout with ``count`` views (docs/panel.md)."""
+    import base64
+
+    layout = {"views": [{"device": f"D{i:03d}", "property": "Value"} for i in range(count)]}
+    encoded = base64.urlsafe_b64encode(json.dumps(layout).encode()).rstrip(b"=").decode()
+    return f"{url}?bench#layout={encoded}"
+
+
+def views_part(count: int, rate: float, seconds: float, folder: Path, turns: int) -> dict[str, Any]:
+    from playwright.sync_api import sync_playwright
+
+    port = _free_port()
+    env = {**os.environ, "RDA_DIRECTORY_FILE": str(folder / "directory.json")}
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve-many", str(port), "--count", str(count),
+         "--rate", str(rate)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    panel = None
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()
+        panel = subprocess.Popen(
+            [sys.executable, "-m", "rda._cli", "--endpoint", f"tcp://127.0.0.1:{port}",
+             "panel", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )  # fmt: skip
+        assert panel.stdout is not None
+        url = panel.stdout.readline().split()[2]
+        idle_turns, loaded_turns, cpu_turns = [], [], []
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"]
+            )
+            for _ in range(turns):  # alternating: the shared machine's load drifts
+                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page.goto(url + "?bench")  # baseline: the page with no view open
+                page.wait_for_selector('[data-prop="D000/Value"]', timeout=60_000)
+                idle_turns.append(_frame_stats(page.evaluate(_FRAME_TIMES, seconds), seconds))
+                page.close()
+                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page.goto(_layout_link(url, count))
+                page.wait_for_function(
+                    """(n) => window.rdaViewsFed.size >= n""", arg=count, timeout=120_000
+                )
+                cpu0, t0 = _cpu_seconds(panel.pid), time.monotonic()
+                loaded_turns.append(_frame_stats(page.evaluate(_FRAME_TIMES, seconds), seconds))
+                cpu_turns.append((_cpu_seconds(panel.pid) - cpu0) / (time.monotonic() - t0))
+                page.close()
+            browser.close()
+    finally:
+        for proc in (panel, server):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+    idle_p99 = float(np.median([t["frame_ms_p99"] for t in idle_turns]))
+    loaded_p99 = float(np.median([t["frame_ms_p99"] for t in loaded_turns]))
+    return {
+        "views": count,
+        "rate_hz_per_view": rate,
+        "baseline_no_views": idle_turns,
+        "views_open": loaded_turns,
+        "frame_ms_p99_median_baseline": idle_p99,
+        "frame_ms_p99_median_views": loaded_p99,
+        "frame_ms_p50_median_views": float(np.median([t["frame_ms_p50"] for t in loaded_turns])),
+        "panel_cpu_per_s": float(np.median(cpu_turns)),
+        "ratio_p99_vs_baseline": loaded_p99 / idle_p99,
+        "targets_met": {"frame_p99_lt_50ms": loaded_p99 < 50.0},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="1000,10000", help="comma-separated, Hz")
+    parser.add_argument("--part", default="all", help="notify,update,views,latency or all")
+    parser.add_argument("--rates", default="1000,10000", help="latency part: Hz, comma-separated")
     parser.add_argument("--views", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--turns", type=int, default=2, help="on/off turns (notify, update)")
+    parser.add_argument("--many", type=int, default=200, help="views part: views on the page")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-many", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, default=200, help=argparse.SUPPRESS)
+    parser.add_argument("--meta", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sub", help=argparse.SUPPRESS)
     parser.add_argument("--raw-sub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=1000.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.rate)
+        serve(args.serve, args.rate, args.meta)
+        return
+    if args.serve_many is not None:
+        serve_many(args.serve_many, args.count, args.rate)
+        return
+    if args.sub is not None:
+        subscriber(args.sub, args.seconds)
         return
     if args.raw_sub is not None:
         raw_sub(args.raw_sub, args.seconds)
         return
-    results = []
-    with tempfile.TemporaryDirectory(prefix="rda-bench-panel-") as folder:
-        for rate in (float(r) for r in args.rates.split(",")):
-            panel = measure(rate, args.views, args.seconds, Path(folder))
-            raw = _raw_baseline(rate, args.seconds)
-            panel["raw_pyzmq"] = raw
-            panel["ratio_cpu_panel_vs_raw_subscriber"] = (
-                panel["panel_cpu_per_s"] / raw["subscriber_cpu_per_s"]
-                if raw["subscriber_cpu_per_s"]
-                else None
-            )
-            panel["ratio_latency_p50_panel_vs_raw"] = (
-                panel["browser_latency_ms_p50"] / raw["latency_ms_p50"]
-            )
-            results.append(panel)
-    summary = {
+    parts = (
+        {"notify", "update", "views", "latency"}
+        if args.part == "all"
+        else set(args.part.split(","))
+    )
+    summary: dict[str, Any] = {
         "benchmark": "panel",
         "seconds": args.seconds,
-        "load_average": os.getloadavg(),
-        "results": results,
+        "load_average_before": os.getloadavg(),
     }
+    with tempfile.TemporaryDirectory(prefix="rda-bench-panel-") as folder:
+        if "notify" in parts:
+            summary["notify"] = notify_part(1000.0, args.seconds, args.turns)
+        if "update" in parts:
+            summary["update"] = update_part(1000.0, args.seconds, args.turns, Path(folder))
+        if "views" in parts:
+            summary["views"] = views_part(args.many, 10.0, args.seconds, Path(folder), args.turns)
+        if "latency" in parts:
+            results = []
+            for rate in (float(r) for r in args.rates.split(",")):
+                panel = measure(rate, args.views, args.seconds, Path(folder))
+                raw = _raw_baseline(rate, args.seconds)
+                panel["raw_pyzmq"] = raw
+                panel["ratio_cpu_panel_vs_raw_subscriber"] = (
+                    panel["panel_cpu_per_s"] / raw["subscriber_cpu_per_s"]
+                    if raw["subscriber_cpu_per_s"]
+                    else None
+                )
+                panel["ratio_latency_p50_panel_vs_raw"] = (
+                    panel["browser_latency_ms_p50"] / raw["latency_ms_p50"]
+                )
+                results.append(panel)
+            summary["results"] = results
+    summary["load_average_after"] = os.getloadavg()
     print(json.dumps(summary, indent=1))
 
 

@@ -264,6 +264,31 @@ def test_a_tab_gets_frames_that_account_for_every_update_and_a_bounded_view_coun
         assert f"at most {MAX_VIEWS} views" in _next(ws, "error")["error"]
 
 
+def test_a_view_off_the_tabs_screen_gets_no_frames_until_it_shows(panel_url: str) -> None:
+    with connect(panel_url) as ws:
+        for view in ("shown", "hidden"):
+            ws.send(json.dumps({"op": "open", "view": view, "device": "PS1",
+                                "property": "Acquisition"}))  # fmt: skip
+        ws.send(json.dumps({"op": "show", "view": "hidden", "visible": False}))
+        # Frames of the shown view keep coming: after its 20th frame, none came for the other
+        # since the first two rounds (the "show" crossed at most one frame in flight).
+        seen: dict[str, int] = {"shown": 0, "hidden": 0}
+        while seen["shown"] < 20:
+            for frame in _next(ws, "frames")["frames"]:
+                seen[frame["view"]] += 1
+        hidden_before = seen["hidden"]
+        while seen["shown"] < 40:
+            for frame in _next(ws, "frames")["frames"]:
+                seen[frame["view"]] += 1
+        assert seen["hidden"] == hidden_before
+        ws.send(json.dumps({"op": "show", "view": "hidden", "visible": True}))
+        while True:  # shown again: one frame folding every update it missed
+            frames = {f["view"]: f for f in _next(ws, "frames")["frames"]}
+            if "hidden" in frames:
+                assert frames["hidden"]["folded"] > 1
+                break
+
+
 def test_a_cross_origin_page_cannot_open_the_socket(panel_url: str) -> None:
     with (
         pytest.raises(Exception, match=r"1008|403|rejected"),

@@ -32,7 +32,7 @@ __all__ = ["MAX_VIEWS", "PanelState", "RenderCache", "Session"]
 
 log = logging.getLogger("rda.panel")
 
-MAX_VIEWS = 64
+MAX_VIEWS = 256
 _COLUMNS = (16, 4000)
 
 
@@ -85,6 +85,8 @@ class _View:
     selector: str
     columns: int
     slot: ViewSlot
+    # Off the tab's screen: its slot keeps folding updates, nothing is sent until it shows.
+    hidden: bool = False
 
 
 class Session:
@@ -159,6 +161,11 @@ class Session:
                 view = self.views.pop(str(request["view"]), None)
                 if view is not None:
                     await asyncio.to_thread(self._detach, view)
+            elif op == "show":  # the browser scrolled a view off or onto its screen
+                view = self.views.get(str(request["view"]))
+                if view is not None:
+                    view.hidden = not bool(request["visible"])
+                    self._wake.set()
             elif op == "set":
                 self._beside(self._set(request))
             else:
@@ -255,6 +262,8 @@ class Session:
                     await self.ws.send_json({"type": "alarms", **self.state.alarms})
                 frames = []
                 for view in list(self.views.values()):
+                    if view.hidden:
+                        continue
                     frame = view.slot.take()
                     if frame is not None:
                         frames.append(self._frame_json(frame))

@@ -28,11 +28,13 @@ from rda.panel.views import Viewer, describe_error
 from rda.serialization.data import Data, DataType
 from rda.serialization.errors import RdaError, RemoteError
 
-__all__ = ["ADMIN_TIMEOUT", "Feed", "PanelSource", "SetRefused", "live_state"]
+__all__ = ["ADMIN_TIMEOUT", "DESCRIBE_TTL", "Feed", "PanelSource", "SetRefused", "live_state"]
 
 log = logging.getLogger("rda.panel")
 
 ADMIN_TIMEOUT = 1.5
+DESCRIBE_TTL = 10.0
+_DESCRIBED_MAX = 4096
 _FACTS = ("info", "devices", "clients", "subscriptions", "stats")
 
 
@@ -118,6 +120,7 @@ class PanelSource:
         self._known: dict[str, dict[str, Any]] = {}
         self._requests: dict[str, tuple[float, int]] = {}
         self._listed: set[str] = set()
+        self._described: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -265,12 +268,25 @@ class PanelSource:
     def describe(self, device: str, prop: str) -> dict[str, Any] | None:
         """``device/prop``'s declared metadata (units, precision, limits, alarm limits) as
         JSON, None when the server declares none or cannot say (an older server, an error):
-        the view then shows plain values."""
+        the view then shows plain values. Answers are kept ``DESCRIBE_TTL`` seconds: the views
+        of one property in many tabs ask once."""
+        key = (device, prop)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._described.get(key)
+        if cached is not None and now - cached[0] < DESCRIBE_TTL:
+            return cached[1]
         try:
-            return self.client.access_point(device, prop).describe(timeout=ADMIN_TIMEOUT).to_dict()
+            ap = self.client.access_point(device, prop)
+            answer: dict[str, Any] | None = ap.describe(timeout=ADMIN_TIMEOUT).to_dict()
         except RdaError as exc:
             log.debug("panel: no description of %s/%s: %s", device, prop, exc)
-            return None
+            answer = None
+        with self._lock:
+            if len(self._described) >= _DESCRIBED_MAX:
+                self._described.clear()  # bounded: names come from browsers
+            self._described[key] = (now, answer)
+        return answer
 
     # -- sets --------------------------------------------------------------------------------
 
