@@ -118,6 +118,7 @@ def test_limit_problems_name_field_value_and_limit() -> None:
         {"precision": -1},
         {"precision": True},
         {"units": 3},
+        {"units": "A\x00"},
     ],
 )
 def test_field_refuses_bad_declarations(kwargs: dict[str, Any]) -> None:

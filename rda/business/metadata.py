@@ -130,6 +130,8 @@ class Field:
     def __post_init__(self) -> None:
         if not isinstance(self.units, str) or not isinstance(self.description, str):
             raise ValueError("Field units and description must be strings")
+        if "\0" in self.units or "\0" in self.description:
+            raise ValueError("Field units and description may not contain NUL")
         if self.precision is not None and (
             isinstance(self.precision, bool)
             or not isinstance(self.precision, int)
