@@ -1,8 +1,9 @@
-"""The gateway's names and types without a network (docs/gateway.md, "Naming", "Types")."""
+"""The gateway's names, types, metadata and shared feeds without a network (docs/gateway.md)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -11,8 +12,11 @@ from hypothesis import strategies as st
 from p4p import Value
 
 import rda
+from rda.business.client.subscriptions import Notification
 from rda.gateway import metadata, nt
+from rda.gateway.feeds import FeedTable, Update
 from rda.gateway.naming import PvName, parse_pv_name, pv_name
+from rda.serialization.header import DataContext
 
 NAME = st.text(
     alphabet=st.characters(whitelist_categories=("Lu", "Ll", "Nd"), whitelist_characters="_-:"),
@@ -175,3 +179,57 @@ def test_errors_are_invalid_with_their_text() -> None:
     remote = metadata.error_alarm(rda.RemoteError("RuntimeError", "interlock open"))
     assert (remote.severity, remote.status) == (3, metadata.DEVICE)
     assert remote.message == "RuntimeError: interlock open"
+
+
+class _Stub:
+    """A ClientService stand-in for one feed: captures the listener, refuses describe."""
+
+    def __init__(self) -> None:
+        self.listener: Any = None
+        self.closed = 0
+
+    def access_point(self, device: str, prop: str) -> _Stub:
+        return self
+
+    def subscribe(self, selector: str | None, listener: Any) -> _Stub:
+        self.listener = listener
+        return self
+
+    def describe(self, timeout: float | None = None) -> Any:
+        raise rda.RemoteProtocolError("no describe here")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class _Shown:
+    def __init__(self) -> None:
+        self.updates: list[Update] = []
+
+    def show(self, update: Update) -> None:
+        self.updates.append(update)
+
+
+def test_a_feed_counts_gaps_and_keeps_the_last_value_on_an_error() -> None:
+    stub = _Stub()
+    table = FeedTable(cast(Any, stub))
+    first, second = _Shown(), _Shown()
+    table.attach(("PS1", "Acquisition", ""), first)
+    assert stub.listener is not None
+    context = DataContext("CPS.USER.LHC1", 1, 2, "")
+    stub.listener(Notification(rda.Data(current=1.0), context, gap=0))
+    stub.listener(Notification(rda.Data(current=2.0), context, gap=3))
+    stub.listener(Notification(error=rda.DisconnectedError("server gone")))
+    assert [u.gaps for u in first.updates] == [0, 3, 3]  # counted, never reset
+    lost = first.updates[-1]
+    assert lost.failed and lost.data is not None and lost.data["current"] == 2.0
+    assert (lost.alarm.severity, lost.alarm.status) == (3, metadata.DRIVER)
+    # A second PV of the same property shares the subscription and starts from the latest.
+    table.attach(("PS1", "Acquisition", ""), second)
+    assert len(table) == 1 and table.opened == 1
+    assert second.updates == [lost]
+    assert table.gaps() == 3
+    table.detach(("PS1", "Acquisition", ""), first)
+    assert stub.closed == 0
+    table.detach(("PS1", "Acquisition", ""), second)
+    assert stub.closed == 1 and len(table) == 0
