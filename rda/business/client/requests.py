@@ -191,7 +191,8 @@ class RequestTable:
         return outcome
 
     def count_late(self) -> None:
-        """An answer for an id nothing waits for (a notification of an ended subscription)."""
+        """An answer for an id nothing waits for (a notification of an ended subscription, or
+        one from the server a subscription moved away from)."""
         with self._lock:
             self._late += 1
 

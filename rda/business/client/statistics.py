@@ -65,7 +65,8 @@ class ClientStatistics:
     """A snapshot of a ``ClientService``.
 
     ``pending`` and ``subscriptions`` are current values; the rest count since creation.
-    ``late_replies``: replies that arrived after their request timed out (dropped).
+    ``late_replies``: replies that arrived after their request timed out, and notifications
+    of a subscription ended or moved to another server (dropped).
     ``gaps``: updates the server's sequence numbers say were missed (conflated or lost).
     ``dropped``: notifications this client discarded because a subscription's queue was full.
     ``connections``: server endpoints with a connection open or being opened.
