@@ -20,7 +20,16 @@ def test_seed_budget_with_every_fault_keeps_every_invariant() -> None:
     failures = [f"seed {r.seed}: {r.failure}" for r in summary.failures]
     assert not failures, "\n".join(failures)
     # The faults really happened: a budget that injected nothing would prove nothing.
-    for what in ("crashes", "pauses", "resets", "partitions", "stalls", "slow-consumers"):
+    for what in (
+        "crashes",
+        "pauses",
+        "resets",
+        "partitions",
+        "stalls",
+        "slow-consumers",
+        "policy-reloads",
+        "churn",
+    ):
         assert summary.counts.get(what, 0) > 0, f"no {what} in {BUDGET} seeds"
 
 

@@ -60,6 +60,8 @@ class SimDevice(Device):
         self.faults = faults
         self.k = 0
         self.v = 0
+        # The simulation's RBAC check of each set that reaches the handler.
+        self.authorize: Callable[[SetRequest], None] | None = None
 
     @Device.property("Acq")
     def acq(self, request: GetRequest) -> Any:
@@ -75,5 +77,7 @@ class SimDevice(Device):
 
     @setting.setter
     def write_setting(self, value: Data, request: SetRequest) -> None:
+        if self.authorize is not None:
+            self.authorize(request)
         self.faults.before("Setting set")
         self.v = int(value["v"])

@@ -17,6 +17,8 @@ Names (docs/testing.md, "Invariants"):
 * ``no-reply-after-timeout``: no value reaches the user after the request's timeout;
 * ``set-then-get``: a get started after a set was acknowledged (and no other set started
   since) returns that set's value;
+* ``rbac``: a set reaches its handler only if a policy in force since the request arrived
+  allows it (checked by the simulation's device, which knows the policies it put in force);
 * ``no-internal-error``: nothing in rda logs an error the faults did not cause;
 * ``progress``: with the faults over, every open subscription has the last published value,
   and the run ends (no livelock).

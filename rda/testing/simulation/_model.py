@@ -18,6 +18,8 @@ ALL_FAULTS: tuple[str, ...] = (
     "handler-error",  # a get or set handler raises
     "overrun",  # a handler completes after its client's deadline
     "slow-consumer",  # a client's listeners paused while its dispatcher runs
+    "policy-reload",  # a server's RBAC policy replaced (who may set changes)
+    "churn",  # a client process ends (closing its service) and another starts
 )
 
 

@@ -3,12 +3,13 @@
 Everything that can vary between two runs is drawn from one ``random.Random(seed)``: the
 topology, which message arrives next and when, which piece of background work runs next
 (a dispatcher's next message, a scheduler's next task, a due timer), the workload and the
-faults. Time is a :class:`~rda.testing.FakeClock` that moves only when nothing can run
+faults. Time is a ``SimClock`` (a ``FakeClock`` for one thread) that moves only when nothing can run
 (to the next deadline, message arrival or planned event). See docs/testing.md.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -20,13 +21,13 @@ from typing import Any
 from rda.business.client.service import ClientService
 from rda.business.config import Config
 from rda.business.driver import driven_by
+from rda.business.policy import Policy
 from rda.business.server.builder import ServerBuilder
 from rda.business.server.runtime import Server
 from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError
-from rda.testing import FakeClock
 from rda.testing.simulation._devices import HandlerFaults, SimDevice
-from rda.testing.simulation._driver import Adopted, SimDriver
+from rda.testing.simulation._driver import Adopted, SimClock, SimDriver
 from rda.testing.simulation._invariants import Checker, LogWatch, RequestWatch, SubWatch
 from rda.testing.simulation._model import InvariantBroken, SimSettings, Trace
 from rda.testing.simulation._network import Flight, SimNetwork
@@ -69,6 +70,8 @@ class SimServer:
     endpoint: str
     devices: dict[str, SimDevice]
     owner: str = ""
+    #: The writers of each policy put in force, from when: (since, writers).
+    policies: list[tuple[float, frozenset[str]]] = field(default_factory=list)
     server: Server | None = None
     transport: Any = None
     lives: int = 0
@@ -101,7 +104,7 @@ class Simulation:
         self.seed = seed
         self.settings = settings
         self.rng = random.Random(seed)
-        self.clock = FakeClock(_START)
+        self.clock = SimClock(_START)
         self.driver = SimDriver()
         self.trace = Trace(verbose=verbose)
         self.checker = Checker(self.clock)
@@ -119,6 +122,7 @@ class Simulation:
         self.servers: list[SimServer] = []
         self.clients: list[SimClient] = []
         self._values = itertools.count(1)
+        self._client_names = 0
         self.handler_faults = HandlerFaults(
             rng,
             0.03 if "handler-error" in self.faults else 0.0,
@@ -162,6 +166,8 @@ class Simulation:
             .clock(self.clock)
             .immediate_updates(True)
             .directory(None)
+            .policy(self._policy(s.policies[-1][1]))
+            .trust_declared_principals()
         )
         for name, device in s.devices.items():
             builder.device(name, device)
@@ -179,24 +185,104 @@ class Simulation:
                 f"D{i}.{j}": SimDevice(self.handler_faults) for j in range(rng.randint(1, 2))
             }
             s = SimServer(f"S{i}", f"mem://S{i}", devices)
+            s.policies.append((self.clock(), self._writers()))
+            for device in devices.values():
+                device.authorize = functools.partial(self._check_set, s)
             self.servers.append(s)
             self._start_server(s)
+        for _ in range(rng.randint(2, self.settings.max_clients)):
+            self._new_client()
+
+    def _new_client(self) -> SimClient:
         net = self.network
-        for i in range(rng.randint(2, self.settings.max_clients)):
-            name = f"C{i}"
+        name = f"C{self._client_names}"
+        self._client_names += 1
 
-            def factory(handler: Any, settings: Any, info: dict[str, Any]) -> Any:
-                return net.client(handler, settings, info)
+        def factory(handler: Any, settings: Any, info: dict[str, Any]) -> Any:
+            return net.client(handler, settings, info)
 
-            with self.driver.owning(name):
-                service = ClientService(
-                    self.directory,
-                    self.config,
-                    transport_factory=factory,
-                    clock=self.clock,
-                    rng_seed=rng.randrange(2**32),
-                )
-            self.clients.append(SimClient(name, service))
+        with self.driver.owning(name):
+            service = ClientService(
+                self.directory,
+                self.config,
+                transport_factory=factory,
+                clock=self.clock,
+                rng_seed=self.rng.randrange(2**32),
+                principal=name,
+            )
+        client = SimClient(name, service)
+        self.clients.append(client)
+        return client
+
+    # --- authorization (RBAC) ---
+
+    _PRINCIPALS = tuple(f"C{i}" for i in range(12))
+
+    def _writers(self) -> frozenset[str]:
+        """Who may set, in a policy drawn now (everyone may get and subscribe)."""
+        return frozenset(p for p in self._PRINCIPALS if self.rng.random() < 0.7)
+
+    @staticmethod
+    def _policy(writers: frozenset[str]) -> Policy:
+        return Policy.from_dict(
+            {
+                "roles": ["reader", "writer"],
+                "principals": {
+                    p: ["reader", "writer"] if p in writers else ["reader"]
+                    for p in Simulation._PRINCIPALS
+                },
+                "rules": [
+                    {"role": "writer", "operation": "set", "effect": "allow"},
+                    {"role": "reader", "operation": "get", "effect": "allow"},
+                    {"role": "reader", "operation": "subscribe", "effect": "allow"},
+                ],
+            },
+            source="simulation",
+        )
+
+    def _check_set(self, s: SimServer, request: Any) -> None:
+        """A set handler runs: some policy in force since the request arrived must allow it."""
+        principal = request.client.principal
+        arrived = request.received_at
+        history = s.policies
+        allowed = False
+        for i, (_, writers) in enumerate(history):
+            until = history[i + 1][0] if i + 1 < len(history) else float("inf")
+            if until >= arrived and principal in writers:
+                allowed = True
+                break
+        if not allowed:
+            self.checker.broken(
+                "rbac",
+                f"{principal} set {request.device}/{request.property} on {s.name} (arrived at "
+                f"{arrived:.6f}), which no policy in force since allowed",
+            )
+
+    def _fault_policy_reload(self) -> None:
+        s = self.rng.choice(self.servers)
+        writers = self._writers()
+        s.policies.append((self.clock(), writers))
+        if not s.down and s.server is not None:
+            with self.driver.owning(s.owner):
+                s.server.set_policy(self._policy(writers))
+        self.count("policy-reloads")
+        self.trace.add(self.clock(), "POLICY", f"{s.name}: writers {sorted(writers)}")
+
+    def _fault_churn(self) -> None:
+        """A client process ends (closing its service) and another one starts."""
+        if len(self.clients) > 1:
+            client = self.rng.choice(self.clients)
+            if client.name not in self.driver.paused:
+                for watch in client.subs:
+                    watch.closed = True
+                with self.driver.owning(client.name):
+                    client.service.close()
+                self.clients.remove(client)
+                self.trace.add(self.clock(), "CLOSE", client.name)
+        if self._client_names < len(self._PRINCIPALS):
+            client = self._new_client()
+            self.count("churn")
+            self.trace.add(self.clock(), "NEW", client.name)
 
     # --- workload (user actions) ---
 
@@ -213,15 +299,20 @@ class Simulation:
             client = rng.choice(self.clients)
             if client.name not in self.driver.paused:
                 with self.driver.owning(client.name):
-                    if roll < 0.5:
-                        if sum(not w.closed for w in client.subs) < 6:
-                            self._subscribe(client)
-                    elif roll < 0.58:
-                        self._unsubscribe(client)
-                    elif roll < 0.85:
-                        self._get(client)
-                    else:
-                        self._set(client)
+                    try:
+                        if roll < 0.5:
+                            if sum(not w.closed for w in client.subs) < 6:
+                                self._subscribe(client)
+                        elif roll < 0.58:
+                            self._unsubscribe(client)
+                        elif roll < 0.85:
+                            self._get(client)
+                        else:
+                            self._set(client)
+                    except NoSuchDeviceError as exc:
+                        # Its server's directory entries expired: the user is told at once.
+                        self.count("unresolved")
+                        self.trace.add(self.clock(), "refused", str(exc))
         if self.clock() < self._workload_end:
             self.later(rng.expovariate(self._rate), self._act, "user action")
 
@@ -367,11 +458,23 @@ class Simulation:
         self.driver.crash(s.owner)
         s.down = True
         span = self.rng.uniform(0.01, 3.0)
+        if self.rng.random() < 0.5:
+            # Back on another endpoint: its directory entries expire meanwhile (a lease).
+            s.endpoint = f"mem://{s.name}-{s.lives}"
+            self.later(self.rng.uniform(0.0, span), lambda: self._expire(s), "entries expire")
         self.count("crashes")
-        self.trace.add(self.clock(), "CRASH", f"{s.owner}, back in {span:.3f}")
+        self.trace.add(self.clock(), "CRASH", f"{s.owner}, back at {s.endpoint} in {span:.3f}")
         self.later(span, lambda: self._restart(s), "restart")
 
+    def _expire(self, s: SimServer) -> None:
+        if s.down:
+            for name in s.devices:
+                self.directory.where.pop(name, None)
+            self.trace.add(self.clock(), "EXPIRED", f"{s.name}'s directory entries")
+
     def _restart(self, s: SimServer) -> None:
+        if not s.down:
+            return  # already restarted (the faults ended)
         self._start_server(s)
         self.trace.add(self.clock(), "RESTART", s.owner)
 
@@ -496,12 +599,12 @@ class Simulation:
                 self._fast_again(owner.split("/")[0], owner)
             else:
                 self._resume(owner)
-        self.trace.add(self.clock(), "CALM", "faults over")
-
-    def _last_publish(self) -> None:
         for s in self.servers:
             if s.down:
                 self._restart(s)
+        self.trace.add(self.clock(), "CALM", "faults over")
+
+    def _last_publish(self) -> None:
         for _, name, device in self._devices():
             device.k += 1
             server = next(s for s in self.servers if name in s.devices)
