@@ -70,10 +70,12 @@ def test_duckdb_counts_what_history_answers(recorded: tuple[Path, ClientService]
     root, client = recorded
     history = client.history_table("DEV1", "Prop", T0, T0 + 3 * DAY)
     con = duckdb.connect()
-    count, first, total = con.execute(
+    answer = con.execute(
         f"SELECT count(*), min(acq_stamp), sum(data.i) FROM read_parquet('{root}/**/*.parquet') "
         "WHERE device = 'DEV1'"
     ).fetchone()
+    assert answer is not None
+    count, first, total = answer
     assert count == history.num_rows == 501
     assert first == history.column("acq_stamp")[0].as_py() == T0
     assert total == sum(v for v in history.column("i").to_pylist() if v is not None)
