@@ -5,12 +5,14 @@ The gateway runs in a process of its own; the rda server in this one, stopped an
 again on the same port. Every EPICS client of a property shares one rda subscription (the
 server counts one subscriber), a client killed mid-monitor costs nothing afterwards (the
 server's count goes back to zero), and an outage turns the PVs INVALID, then valid again
-after the reconnection.
+after the reconnection: a stopped server at once (its connections close), a paused one
+(``rda serve demo`` in a process of its own, SIGSTOP) after the heartbeat timeout.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +28,14 @@ import rda
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device, prop
 from rda.business.server.requests import GetRequest
-from rda.testing import GatewayProcess, PvaIsland, PvaMonitor, free_port, wait_until
+from rda.testing import (
+    GatewayProcess,
+    PvaIsland,
+    PvaMonitor,
+    PvaProcess,
+    free_port,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -177,3 +186,64 @@ def test_an_outage_is_invalid_and_recovers(
         assert all(isinstance(u, Value) for u in updates[first:])
     finally:
         monitor.close()
+
+
+def test_a_silent_server_is_invalid_after_the_heartbeat_timeout(tmp_path: Path) -> None:
+    """A server that stops answering without closing its connections (paused with SIGSTOP):
+    the rda client's heartbeat timeout, not a closed socket, turns the PVs INVALID."""
+    # Real time on purpose: the rda server is a real process, paused; a 2 s heartbeat
+    # timeout (both sides read RDA_HEARTBEAT_*) keeps the wait short.
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "RDA_HEARTBEAT_INTERVAL": "0.5",
+        "RDA_HEARTBEAT_TIMEOUT": "2",
+        "RDA_DIRECTORY_FILE": str(tmp_path / "directory.json"),
+    }
+    island = PvaIsland()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = PvaProcess(
+        [sys.executable, "-m", "rda._cli", "serve", "demo", "--bind", endpoint],
+        island,
+        tmp_path / "server.log",
+    )
+    server.ready = endpoint
+    gateway = GatewayProcess(island, tmp_path / "gateway.log", ["--refresh", "0.5"], endpoint)
+    server.start(env=env)
+    paused = False
+    try:
+        gateway.start(env=env)
+        ctx = Context("pva", conf=island.client_conf(), useenv=False, nt=False)
+        monitor = PvaMonitor(ctx)
+        updates: list[Any] = []
+        monitor.watch("PS1/Acquisition.current", lambda _, v: updates.append(v))
+        try:
+            wait_until(lambda: len(_values(updates)) >= 3, "values at 10 Hz")
+            os.kill(server.pid, signal.SIGSTOP)
+            paused = True
+            start = len(updates)
+            invalid = wait_until(
+                lambda: next((u for u in updates[start:] if _severity(u) == 3), None),
+                "the PV to turn INVALID after the heartbeat timeout",
+                timeout=60,
+            )
+            assert "heartbeat timeout" in invalid["alarm.message"], invalid["alarm.message"]
+            os.kill(server.pid, signal.SIGCONT)
+            paused = False
+            again = len(updates)
+            wait_until(
+                lambda: any(_severity(u) == 0 for u in updates[again:]),
+                "values again once the server answers",
+                timeout=60,
+            )
+        finally:
+            monitor.close()
+            ctx.close()
+    finally:
+        if paused:
+            os.kill(server.pid, signal.SIGCONT)
+        assert gateway.stop() == 0, gateway.output()
+        server.stop()
+
+
+def _severity(update: Any) -> int | None:
+    return int(update["alarm.severity"]) if isinstance(update, Value) else None
