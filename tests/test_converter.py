@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rda.pipeline.recorder.converter import Converter, compact, partition_path
+from rda.pipeline.recorder.compaction import compact
+from rda.pipeline.recorder.converter import Converter, partition_path
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
 from rda.pipeline.recorder.schema import arrow_type_of
 from rda.serialization.data import Data

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rda.pipeline.recorder.converter import Converter, compact
+from rda.pipeline.recorder.compaction import compact
+from rda.pipeline.recorder.converter import Converter
 from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.schema import SchemaCatalog
 from rda.pipeline.recorder.service import Recorder, RecorderStatistics, Sample

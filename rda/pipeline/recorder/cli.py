@@ -21,9 +21,10 @@ from typing import Any
 
 import click
 
-from rda.pipeline.recorder.converter import compact as compact_day
+from rda.pipeline.recorder.compaction import compact as compact_day
 from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, RecorderStatistics
+from rda.pipeline.recorder.store import Store
 
 __all__ = ["compact", "main", "parse_duration", "record"]
 
@@ -84,7 +85,31 @@ def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
     help="Local journal directory (required when ROOT is a URI such as s3://bucket/history).",
 )
 @click.option("--id", "recorder_id", default=None, help="Recorder id (default: host name).")
-@click.option("--retention", default="24h", help="Keep converted segments this long (24h).")
+@click.option(
+    "--retention",
+    default="24h",
+    help="Keep converted journal segments this long (24h); see --keep for Parquet.",
+)
+@click.option(
+    "--keep",
+    default=None,
+    help="Delete Parquet day partitions older than this (e.g. 30d; default: keep all).",
+)
+@click.option(
+    "--compact-every",
+    default="10m",
+    help="Compact small Parquet files into one per signal-hour this often (0: never).",
+)
+@click.option(
+    "--compact-grace",
+    default="10m",
+    help="Compact an hour only once it ended this long ago.",
+)
+@click.option(
+    "--compact-linger",
+    default="1m",
+    help="Delete compacted inputs this long after their output (for readers mid-query).",
+)
 @click.option("--queue-limit", type=int, default=100_000, show_default=True)
 @click.option("--convert-every", default="5s", help="Convert segments to Parquet this often.")
 @click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C).")
@@ -109,6 +134,10 @@ def record(
     journal: Path | None,
     recorder_id: str | None,
     retention: str,
+    keep: str | None,
+    compact_every: str,
+    compact_grace: str,
+    compact_linger: str,
     queue_limit: int,
     convert_every: str,
     duration: str | None,
@@ -126,6 +155,9 @@ def record(
     # Every argument is checked before the client exists: a usage error must not leave its
     # threads running.
     retention_s, convert_s = parse_duration(retention), parse_duration(convert_every)
+    keep_s = None if keep is None else parse_duration(keep)
+    compact_s = parse_duration(compact_every) or None
+    grace_s, linger_s = parse_duration(compact_grace), parse_duration(compact_linger)
     seconds = None if duration is None else parse_duration(duration)
     client = None
     try:
@@ -139,6 +171,10 @@ def record(
             queue_limit=queue_limit,
             retention=retention_s,
             convert_interval=convert_s,
+            compact_interval=compact_s if Store.open(root).local else None,
+            compact_grace=grace_s,
+            compact_linger=linger_s,
+            keep=keep_s,
             serve=_history_server(serve_endpoint, recorder_id),
         )
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Journal segments -> the Hive-partitioned Parquet store, idempotently; retention; compaction.
+"""Journal segments -> the Hive-partitioned Parquet store, idempotently; segment retention.
 
 Store layout (the contract with the History API, docs/history.md):
 ``root/device=D/property=P/date=YYYY-MM-DD/part-<recorder_id>-<firstseq>-<lastseq>.parquet``.
@@ -16,8 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
-import re
 import threading
 import time
 from collections import defaultdict
@@ -44,7 +42,7 @@ __all__ = [
     "STORE_COLUMNS",
     "Converter",
     "ConverterStatistics",
-    "compact",
+    "column_or_null",
     "journal_root",
     "partition_dir",
     "partition_path",
@@ -53,7 +51,6 @@ __all__ = [
 log = logging.getLogger("rda.pipeline.recorder.converter")
 
 _DAY_NS = 86_400 * 10**9
-_PART = re.compile(r"^part-(.+)-(\d+)-(\d+)\.parquet$")
 STORE_COLUMNS = (
     "acq_stamp",
     "ts",
@@ -108,7 +105,7 @@ def _write_parquet(target: _Target, table: pa.Table) -> None:
     target.store.write(target.path, sink.getvalue())
 
 
-def _column_or_null(table: pa.Table, name: str, kind: pa.DataType) -> pa.ChunkedArray:
+def column_or_null(table: pa.Table, name: str, kind: pa.DataType) -> pa.ChunkedArray:
     """``table``'s column ``name``, or nulls where an older journal segment or Parquet file
     was written before the column existed."""
     if name in table.column_names:
@@ -143,7 +140,7 @@ def _store_table(
         "recorder_id": pa.array([recorder_id] * len(meta), pa.string()),
         "seq": meta.column("seq"),
         "error": meta.column("error"),
-        "update_type": _column_or_null(meta, "update_type", pa.string()),
+        "update_type": column_or_null(meta, "update_type", pa.string()),
         "data": data,
     }
     return pa.table(columns).replace_schema_metadata(metadata)
@@ -331,127 +328,3 @@ class Converter:
             fsync_directory(self.journal.directory)
             self._save()
             return len(expired)
-
-
-# --- compaction ------------------------------------------------------------------------------
-
-
-def _planned_elsewhere(root: Path, partition: Path) -> bool:
-    prefix = str(partition.relative_to(root)) + "/"
-    for progress in (root / "_journal").glob("*/progress.json"):
-        planned = json.loads(progress.read_text()).get("planned")
-        if planned and any(f.startswith(prefix) for f in planned["files"]):
-            return True
-    return False
-
-
-def compact(
-    root: Path | str,
-    device: str,
-    prop: str,
-    date: str,
-    *,
-    grace: float = 3_600.0,
-    clock: Callable[[], float] = time.time,
-) -> list[Path]:
-    """Rewrite a closed day into one file per (recorder, schema version); return the outputs.
-
-    Idempotent and crash-safe: the plan is recorded in ``_compaction.json`` before any file is
-    written; outputs are written atomically, inputs deleted only once outputs are durable; a
-    rerun finishes an interrupted compaction. A day is closed once it ended ``grace`` seconds
-    ago and no recorder has a planned conversion into it.
-    """
-    store = Store.open(root)
-    if not store.local:  # the plan, fsyncs and the check of planned conversions need a local disk
-        raise ValueError(f"{store.uri}: compaction runs on a local store only")
-    root = Path(store.base)
-    partition = partition_path(root, device, prop, date)
-    day_end = datetime.datetime.fromisoformat(date).replace(
-        tzinfo=datetime.UTC
-    ) + datetime.timedelta(days=1)
-    if clock() < day_end.timestamp() + grace:
-        raise ValueError(f"{device}/{prop} {date}: the day is not closed yet")
-    if _planned_elsewhere(root, partition):
-        raise ValueError(f"{device}/{prop} {date}: a conversion into this day is in progress")
-    record = partition / "_compaction.json"
-    if record.exists():
-        plan = json.loads(record.read_text())
-    else:
-        plan = _plan(partition)
-        if not plan:
-            return []
-        write_durably(record, json.dumps(plan).encode())
-    outputs = []
-    for group in plan:
-        output = partition / group["output"]
-        if not output.exists():
-            _merge_files(output, [partition / name for name in group["inputs"]])
-        for name in group["inputs"]:
-            (partition / name).unlink(missing_ok=True)
-        outputs.append(output)
-    fsync_directory(partition)
-    record.unlink()
-    fsync_directory(partition)
-    return outputs
-
-
-def _plan(partition: Path) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
-    for path in sorted(partition.glob("part-*.parquet")):
-        match = _PART.match(path.name)
-        if not match:
-            continue
-        metadata = pq.read_schema(path).metadata or {}
-        version = metadata.get(b"rda.schema_version", b"0").decode()
-        groups[(match[1], version)].append((int(match[2]), int(match[3]), path.name))
-    plan = []
-    for (recorder_id, _), files in sorted(groups.items()):
-        if len(files) < 2:
-            continue
-        first = min(f[0] for f in files)
-        last = max(f[1] for f in files)
-        plan.append(
-            {
-                "output": f"part-{recorder_id}-{first}-{last}.parquet",
-                "inputs": [f[2] for f in sorted(files)],
-            }
-        )
-    return plan
-
-
-def _merge_files(output: Path, inputs: list[Path]) -> None:
-    """Stream ``inputs`` into ``output`` one file at a time (a day may not fit in memory).
-
-    The inputs of one (recorder, schema version) hold disjoint seq ranges, each sorted, and the
-    plan lists them by first seq: appending them in that order keeps the output sorted by seq.
-    """
-    schemas = [pq.read_schema(path) for path in inputs]
-    target: pa.DataType = schemas[0].field("data").type
-    for schema in schemas[1:]:
-        merged = merge_types(target, schema.field("data").type)
-        target = merged if merged is not None else target
-    # Files written before a meta column existed (update_type) get it as nulls: the output
-    # has the widest schema, which is the newest one.
-    widest = max(schemas, key=len)
-    index = widest.get_field_index("data")
-    schema = widest.set(index, pa.field("data", target))
-    tmp = output.with_name(f".{output.name}.tmp")
-    with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
-        for path in inputs:
-            table = pq.read_table(path)
-            if not table.schema.field("data").type.equals(target):
-                data_at = table.schema.get_field_index("data")
-                table = table.set_column(data_at, "data", table.column("data").cast(target))
-            if table.column_names != schema.names:
-                table = pa.table(
-                    {f.name: _column_or_null(table, f.name, f.type) for f in schema},
-                    schema=schema,
-                )
-            writer.write_table(table.replace_schema_metadata(schema.metadata))
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, output)
-    fsync_directory(output.parent)

@@ -40,6 +40,16 @@ _COUNTERS = {
         "rda_recorder_repeated_first",
         "FIRST updates not stored: they repeat a stored row (same stamp and value).",
     ),
+    "compacted_files": ("rda_recorder_compacted_files", "Files written by compaction."),
+    "compaction_inputs_removed": (
+        "rda_recorder_compaction_inputs_removed",
+        "Small files deleted once their compacted output was durable.",
+    ),
+    "partitions_deleted": (
+        "rda_recorder_partitions_deleted",
+        "Day partitions deleted for being older than --keep.",
+    ),
+    "compaction_errors": ("rda_recorder_compaction_errors", "Failed compaction rounds."),
 }
 _GAUGES = {
     "queue_depth": ("rda_recorder_queue_depth", "Notifications waiting in the queue."),

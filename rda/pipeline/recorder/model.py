@@ -54,6 +54,11 @@ class RecorderStatistics:
     # FIRST updates not stored because the row they repeat (same acquisition stamp and value)
     # was: what a resubscription resends is not a new acquisition.
     repeated_first: int = 0
+    # Compaction and partition retention (--compact-every, --keep; compaction.py).
+    compacted_files: int = 0  # output files written
+    compaction_inputs_removed: int = 0  # small files deleted once their output was durable
+    partitions_deleted: int = 0  # date= partitions older than --keep
+    compaction_errors: int = 0
 
 
 class Closable(Protocol):

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from rda.business.server.builder import Server, ServerBuilder
+from rda.pipeline.recorder.compaction import compact_store, delete_older
 from rda.pipeline.recorder.converter import Converter, journal_root
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
 from rda.pipeline.recorder.model import (
@@ -74,6 +75,10 @@ class Recorder:
         on_ack: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         serve: bool | ServerBuilder = False,
+        compact_interval: float | None = None,
+        compact_grace: float = 600.0,
+        compact_linger: float = 60.0,
+        keep: float | None = None,
     ) -> None:
         self.store = Store.open(root)
         self.root = self.store.uri
@@ -91,6 +96,19 @@ class Recorder:
         self._on_ack = on_ack
         self._clock = clock
         self._convert = convert
+        # Compaction and partition retention (compaction.py) run in the converter thread,
+        # after a conversion round, so they never race this recorder's own conversions.
+        if (compact_interval is not None or keep is not None) and not self.store.local:
+            raise ValueError(f"{self.store.uri}: compaction and --keep need a local store")
+        self.compact_interval = compact_interval
+        self.compact_grace = compact_grace
+        self.compact_linger = compact_linger
+        self.keep = keep
+        self._next_compaction = 0.0
+        self._compacted_files = 0
+        self._compaction_removed = 0
+        self._partitions_deleted = 0
+        self._compaction_errors = 0
         self.catalog = SchemaCatalog(self.store, self.recorder_id)
         self.journal = Journal(journal_root(self.store, journal), self.recorder_id)
         self.converter = Converter(
@@ -319,6 +337,10 @@ class Recorder:
             subscriptions=len(self._subscriptions),
             missing_acq_stamps=self._missing_stamps,
             repeated_first=self._repeated_first,
+            compacted_files=self._compacted_files,
+            compaction_inputs_removed=self._compaction_removed,
+            partitions_deleted=self._partitions_deleted,
+            compaction_errors=self._compaction_errors,
         )
 
     # --- subscription layer -------------------------------------------------------------------
@@ -589,3 +611,31 @@ class Recorder:
                 self.converter.apply_retention()
             except Exception:  # logged and counted by the converter; retried next round
                 continue
+            self.maintain_store()
+
+    def maintain_store(self, now: float | None = None) -> None:
+        """Run compaction and partition retention when due (the converter thread calls it)."""
+        now = time.time() if now is None else now
+        if self.compact_interval is None and self.keep is None:
+            return
+        if now < self._next_compaction:
+            return
+        self._next_compaction = now + (self.compact_interval or self.convert_interval)
+        try:
+            if self.compact_interval is not None:
+                done = compact_store(
+                    self.store,
+                    grace=self.compact_grace,
+                    linger=self.compact_linger,
+                    clock=lambda: now,
+                )
+                self._compacted_files += len(done.outputs)
+                self._compaction_removed += done.removed
+            if self.keep is not None:
+                self._partitions_deleted += len(
+                    delete_older(self.store, self.keep, clock=lambda: now)
+                )
+        except Exception as exc:  # a store problem: logged, counted, retried next round
+            self._compaction_errors += 1
+            self._last_error = f"compaction failed: {exc}"
+            log.exception("recorder %s: compaction or retention failed", self.recorder_id)
