@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
-from rda.serialization.header import Header, RequestType
+from rda.serialization.header import HEADER_FIXED, Header, RequestType
 from rda.serialization.message import Message
 from rda.transport.api import PeerStatistics, TransportSettings
 from rda.transport.client_session import ClientSession, ClientSessions, LaneSession
@@ -499,3 +499,21 @@ def test_a_lane_introduces_itself_when_new_or_idle_and_waits_for_its_own_reply()
 
 def test_reconnect_frames_decode_as_reconnect() -> None:
     assert type(decode_frames(list(encode_reconnect()), from_server=True)) is Reconnect
+
+
+def test_a_get_or_set_whose_request_ended_while_it_waited_for_the_ack_is_never_sent() -> None:
+    # Found by rda.testing.simulation (seed 2464, every fault; tests/test_simulation.py): a
+    # set made while its server was away timed out for its user, then went out on the ACK
+    # and took effect after a later set acknowledged meanwhile. Checked to fail before the
+    # fix: the three requests were sent.
+    s, wire, events, _ = sessions()
+    ended = {2}
+    events.awaits = lambda rid: rid not in ended  # type: ignore[attr-defined]
+    s = ClientSessions(events, SETTINGS, connect_info("test"), wire, Clock(), log)
+    session = s.open(1, "mem://x", None)
+    for rid in (1, 2, 3):
+        s.send(1, request(rid))
+    assert s.received(session, ACK, 0.1) is None
+    sent = [HEADER_FIXED.unpack_from(bytes(f[0]), 1)[4] for f in wire.sent[1:]]
+    assert sent == [1, 3]
+    assert s.statistics().expired_unsent == 1

@@ -75,6 +75,10 @@ REGRESSIONS = [
     pytest.param("slow-consumer", 2, id="slow-consumer-2-first-dropped"),
     pytest.param("slow-consumer", 4, id="slow-consumer-4-first-dropped"),
     pytest.param("slow-consumer", 5, id="slow-consumer-5-first-dropped"),
+    # A set made while its server was away timed out for its user, then went out on the
+    # CONNECT_ACK and took effect after a later, acknowledged set (set-then-get): the client
+    # session core drops a get or set from its backlog once its request ended.
+    pytest.param(",".join(ALL_FAULTS), 2464, id="all-2464-timed-out-set-sent-later"),
 ]
 
 

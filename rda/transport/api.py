@@ -73,6 +73,8 @@ class ClientTransportStatistics:
     decode_errors: int = 0
     disconnects: int = 0
     queued_until_connected: int = 0
+    # Of those, gets and sets never sent: their request had ended (timed out) meanwhile.
+    expired_unsent: int = 0
     # Handler calls that raised (logged; the dispatcher carries on).
     handler_errors: int = 0
     # Direct lanes open (zmq_lane: blocking callers' own connections), and replies they read
@@ -162,6 +164,17 @@ def batch_receiver(
     """The handler's ``on_messages`` if it takes batches, else None (use ``on_message``)."""
     on_messages = getattr(handler, "on_messages", None)
     return on_messages if callable(on_messages) else None
+
+
+def request_check(handler: ClientHandler) -> Callable[[int], bool] | None:
+    """The handler's ``awaits(request_id)`` if it has one, else None.
+
+    A client transport asks it before sending a GET or SET that waited for its connection's
+    CONNECT_ACK: a request the business layer stopped waiting for (it timed out, or was
+    abandoned) must not reach a server after its user was told it failed (a set would then
+    take effect after a later one, acknowledged meanwhile)."""
+    awaits = getattr(handler, "awaits", None)
+    return awaits if callable(awaits) else None
 
 
 class Waker(Protocol):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rda.serialization.errors import DecodeError, ProtocolError, TransportError
+from rda.serialization.header import HEADER_FIXED, RequestType
 from rda.serialization.message import Message
 from rda.transport.api import (
     Buffer,
@@ -37,11 +38,13 @@ from rda.transport.api import (
     ClientTransportStatistics,
     TransportSettings,
     batch_receiver,
+    request_check,
 )
 from rda.transport.protocol import (
     ConnectAck,
     Heartbeat,
     Incoming,
+    Kind,
     Reconnect,
     decode_frames,
     encode_connect,
@@ -61,6 +64,9 @@ from rda.transport.state import ConnEvent, ConnState, HeartbeatAction, Heartbeat
 __all__ = ["ClientSession", "ClientSessions", "ClientWire", "LaneSession"]
 
 HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
+
+# Requests a client abandons at its deadline: never sent once abandoned (``_expired``).
+_EXPIRABLE = frozenset({RequestType.GET, RequestType.SET})
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +129,7 @@ class ClientSessions:
     ) -> None:
         self._handler = handler
         self._on_messages = batch_receiver(handler)
+        self._awaits = request_check(handler)
         self._settings = settings
         self._hello = encode_connect(info)
         self._wire = wire
@@ -149,6 +156,7 @@ class ClientSessions:
         self.decode_errors = 0
         self.disconnects = 0
         self.queued = 0  # messages sent before CONNECT_ACK (they waited for it)
+        self.expired_unsent = 0  # of those, gets and sets dropped: their request had ended
         self.handler_errors = 0
 
     def statistics(
@@ -167,6 +175,7 @@ class ClientSessions:
             decode_errors=self.decode_errors + errors,
             disconnects=self.disconnects,
             queued_until_connected=self.queued,
+            expired_unsent=self.expired_unsent,
             handler_errors=self.handler_errors,
             lanes=lanes,
             lane_stale_replies=stale,
@@ -222,7 +231,13 @@ class ClientSessions:
         while backlog:
             if session.state is ConnState.CONNECTING and session.connect_sent:
                 break  # the queued requests wait for CONNECT_ACK
-            if not self._write(session, backlog[0]):
+            frames = backlog[0]
+            if self._expired(frames):
+                backlog.popleft()
+                self._backlog_total -= 1
+                self.expired_unsent += 1
+                continue
+            if not self._write(session, frames):
                 if session.id in self.sessions:
                     self._wire.want_writable(session, True)
                 return
@@ -232,6 +247,19 @@ class ClientSessions:
         if session.id in self.sessions:
             self._wire.want_writable(session, False)
         self._resume_intake()
+
+    def _expired(self, frames: Sequence[Any]) -> bool:
+        """A GET or SET whose request the business layer no longer waits for (it waited in
+        the backlog, for the CONNECT_ACK or a full pipe, past its deadline): never sent
+        (``request_check``). Only the backlog pays this check, never a direct send."""
+        awaits = self._awaits
+        if awaits is None or not frames:
+            return False
+        first = frames[0]
+        if len(first) < 1 + HEADER_FIXED.size or first[0] != Kind.REQUEST:
+            return False
+        _, rtype, _, _, rid, _, _, _ = HEADER_FIXED.unpack_from(first, 1)
+        return rtype in _EXPIRABLE and not awaits(rid)
 
     def _write(self, session: ClientSession, frames: Sequence[Any]) -> bool:
         ok = self._wire.write(session, frames)

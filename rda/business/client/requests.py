@@ -156,6 +156,10 @@ class RequestTable:
 
     # -- endings -----------------------------------------------------------------------------
 
+    def waiting(self, rid: int) -> bool:
+        """Request ``rid`` still waits in the shared table (not answered, expired, failed)."""
+        return rid in self._shared
+
     def reply(self, message: Message) -> None:
         """A REPLY or EXCEPTION arrived on a shared connection (dispatcher thread)."""
         with self._lock:

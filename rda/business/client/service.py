@@ -95,13 +95,14 @@ class _Inbound:
     go to the connections, replies to the request table, notifications to the subscriptions.
     Made before the transport and given the parts before the transport starts (``attach``)."""
 
-    __slots__ = ("_connections", "_reply", "_route")
+    __slots__ = ("_awaits", "_connections", "_reply", "_route")
 
     def attach(
         self, connections: Connections, requests: RequestTable, subscriptions: Subscriptions
     ) -> None:
         self._connections = connections
         self._reply = requests.reply
+        self._awaits = requests.waiting
         self._route = subscriptions.route
 
     def on_connected(self, connection: int, server_info: dict[str, Any]) -> None:
@@ -109,6 +110,11 @@ class _Inbound:
 
     def on_disconnected(self, connection: int, reason: str) -> None:
         self._connections.on_disconnected(connection, reason)
+
+    def awaits(self, request_id: int) -> bool:
+        """Whether a shared-connection request still waits for its reply (the transport
+        sends nothing the table gave up on: ``transport.api.request_check``)."""
+        return self._awaits(request_id)
 
     def on_message(self, connection: int, message: Message) -> None:
         if message.header.request_type in _NOTIFICATIONS:
