@@ -5,6 +5,7 @@ older clients: a message carrying an alarm decodes as before on the path that ig
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,18 +15,26 @@ import pydantic
 import pytest
 
 import rda
+import rda.aio
 import rda.security as security
 from rda import ServerBuilder
 from rda.admin.metrics import ServerCollector
 from rda.business.client.replies import describe_result
 from rda.business.client.service import ClientService
+from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
 from rda.business.config import Config
+from rda.business.directory import StaticDirectory
 from rda.business.server.builder import Server
 from rda.business.server.requests import GetRequest, RequestReplyCallback, SetRequest
 from rda.serialization import binary
 from rda.serialization.data import Data
-from rda.serialization.errors import NoSuchDeviceError, NotAuthorizedError, RemoteError
+from rda.serialization.errors import (
+    DisconnectedError,
+    NoSuchDeviceError,
+    NotAuthorizedError,
+    RemoteError,
+)
 from rda.serialization.header import DataContext, RequestType
 from rda.serialization.message import BodyKind, Message, decode_alarm, encode_alarm
 from rda.testing import wait_until
@@ -338,3 +347,28 @@ def test_alarm_body_decoding_is_strict() -> None:
     assert decode_alarm(encode_alarm(3, "", "")) == (3, "", "")
     with pytest.raises(rda.DecodeError):
         decode_alarm(bytes(binary.encode(Data(alarm_severity="x"))))
+
+
+def test_describe_and_alarms_with_asyncio(
+    served: tuple[Server, Supply, Raw, ClientService],
+) -> None:
+    """rda.aio: describe is a coroutine too; a get's alarm comes the same way."""
+    server, supply, _, _ = served
+    supply.current = 8.5
+
+    async def main() -> tuple[rda.PropertyDescription, rda.Alarm]:
+        client = rda.aio.ClientService(StaticDirectory({"*": server.endpoint}), CONFIG)
+        async with client:
+            ap = client.access_point("PS1", "Setting")
+            return await ap.describe(timeout=10), (await ap.get(timeout=10)).alarm
+
+    described, alarm = asyncio.run(main())
+    assert described == server.describe("PS1", "Setting")
+    assert alarm == rda.Alarm(rda.Severity.MINOR, "current 8.500 A above high warning 8", "current")
+
+
+def test_a_local_error_notification_is_invalid() -> None:
+    """A disconnection (made by the client, no message) reads as INVALID with its text."""
+    lost = Notification(error=DisconnectedError("PS1/Setting: connection lost"))
+    assert lost.alarm == rda.Alarm(rda.Severity.INVALID, "PS1/Setting: connection lost")
+    assert Notification(Data(x=1.0)).alarm is rda.Alarm.NONE
