@@ -130,3 +130,50 @@ def test_the_demo_devices(no_thread_leak: None) -> None:
         gateway.stop()
         client.close()
         demo.stop()
+
+
+class Reshaped(Device):
+    """``Shape``: a value whose layout :meth:`change` changes (a field more, another type)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = rda.Data(x=1.0)
+
+    @prop("Shape", blocking=False)
+    def shape(self, request: GetRequest) -> rda.Data:
+        return self.value
+
+    def change(self, value: rda.Data) -> None:
+        self.value = value
+        self.publish("Shape", value)
+
+
+def test_a_new_layout_reopens_the_pv_with_the_new_type() -> None:
+    device = Reshaped()
+    builder = rda.ServerBuilder("GatewayShape").endpoint("tcp://127.0.0.1:0").directory(None)
+    server = builder.device("SHP", device).build().start()
+    gateway, client, ctx = _serve(server)
+    try:
+        first = ctx.get("SHP/Shape", timeout=20)
+        assert "x" in first["value"] and "y" not in first["value"]
+        assert ctx.get("SHP/Shape.x", timeout=20)["value"] == 1.0
+        device.change(rda.Data(x=2.0, y="two"))
+
+        def reshaped() -> Any:
+            value = ctx.get("SHP/Shape", timeout=20)
+            return value if "y" in value["value"] else None
+
+        value = wait_until(reshaped, "the property PV to carry the new field")
+        assert value["value.y"] == "two" and value["value.x"] == 2.0
+        # The field PV kept its type (a double both times) and shows the new value.
+        wait_until(lambda: ctx.get("SHP/Shape.x", timeout=20)["value"] == 2.0, "x = 2.0")
+        device.change(rda.Data(x="now a string"))
+        wait_until(
+            lambda: ctx.get("SHP/Shape.x", timeout=20)["value"] == "now a string",
+            "the field PV reopened as a string",
+        )
+    finally:
+        ctx.close()
+        gateway.stop()
+        client.close()
+        server.stop()

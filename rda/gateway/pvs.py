@@ -67,6 +67,9 @@ class GatewayPv:
         self._forget = forget
         self._lock = threading.Lock()
         self._attached = False
+        # Closed for good: its values changed type. Its clients reconnect, and the provider
+        # makes a new PV for them, opened with the new type from the feed's latest update.
+        self._retired = False
         self._type_key: object = None  # what the open SharedPV's type was built from
         self._type: Any = None
         self.last: Update | None = None
@@ -77,14 +80,21 @@ class GatewayPv:
 
     def onFirstConnect(self, pv: Any) -> None:
         with self._lock:
+            if self._attached or self._retired:
+                return
             self._attached = True
         self.feed = self._feeds.attach(self.name.feed, self)
 
     def onLastDisconnect(self, pv: Any) -> None:
         with self._lock:
+            if self._retired:
+                return  # its own closing (a new type): already detached and forgotten
             self._attached = False
             self._type_key = None
             self.shared.close()
+        self._leave()
+
+    def _leave(self) -> None:
         self._feeds.detach(self.name.feed, self)
         self.feed = None
         self._forget(self)
@@ -112,13 +122,19 @@ class GatewayPv:
                 self._post_alarm(update, alarm)
                 return
             key, type_, full, changes = built
-            if key != self._type_key:
-                if self._type_key is not None:
-                    self.shared.close()
+            if key == self._type_key:
+                self.shared.post(changes if isinstance(changes, Value) else Value(type_, changes))
+                return
+            if self._type_key is None:
                 self._type_key, self._type = key, type_
                 self.shared.open(full if isinstance(full, Value) else Value(type_, full))
-            else:
-                self.shared.post(changes if isinstance(changes, Value) else Value(type_, changes))
+                return
+            # A new type: p4p cannot change an open PV's type, and closing it disconnects
+            # its clients, so this PV retires and their reconnection makes a new one.
+            self._retired = True
+            self._attached = False
+            self.shared.close()
+        self._leave()
 
     def _post_alarm(self, update: Update, alarm: metadata.AlarmState) -> None:
         head = _head(update)
@@ -182,6 +198,7 @@ class GatewayPv:
         """Close the SharedPV (the gateway is stopping): its clients are disconnected."""
         with self._lock:
             self._attached = False
+            self._retired = True
             self.shared.close()
 
 
