@@ -187,9 +187,11 @@ class Inbox:
             return batch
 
     def ready(self) -> bool:
-        """Something can be taken now (commands only while not paused)."""
-        with self._cond:
-            return self._ready_locked()
+        """Something can be taken now (commands only while not paused). Asked by a
+        simulation's driver before every step, from the one thread that also puts: no lock."""
+        if not self._items:
+            return False
+        return not self._paused or self._ready_locked()
 
     def _ready_locked(self) -> bool:
         if not self._paused:

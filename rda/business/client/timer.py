@@ -233,8 +233,10 @@ class Timer:
             return heap[0][0] if heap and not self._closed else None
 
     def ready(self) -> bool:
-        deadline = self.next_deadline()
-        return deadline is not None and deadline <= self._clock()
+        # Read without the lock (a driver's one thread; asked before every step): a dead
+        # entry on top may say True, and the step then only drops it.
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= self._clock() and not self._closed
 
     def step(self) -> None:
         self.run_due()

@@ -544,8 +544,10 @@ class DeadlineWatcher:
             return heap[0][0] if heap else None
 
     def ready(self) -> bool:
-        deadline = self.next_deadline()
-        return deadline is not None and deadline <= self._clock()
+        # Read without the lock (a driver's one thread; asked before every step): a cancelled
+        # entry on top may say True, and the step then only drops it.
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= self._clock()
 
     def step(self) -> None:
         self.run_due()

@@ -37,6 +37,7 @@ class Summary:
     steps: int = 0
     simulated: float = 0.0
     wall: float = 0.0
+    cpu: float = 0.0
     failures: list[RunResult] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -44,6 +45,7 @@ class Summary:
         self.seeds += 1
         self.steps += result.steps
         self.simulated += result.simulated
+        self.cpu += result.cpu
         if result.failure is not None:
             self.failures.append(result)
         for key, value in result.counts.items():
@@ -55,7 +57,9 @@ class Summary:
         lines = [
             f"{self.seeds} seeds, {len(self.failures)} failed; {self.steps} steps, "
             f"{self.simulated:.0f} s simulated in {self.wall:.1f} s "
-            f"({rate:.0f} steps/s, {per_min:.0f} seeds/min)",
+            f"({rate:.0f} steps/s, {per_min:.0f} seeds/min); per CPU second "
+            f"{self.steps / self.cpu if self.cpu else 0.0:.0f} steps, "
+            f"{self.seeds / self.cpu if self.cpu else 0.0:.1f} seeds",
             "  " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
         ]
         return "\n".join(lines)

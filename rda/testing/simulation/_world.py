@@ -14,6 +14,7 @@ import heapq
 import itertools
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,7 @@ class RunResult:
     failure: InvariantBroken | None
     trace: list[str]
     counts: dict[str, int]
+    cpu: float = 0.0  # CPU seconds of this process spent on the run (machine load aside)
 
 
 class Simulation:
@@ -513,6 +515,7 @@ class Simulation:
         rda_log.propagate = False
         failure: InvariantBroken | None = None
         steps = 0
+        cpu = time.process_time()
         try:
             with driven_by(self.driver):
                 steps = self._run()
@@ -532,6 +535,7 @@ class Simulation:
             failure,
             self.trace.lines(),
             dict(self.counts),
+            time.process_time() - cpu,
         )
 
     def _run(self) -> int:
