@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rda.pipeline.recorder.converter import column_or_null, partition_path
+from rda.pipeline.recorder.converter import column_or_null, group_rows, partition_path
 from rda.pipeline.recorder.journal import fsync_directory, write_durably
 from rda.pipeline.recorder.schema import merge_types
 from rda.pipeline.recorder.store import Store
@@ -283,7 +283,9 @@ def _merge_files(output: Path, inputs: list[Path]) -> None:
                     {f.name: column_or_null(table, f.name, f.type) for f in schema},
                     schema=schema,
                 )
-            writer.write_table(table.replace_schema_metadata(schema.metadata))
+            writer.write_table(
+                table.replace_schema_metadata(schema.metadata), row_group_size=group_rows(table)
+            )
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)

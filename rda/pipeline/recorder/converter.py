@@ -91,6 +91,9 @@ def partition_dir(store: Store, device: str, prop: str, date: str) -> str:
     )
 
 
+ROW_GROUP_BYTES = 16 << 20  # uncompressed bytes per Parquet row group, about
+
+
 class _Target(NamedTuple):
     """Where a Parquet file goes: one argument, so ``_write_parquet(target, table)`` stays the
     single seam a crash test wraps."""
@@ -99,9 +102,17 @@ class _Target(NamedTuple):
     path: str
 
 
+def group_rows(table: pa.Table) -> int:
+    """Rows per Parquet row group: about :data:`ROW_GROUP_BYTES` of data each (at most a
+    million rows), so that a reader of a window (the history server, DuckDB, Spark) decodes
+    the groups it needs, not a whole file of big arrays."""
+    per_row = max(1, int(table.nbytes) // max(1, int(table.num_rows)))
+    return max(1, min(1 << 20, ROW_GROUP_BYTES // per_row))
+
+
 def _write_parquet(target: _Target, table: pa.Table) -> None:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", row_group_size=group_rows(table))
     target.store.write(target.path, sink.getvalue())
 
 

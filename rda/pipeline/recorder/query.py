@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import datetime
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ class _Source:
     last: int
     path: str
     journal: bool
+    group: int = -1  # a Parquet file's row group (a file too big to keep whole), -1: all
 
 
 def _days(start: int, end: int) -> list[str]:
@@ -216,6 +218,10 @@ class HistoryReader:
         self._tables: collections.OrderedDict[
             tuple[str, int], tuple[pa.Table, np.ndarray[Any, Any] | None]
         ] = collections.OrderedDict()
+        self._table_sizes: dict[tuple[str, int], int] = {}
+        self._spans: collections.OrderedDict[tuple[str, int], list[tuple[int, int, int]]] = (
+            collections.OrderedDict()
+        )
         self._table_bytes = 0
 
     def known(self, device: str, prop: str) -> bool:
@@ -240,25 +246,35 @@ class HistoryReader:
                 return True, self._ranges[key]
         return False, None
 
-    def _file_range(self, path: str, size: int) -> tuple[int, int] | None:
-        key = (path, str(size), "")
-        hit, value = self._cached(key)
-        if hit:
-            return value
+    def _file_spans(self, path: str, size: int) -> list[tuple[int, int, int]]:
+        """``(row group or -1 for the whole file, first stamp, last stamp)`` of a Parquet file:
+        one span for a file small enough to keep decoded, one per row group otherwise."""
+        key = (path, size)
+        with self._lock:
+            if key in self._spans:
+                self._spans.move_to_end(key)
+                return self._spans[key]
         metadata = pq.read_metadata(path, filesystem=self.store.fs)
         index = metadata.schema.names.index("acq_stamp")
-        low: int | None = None
-        high: int | None = None
+        groups: list[tuple[int, int, int]] = []
         for group in range(metadata.num_row_groups):
-            stats = metadata.row_group(group).column(index).statistics
+            row_group = metadata.row_group(group)
+            if not row_group.num_rows:
+                continue
+            stats = row_group.column(index).statistics
             if stats is None or not stats.has_min_max:
-                low, high = -(2**63), 2**63 - 1  # no statistics: always read it
-                break
-            low = stats.min if low is None else min(low, stats.min)
-            high = stats.max if high is None else max(high, stats.max)
-        value = None if low is None or high is None else (int(low), int(high))
-        self._remember(key, value)
-        return value
+                groups.append((group, -(2**63), 2**63 - 1))  # no statistics: always read it
+            else:
+                groups.append((group, int(stats.min), int(stats.max)))
+        whole = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
+        spans = groups
+        if groups and whole <= _TABLE_CACHE_BYTES // 4:
+            spans = [(-1, min(g[1] for g in groups), max(g[2] for g in groups))]
+        with self._lock:
+            self._spans[key] = spans
+            if len(self._spans) > _CACHE:
+                self._spans.popitem(last=False)
+        return spans
 
     def _segment_range(self, path: Path, device: str, prop: str) -> tuple[int, int] | None:
         key = (str(path), device, prop)
@@ -294,9 +310,8 @@ class HistoryReader:
                 name = str(info.base_name)
                 if not name.endswith(".parquet") or name.startswith(("_", ".")):
                     continue
-                span = self._file_range(info.path, int(info.size or 0))
-                if span is not None:
-                    found.append(_Source(span[0], span[1], info.path, False))
+                for group, first, last in self._file_spans(info.path, int(info.size or 0)):
+                    found.append(_Source(first, last, info.path, False, group))
         return sorted((s for s in found if s.last >= low and s.first < end), key=lambda s: s.first)
 
     # --- reading --------------------------------------------------------------------------------
@@ -314,7 +329,7 @@ class HistoryReader:
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
                 pieces.append((table.filter(mask), data.filter(mask)))
             return pieces
-        table, stamps = self._parquet(source.path)
+        table, stamps = self._parquet(source.path, source.group)
         if stamps is not None:  # in stamp order (the usual case): the window is a slice
             first = int(np.searchsorted(stamps, low, "left"))
             table = table.slice(first, int(np.searchsorted(stamps, end, "left")) - first)
@@ -328,25 +343,32 @@ class HistoryReader:
         )
         return [(table.drop_columns(["data"]), data)]
 
-    def _parquet(self, path: str) -> tuple[pa.Table, np.ndarray[Any, Any] | None]:
-        """A whole Parquet file, decoded once and kept (bounded by bytes, least recent out),
-        with its stamps when they are in order (else None)."""
+    def _parquet(self, path: str, group: int) -> tuple[pa.Table, np.ndarray[Any, Any] | None]:
+        """A Parquet file (``group`` -1) or one of its row groups, decoded once and kept
+        (bounded by bytes, least recent out), with its stamps when they are in order (else
+        None): a long answer reads each once, not once per chunk."""
+        key = (path, group)
         with self._lock:
-            for key in self._tables:
-                if key[0] == path:
-                    self._tables.move_to_end(key)
-                    return self._tables[key]
-        table = pq.read_table(path, filesystem=self.store.fs)
+            entry = self._tables.get(key)
+            if entry is not None:
+                self._tables.move_to_end(key)
+                return entry
+        if group < 0:
+            table = pq.read_table(path, filesystem=self.store.fs)
+        else:
+            with self.store.fs.open_input_file(path) as source:
+                table = pq.ParquetFile(source).read_row_group(group)
         stamps = table.column("acq_stamp").to_numpy()
         entry = (table, stamps if _sorted(stamps) else None)
-        size = table.nbytes
+        size = int(table.nbytes)
         if size <= _TABLE_CACHE_BYTES // 4:
             with self._lock:
-                self._tables[(path, size)] = entry
+                self._tables[key] = entry
+                self._table_sizes[key] = size
                 self._table_bytes += size
                 while self._table_bytes > _TABLE_CACHE_BYTES:
-                    (_, old), _ = self._tables.popitem(last=False)
-                    self._table_bytes -= old
+                    old, _ = self._tables.popitem(last=False)
+                    self._table_bytes -= self._table_sizes.pop(old)
         return entry
 
     def chunk(
@@ -366,19 +388,16 @@ class HistoryReader:
         if end <= low or max_rows < 1:
             return Chunk.empty()
         pieces: list[_Piece] = []
-        stamps: list[np.ndarray[Any, Any]] = []
         count = 0
         left_over = False
         sources = self._sources(device, prop, low, end)
+        size = 0
         for source in sources:
-            if count >= max_rows:
-                joined = np.concatenate(stamps)
-                # Rows at the cursor's stamp may be delivered already: they do not count
-                # towards this chunk's max_rows (else it could end a row short).
-                wanted = max_rows + (int(np.count_nonzero(joined == low)) if after else 0)
-                if count >= wanted and source.first > np.partition(joined, wanted - 1)[wanted - 1]:
-                    left_over = True  # unread sources: rows remain after this chunk
-                    break
+            if (count >= max_rows or size >= max_bytes) and source.first > self._bound(
+                pieces, low if after else None, max_rows, max_bytes
+            ):
+                left_over = True  # unread sources: rows remain after this chunk
+                break
             try:
                 read = self._read(source, device, prop, low, end)
             except FileNotFoundError:
@@ -402,12 +421,31 @@ class HistoryReader:
                 if table.num_rows:
                     piece = _Piece(table, data, self.recorder_id if source.journal else None)
                     pieces.append(piece)
-                    stamps.append(piece.acq)
                     count += table.num_rows
+                    size += piece.row_bytes * table.num_rows
         chunk = self._assemble(pieces, after, max_rows, max_bytes)
         if left_over and not chunk.more and len(chunk):
             chunk = dataclasses.replace(chunk, more=True)
         return chunk
+
+    @staticmethod
+    def _bound(pieces: list[_Piece], cursor: int | None, max_rows: int, max_bytes: int) -> float:
+        """The stamp past which no row can make this chunk, from the rows read so far: that of
+        its ``max_rows``-th row, or of the row where its ``max_bytes`` are reached. Rows at
+        the cursor's stamp may be delivered already: they count towards neither (else a chunk
+        could end a row short)."""
+        joined = np.concatenate([p.acq for p in pieces])
+        order = np.argsort(joined, kind="stable")
+        ordered = joined[order]
+        skip = int(np.count_nonzero(joined == cursor)) if cursor is not None else 0
+        bound = math.inf
+        if len(ordered) >= max_rows + skip:
+            bound = float(ordered[max_rows + skip - 1])
+        sizes = np.concatenate([np.full(len(p.acq), p.row_bytes, np.int64) for p in pieces])
+        spent = np.cumsum(sizes[order][skip:])
+        if len(spent) and spent[-1] >= max_bytes:
+            bound = min(bound, float(ordered[skip + int(np.searchsorted(spent, max_bytes))]))
+        return bound
 
     def _assemble(
         self, pieces: list[_Piece], after: Cursor | None, max_rows: int, max_bytes: int
