@@ -175,11 +175,16 @@ class EtcdGateway:
 
     # -- key-value ---------------------------------------------------------------------------
 
-    def range(self, key: str, *, prefix: bool = False) -> tuple[int, list[KeyValue]]:
-        """``(revision, kvs)`` for ``key`` (or every key under it with ``prefix``)."""
+    def range(
+        self, key: str, *, prefix: bool = False, keys_only: bool = False
+    ) -> tuple[int, list[KeyValue]]:
+        """``(revision, kvs)`` for ``key`` (or every key under it with ``prefix``);
+        ``keys_only``: without the values (empty), revisions and leases still given."""
         body: dict[str, Any] = {"key": _b64(key)}
         if prefix:
             body["range_end"] = _range_end_b64(prefix_end(key))
+        if keys_only:
+            body["keys_only"] = True
         answer = self.call("kv/range", body)
         revision = int(answer.get("header", {}).get("revision", 0))
         return revision, [_key_value(kv) for kv in answer.get("kvs", [])]

@@ -247,22 +247,25 @@ class Registration:
         server reports the lost key); one that only partly overlaps stays, and exact names
         win over patterns when clients resolve."""
         prefix = f"{self._prefix}devices/"
-        _, kvs = self._gateway.range(prefix, prefix=True)
-        ours: dict[str, int] = {}
-        theirs: dict[str, tuple[str, int]] = {}
-        for kv in kvs:
-            holder = _holder(kv)
-            name = kv.key[len(prefix) :]
-            if holder == self.entry.name:
-                ours[name] = kv.mod_revision
-            else:
-                theirs[name] = (holder, kv.mod_revision)
-        mine = sorted(self.entry.devices)
+        # Names only (a server of 10,000 devices reads no values): a key named as one of our
+        # devices is ours, or an exact clash the transactions settle; the others are read
+        # one by one, only those that overlap ours.
+        _, kvs = self._gateway.range(prefix, prefix=True, keys_only=True)
+        revisions = {kv.key[len(prefix) :]: kv.mod_revision for kv in kvs}
+        names = set(self.entry.devices)
+        theirs = {name for name in revisions if name not in names}
+        mine = sorted(names)
         while (found := overlap(mine, theirs)) is not None:
             device, other = found
-            holder, revision = theirs.pop(other)
-            if device == other or (written and revision > ours.get(device, 0)):
+            theirs.discard(other)
+            if written and revisions[other] > revisions.get(device, 0):
                 continue
+            _, current = self._gateway.range(f"{prefix}{other}")
+            if not current:
+                continue  # gone meanwhile
+            holder = _holder(current[0])
+            if holder == self.entry.name:
+                continue  # left by an earlier registration of this same server name
             owner = self._server_entry(holder)
             self._take_over_or_refuse(clash_text(self.entry.name, device, other), owner)
             if covers(device, other):
