@@ -6,6 +6,7 @@ import datetime
 import json
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -127,6 +128,20 @@ def test_every_reader_sees_each_row_once_at_every_step_of_a_compaction(tmp_path:
     _once(_local_rows(tmp_path), total)
     _once(_server_rows(tmp_path), total)
     assert not list(tmp_path.glob("device=*/property=*/date=*/_compaction.json"))
+    # A reader without rda (DuckDB over the whole store, hive partitions) counts the same
+    # rows and first stamp as local_get, and the field types survive the rewrite.
+    con = duckdb.connect()
+    answer = con.execute(
+        f"SELECT count(*), min(acq_stamp), count(DISTINCT seq) FROM read_parquet("
+        f"'{tmp_path}/**/*.parquet', hive_partitioning=true) WHERE date = '2024-03-01'"
+    ).fetchone()
+    table = local_get(tmp_path, [f"{d}/Acq" for d in DEVICES], T0, T0 + 2 * HOUR_NS)
+    assert answer == (table.num_rows, table.column("acq_stamp")[0].as_py(), total)
+    kinds = con.execute(
+        f"SELECT column_name, column_type FROM (DESCRIBE SELECT data.* "
+        f"FROM read_parquet('{tmp_path}/**/*.parquet'))"
+    ).fetchall()
+    assert dict(kinds) == {"x": "DOUBLE", "n": "BIGINT"}
     # A further round finds nothing to do.
     assert compact_store(tmp_path, clock=lambda: AFTER + 120) == compact_store(
         tmp_path, clock=lambda: AFTER + 180
