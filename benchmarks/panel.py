@@ -562,8 +562,13 @@ def views_part(count: int, rate: float, seconds: float, folder: Path, turns: int
                 page.close()
                 page = browser.new_page(viewport={"width": 1600, "height": 1000})
                 page.goto(_layout_link(url, count))
+                # Every view open, and those on screen live (off-screen views get no frames:
+                # the panel holds them until they show).
                 page.wait_for_function(
-                    """(n) => window.rdaViewsFed.size >= n""", arg=count, timeout=120_000
+                    """(n) => document.querySelectorAll('article[data-view]').length >= n
+                        && document.querySelectorAll('.view-head.status-ok').length >= 6""",
+                    arg=count,
+                    timeout=120_000,
                 )
                 cpu0, t0 = _cpu_seconds(panel.pid), time.monotonic()
                 loaded_turns.append(_frame_stats(page.evaluate(_FRAME_TIMES, seconds), seconds))

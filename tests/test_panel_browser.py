@@ -191,7 +191,7 @@ class Ticker(rda.Device):
 
     @rda.prop("Value", blocking=False)
     def value(self, request):
-        return rda.Data(value=float(self.count), count=self.count)
+        return rda.Data(value=self.count + 1 / 3, count=self.count)
 
     @rda.prop("Setting", schema=Level, blocking=False, fields={"level": rda.Field(
         units="A", precision=2, limits=(-10.0, 10.0), warning=(None, 5.0), alarm=(None, 8.0))})
@@ -218,7 +218,7 @@ with builder.build() as server:
         if not paused:
             device.count += 1
             now = time.time_ns()
-            data = rda.Data(value=float(device.count), count=device.count)
+            data = rda.Data(value=device.count + 1 / 3, count=device.count)
             device.publish("Value", rda.AcquiredData(data, rda.DataContext("", now, now, "")))
 """
 
@@ -345,6 +345,11 @@ def test_acquisition_shows_a_value_that_changes_and_takes_a_selector(
     expect(current).not_to_have_text(first, timeout=2_000)
     expect(view.locator('tr[data-field="current"] td.ftype')).to_have_text("float64")
     expect(view.locator('tr[data-field="unit"] td.fvalue')).to_have_text('"A"')
+    # The demo declares the current's precision (4) and units: "-0.0039 A", the full value in
+    # the cell's tooltip.
+    shown, full = current.evaluate("c => [c.firstChild.nodeValue, c.title]")  # one instant
+    assert re.fullmatch(r"-?\d+\.\d{4} A", shown), shown
+    assert float(full) == pytest.approx(float(shown.split()[0]), abs=1e-4)
     expect(view.get_by_test_id("update-type")).to_have_text("NORMAL")
     expect(view.get_by_test_id("cycle")).to_contain_text("CPS.USER.")
     shot(page, "panel-acquisition")
@@ -497,6 +502,11 @@ def test_a_paused_publisher_turns_the_view_stale_with_its_last_good_time(
         # Judged once the rate is measured on enough updates (10 at 10 Hz here).
         wait_count(page, "TICK/Value", "received", 12)
         expect(view).to_have_attribute("data-stale", "false")
+        # No precision declared: 6 significant digits (12.3333), not the repr's 17.
+        shown = view.locator('tr[data-field="value"] td.fvalue').evaluate(
+            "c => c.firstChild.nodeValue"
+        )
+        assert re.fullmatch(r"\d+\.\d+", shown) and len(shown.replace(".", "")) == 6, shown
         os.kill(proc.pid, signal.SIGUSR1)
         lines.wait_for("paused", WAIT / 1000)
         expect(view).to_have_attribute("data-stale", "true", timeout=WAIT)

@@ -64,11 +64,15 @@ function number(value) {
 }
 
 // A scalar as the property declares it: its precision (digits after the point) and units.
+// Without a declared precision a float shows 6 significant digits (as EPICS displays do
+// without PREC), not the 17 of its repr; the full value is the cell's tooltip.
 export function formatScalar(value, type, meta) {
   if (value === null || value === undefined) return "NaN";
   if (typeof value === "boolean") return String(value);
-  let text = meta && meta.precision !== undefined && meta.precision !== null && !type.startsWith("INT")
-    ? value.toFixed(meta.precision) : String(value);
+  const float = type.startsWith("FLOAT");
+  const precision = meta && meta.precision !== undefined && meta.precision !== null ? meta.precision : null;
+  let text = !float ? String(value)
+    : precision !== null ? value.toFixed(precision) : String(Number(value.toPrecision(6)));
   if (meta && meta.units) text += ` ${meta.units}`;
   return text;
 }
@@ -456,7 +460,10 @@ export class PropertyView {
         const text = field.kind === "scalar"
           ? formatScalar(field.value, field.type, this.fieldMeta(field.name))
           : JSON.stringify(field.kind === "string" ? field.value : field.items);
-        if (cell.firstChild.nodeValue !== text) cell.firstChild.nodeValue = text;
+        if (cell.firstChild.nodeValue !== text) {
+          cell.firstChild.nodeValue = text;
+          if (field.kind === "scalar") cell.title = String(field.value);
+        }
         const alarm = this.alarm && this.alarm.field === field.name ? this.alarm.severity : null;
         if ((row.dataset.alarm || null) !== alarm) {
           if (alarm) row.dataset.alarm = alarm; else delete row.dataset.alarm;
@@ -479,6 +486,7 @@ export class PropertyView {
       if (field.kind === "scalar") {
         const meta = this.fieldMeta(field.name);
         valueCell.textContent = formatScalar(field.value, field.type, meta);
+        valueCell.title = String(field.value);
         if (field.type !== "BOOL") {
           valueCell.append(" ", el("button", { class: "chart-add", type: "button",
             title: "add to the strip chart", "data-chart": `${this.id}/${field.name}`,
