@@ -8,11 +8,13 @@ also checked without a network.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -25,7 +27,8 @@ import rda
 from rda.business.server.builder import Server
 from rda.business.server.devices import Device, prop
 from rda.business.server.requests import GetRequest, SetRequest
-from rda.gateway.puts import PutRefused, PutRules, load_rules, peer_host, to_set
+from rda.gateway.naming import PvName
+from rda.gateway.puts import PutGate, PutRefused, PutRules, load_rules, peer_host, to_set
 from rda.testing import GatewayProcess, PvaIsland
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +98,44 @@ def test_a_property_put_sets_the_changed_fields() -> None:
     assert dict(data.items()) == {"count": 7}
     with pytest.raises(PutRefused, match="changes no field"):
         to_set((), current, Value(type_, {}))
+
+
+class _Op:
+    """A pvAccess put as p4p hands it to the handler."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def account(self) -> str:
+        return "mallory"
+
+    def peer(self) -> str:
+        return "10.9.8.7:40000"
+
+    def value(self) -> Any:
+        return _scalar("d", 1.0)
+
+    def done(self, value: Any = None, error: str | None = None) -> None:
+        assert error is not None
+        self.errors.append(error)
+
+
+def test_a_flood_of_refused_puts_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = PutGate(cast(Any, None), clock=lambda: 0.0)  # time stands still: one interval
+    pv = SimpleNamespace(text="PS1/Setting.current", name=PvName("PS1", "Setting", ("current",)))
+    op = _Op()
+    with caplog.at_level(logging.INFO, logger="rda.gateway.puts"):
+        for _ in range(50):
+            gate(cast(Any, pv), op)
+    assert gate.refused == 50 and len(op.errors) == 50
+    assert all("puts are disabled" in e for e in op.errors)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines == [
+        "put PS1/Setting.current by mallory@10.9.8.7 refused: puts are disabled "
+        "(the gateway runs without --allow-put)"
+    ]
 
 
 # -- through a gateway process ----------------------------------------------------------------

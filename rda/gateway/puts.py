@@ -13,6 +13,10 @@ The peer's account is what its pvAccess client declares (the user name of the pr
 not authenticated); the host is the peer's IP address. The set then runs under the gateway's
 own rda principal, so the rda server's policy still decides (docs/gateway.md, "Security").
 
+Every put is logged with its peer (``account@host``): an allowed one and its outcome always,
+a refused one at most once a second (anyone who reaches the port can cause those; the next
+line says how many were not logged, and ``PutGate.refused`` counts each).
+
 A put on a field PV sets that one field, typed as the property's current value types it; a
 put on the property PV sets the fields of ``value`` the client marked changed. A refused put
 is answered with the reason, an rda error with its text.
@@ -23,8 +27,9 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
+import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,7 @@ from rda.business.client.service import ClientService
 from rda.gateway.metadata import error_text
 from rda.gateway.pvs import GatewayPv
 from rda.serialization.data import NUMERIC_DTYPES, Data, DataType
+from rda.transport.ratelog import RateLimitedLog
 
 __all__ = ["PutGate", "PutRule", "PutRules", "load_rules", "peer_host"]
 
@@ -97,6 +103,7 @@ class PutGate:
         allow_put: bool = False,
         rules: PutRules | None = None,
         timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self.allow_put = allow_put
@@ -106,6 +113,7 @@ class PutGate:
         self.allowed = 0
         self.refused = 0
         self.failed = 0
+        self._refusals = RateLimitedLog(log, clock=clock)
 
     def _count(self, outcome: str) -> None:
         with self._lock:
@@ -119,7 +127,9 @@ class PutGate:
             data = self._check(pv, account, host, op.value())
         except PutRefused as exc:
             self._count("refused")
-            log.warning("put %s by %s refused: %s", pv.text, who, exc)
+            # Anyone who reaches the port can cause these: at most a line a second, the
+            # next saying how many were not logged (every one is counted in ``refused``).
+            self._refusals.log("refused puts", "put %s by %s refused: %s", pv.text, who, exc)
             op.done(error=str(exc))
             return
         name = pv.name
