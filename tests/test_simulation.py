@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rda.testing.simulation import ALL_FAULTS, SimSettings, run_seed, run_seeds
+from rda.testing.simulation import ALL_FAULTS, SimSettings, run_seed, run_seeds, shrink
 
 #: The budget ``make test`` runs with every fault (see docs/testing.md for the arithmetic).
 BUDGET = int(os.environ.get("RDA_SIM_SEEDS", "2000"))
@@ -60,11 +60,15 @@ def test_a_broken_invariant_names_itself_and_the_events_before_it() -> None:
     _invariants.SubWatch.listener = twice  # type: ignore[method-assign]
     try:
         result = run_seed(3, SimSettings(faults=frozenset()))
+        small, again = shrink(3, SimSettings(faults=frozenset()))
     finally:
         _invariants.SubWatch.listener = original  # type: ignore[method-assign]
     assert result.failure is not None
     assert result.failure.name in ("sequence-increases", "received-plus-gaps")
     assert result.trace, "a failure comes with the events before it"
+    # Shrunk: the workload ends right after the failure, which stays the same one.
+    assert again.failure is not None and again.failure.name == result.failure.name
+    assert small.duration < SimSettings().duration
 
 
 # --- regressions: (faults, seed) that broke an invariant before the fix named ---

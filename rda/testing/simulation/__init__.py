@@ -8,7 +8,7 @@ invariants and how to run one's own devices in it: docs/testing.md.
 """
 
 from rda.testing.simulation._model import ALL_FAULTS, InvariantBroken, SimSettings
-from rda.testing.simulation._runner import Summary, replay, run_seed, run_seeds
+from rda.testing.simulation._runner import Summary, replay, run_seed, run_seeds, shrink
 from rda.testing.simulation._world import RunResult, Simulation
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "replay",
     "run_seed",
     "run_seeds",
+    "shrink",
 ]

@@ -7,7 +7,7 @@ import sys
 import click
 
 from rda.testing.simulation._model import ALL_FAULTS, SimSettings
-from rda.testing.simulation._runner import replay, run_seeds
+from rda.testing.simulation._runner import replay, run_seeds, shrink
 
 
 @click.command()
@@ -23,6 +23,13 @@ from rda.testing.simulation._runner import replay, run_seeds
 @click.option("--duration", type=float, default=3.0, show_default=True)
 @click.option("--quiet", type=float, default=10.0, show_default=True)
 @click.option("--replay", "replay_seed", type=int, default=None, help="Replay one seed, verbosely.")
+@click.option(
+    "--shrink",
+    "shrink_seed",
+    type=int,
+    default=None,
+    help="Find fewer faults and a shorter workload with which this seed still fails.",
+)
 def main(
     seeds: int,
     first: int,
@@ -31,6 +38,7 @@ def main(
     duration: float,
     quiet: float,
     replay_seed: int | None,
+    shrink_seed: int | None,
 ) -> None:
     """Deterministic simulation of rda clients and servers under faults (docs/testing.md)."""
     chosen = frozenset() if faults == "none" else frozenset(f.strip() for f in faults.split(","))
@@ -38,6 +46,16 @@ def main(
     if unknown:
         raise click.BadParameter(f"unknown fault(s): {', '.join(sorted(unknown))}")
     settings = SimSettings(faults=chosen, duration=duration, quiet=quiet)
+    if shrink_seed is not None:
+        small, result = shrink(shrink_seed, settings)
+        click.echo(f"seed {shrink_seed}: {result.failure} ({result.steps} steps)")
+        click.echo("\n".join("  " + line for line in result.trace[-25:]))
+        faults_arg = ",".join(sorted(small.faults)) or "none"
+        click.echo(
+            f"  replay: python -m rda.testing.simulation --replay {shrink_seed} "
+            f"--faults {faults_arg} --duration {small.duration:g} --quiet {small.quiet:g}"
+        )
+        sys.exit(1)
     if replay_seed is not None:
         result = replay(replay_seed, settings)
         if result.failure is not None:

@@ -11,12 +11,13 @@ import multiprocessing
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rda.testing.simulation._model import SimSettings
+from rda.testing.simulation._world import START as _START
 from rda.testing.simulation._world import RunResult, Simulation
 
-__all__ = ["Summary", "replay", "run_seed", "run_seeds"]
+__all__ = ["Summary", "replay", "run_seed", "run_seeds", "shrink"]
 
 
 def run_seed(seed: int, settings: SimSettings | None = None, verbose: bool = False) -> RunResult:
@@ -27,6 +28,42 @@ def run_seed(seed: int, settings: SimSettings | None = None, verbose: bool = Fal
 def replay(seed: int, settings: SimSettings | None = None) -> RunResult:
     """Run ``seed`` again, printing every event as it happens."""
     return run_seed(seed, settings, verbose=True)
+
+
+def shrink(seed: int, settings: SimSettings | None = None) -> tuple[SimSettings, RunResult]:
+    """A smaller run of ``seed`` that still breaks the same invariant: faults left out one at
+    a time, then the workload shortened, each change kept only if the failure stays.
+
+    The seed draws differently once a fault is gone, so this is a search among smaller
+    schedules of the same seed, not a cut of the original one; what it returns replays
+    exactly (``--replay SEED`` with the settings it prints)."""
+    settings = settings or SimSettings()
+    best = run_seed(seed, settings)
+    if best.failure is None:
+        raise ValueError(f"seed {seed} breaks no invariant with these settings")
+    name = best.failure.name
+
+    def still_fails(candidate: SimSettings) -> RunResult | None:
+        result = run_seed(seed, candidate)
+        failure = result.failure
+        return result if failure is not None and failure.name == name else None
+
+    # Nothing after the failure matters: a workload (and faults) that end right after it
+    # replay the same steps up to it.
+    assert best.failure is not None
+    cut = replace(settings, duration=max(0.01, best.failure.at - _START + 0.001))
+    if (result := still_fails(cut)) is not None:
+        settings, best = cut, result
+    for fault in sorted(settings.faults):
+        candidate = replace(settings, faults=settings.faults - {fault})
+        if (result := still_fails(candidate)) is not None:
+            settings, best = candidate, result
+    while settings.duration > 0.1:
+        candidate = replace(settings, duration=settings.duration / 2)
+        if (result := still_fails(candidate)) is None:
+            break
+        settings, best = candidate, result
+    return settings, best
 
 
 @dataclass(slots=True)

@@ -33,9 +33,11 @@ from rda.testing.simulation._invariants import Checker, LogWatch, RequestWatch, 
 from rda.testing.simulation._model import InvariantBroken, SimSettings, Trace
 from rda.testing.simulation._network import Flight, SimNetwork
 
-__all__ = ["RunResult", "Simulation"]
+__all__ = ["START", "RunResult", "Simulation"]
 
-_START = 1000.0
+#: The simulated clock's reading when a run starts.
+START = 1000.0
+_START = START
 
 
 def _describe(pick: Adopted | Flight | None) -> str:
