@@ -294,3 +294,31 @@ def test_every_ending_is_counted_once_with_timeouts_and_close_racing(
     # Only a request that timed out here can have a late answer (the server's, at its deadline).
     assert stats.late_replies <= outcomes["local timeout"]
     assert stats.round_trips[0]["get"].count == stats.replies + stats.errors
+
+
+def test_a_reply_handled_after_its_deadline_ends_the_request_as_a_timeout() -> None:
+    # Found by rda.testing.simulation (faults pause,delay, seeds 7044 and 7051:
+    # no-reply-after-timeout) and by benchmarks/soak.py (late_values): a paused or starved
+    # client handled a reply after the deadline, before its timer ran, and its user got a
+    # value after the timeout. Checked to fail before the fix (the future held the value).
+    from rda.business.client.replies import Pending, ReplyFuture, get_result
+    from rda.business.client.requests import RequestTable
+    from rda.serialization.header import Header, RequestType
+    from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message
+
+    now = [100.0]
+    table = RequestTable(lambda: now[0])
+    try:
+        future = ReplyFuture(get_result)
+        rid = table.add(Pending(future, 1, "GET", "D", "P", 1.0, now[0]))
+        now[0] += 1.5  # the timer has not run: the process was stopped meanwhile
+        frames = encode_message(
+            Kind.REPLY, Header(RequestType.REPLY, rid, device="D", property="P")
+        )
+        event = decode_frames(list(frames), from_server=True)
+        assert isinstance(event, Incoming)
+        table.reply(event.message)
+        assert isinstance(future.exception(0), TimeoutError)
+        assert table.counts().timeouts == 1
+    finally:
+        table.close()

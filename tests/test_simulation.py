@@ -83,6 +83,11 @@ REGRESSIONS = [
     # CONNECT_ACK and took effect after a later, acknowledged set (set-then-get): the client
     # session core drops a get or set from its backlog once its request ended.
     pytest.param(",".join(ALL_FAULTS), 2464, id="all-2464-timed-out-set-sent-later"),
+    # A paused client handled a reply after its deadline, before its timer ran, and gave the
+    # user a value after the timeout (no-reply-after-timeout): RequestTable.reply ends such
+    # a request as a timeout.
+    pytest.param("pause,delay", 7044, id="pause-7044-value-after-timeout"),
+    pytest.param("pause,delay", 7051, id="pause-7051-value-after-timeout"),
 ]
 
 

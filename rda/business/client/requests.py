@@ -167,12 +167,21 @@ class RequestTable:
             if p is None:
                 self._late += 1  # ended already (deadline, cancel): dropped
                 return
-            if message.header.request_type is RequestType.EXCEPTION:
-                self._errors += 1
+            elapsed = self._clock() - p.sent_at
+            if elapsed > p.timeout:
+                # Its deadline passed before the timer ran (a paused or starved process):
+                # it ends as at its deadline; no value reaches a user after its timeout.
+                self._late += 1
+                self._timeouts += 1
+                late = True
             else:
-                self._replies += 1
-            self._round_trips.add(p.op, p.device, self._clock() - p.sent_at)
-        complete(p.future, message)
+                late = False
+                if message.header.request_type is RequestType.EXCEPTION:
+                    self._errors += 1
+                else:
+                    self._replies += 1
+                self._round_trips.add(p.op, p.device, elapsed)
+        complete(p.future, _timeout_error(p) if late else message)
 
     def lane_reply(self, rid: int, message: Message, done: LaneCompletion) -> Message:
         """The reply a caller read on its lane: the message, or, when the request ended
@@ -208,10 +217,7 @@ class RequestTable:
             if p is None:
                 return
             self._timeouts += 1
-        error = TimeoutError(
-            f"{p.op} {p.device}/{p.property}: no reply within {p.timeout:g} s (request abandoned)"
-        )
-        complete(p.future, error)
+        complete(p.future, _timeout_error(p))
 
     def abandon(self, rid: int) -> None:
         """The caller cancelled its future: forget the request (a reply is then late)."""
@@ -292,3 +298,9 @@ class RequestTable:
                 self._disconnected,
             )
         return RequestCounts(*counts, round_trips=self._round_trips.snapshot())
+
+
+def _timeout_error(p: Pending) -> TimeoutError:
+    return TimeoutError(
+        f"{p.op} {p.device}/{p.property}: no reply within {p.timeout:g} s (request abandoned)"
+    )

@@ -195,7 +195,7 @@ class Checker:
         error = future.exception()
         watch.outcome = "ok" if error is None else type(error).__name__
         late = now > watch.issued + watch.timeout + 1e-9
-        if error is None and late and not watch.paused:
+        if error is None and late:
             self.broken(
                 "no-reply-after-timeout",
                 f"{watch.label}: a value at t={now:.6f}, after its deadline "
