@@ -74,6 +74,7 @@ def test_store_layout_and_schema_contract(tmp_path: Path) -> None:
             ("seq", pa.int64()),
             ("error", pa.string()),
             ("update_type", pa.string()),
+            ("alarm_severity", pa.int8()),
             ("data", pa.struct([("x", pa.float64())])),
         ]
     )
@@ -87,6 +88,7 @@ def test_store_layout_and_schema_contract(tmp_path: Path) -> None:
     assert row["ts"] == datetime.datetime.fromtimestamp(DAY2 // 1000 / 1e6, datetime.UTC)
     assert (row["selector"], row["cycle_name"], row["recorder_id"]) == ("SEL", "CYC", "r1")
     assert row["update_type"] == "NORMAL"
+    assert row["alarm_severity"] is None  # offered without an alarm state
     metadata = pq.ParquetFile(
         partition_path(tmp_path, "PS1", "Acq", "2024-03-02") / "part-r1-2-3.parquet"
     ).metadata

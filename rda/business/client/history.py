@@ -137,8 +137,8 @@ def value_columns(table: pa.Table) -> list[str]:
 def shape_table(chunk: pa.Table) -> pa.Table:
     """A chunk as ``history_table`` returns it: ``time`` (``timestamp[ns, UTC]``, the
     acquisition stamp) first, the chunk's meta columns, then one column per top-level field
-    of the value (the ``data`` struct flattened, zero-copy; a field's Arrow metadata, e.g.
-    its units, kept)."""
+    of the value (the ``data`` struct flattened, zero-copy), a field with declared units
+    carrying them as its Arrow field metadata ``units`` (and the table's ``rda.units``)."""
     import pyarrow as pa
 
     arrays = [chunk.column("acq_stamp").cast(pa.timestamp("ns", tz="UTC"))]
@@ -148,9 +148,12 @@ def shape_table(chunk: pa.Table) -> pa.Table:
             arrays.append(chunk.column(field.name))
             fields.append(field)
     values: list[str] = []
+    units = json.loads((chunk.schema.metadata or {}).get(b"rda.units", b"{}"))
     if "data" in chunk.schema.names and pa.types.is_struct(chunk.schema.field("data").type):
         data = chunk.column("data")
         for child, field in zip(data.flatten(), data.type, strict=True):
+            if units.get(field.name):
+                field = field.with_metadata({**(field.metadata or {}), b"units": units[field.name]})
             field = field.with_name(field_column(field.name))
             arrays.append(child)
             fields.append(field)

@@ -62,6 +62,7 @@ STORE_COLUMNS = (
     "seq",
     "error",
     "update_type",
+    "alarm_severity",
     "data",
 )
 
@@ -125,7 +126,11 @@ def column_or_null(table: pa.Table, name: str, kind: pa.DataType) -> pa.ChunkedA
 
 
 def _store_table(
-    recorder_id: str, meta: pa.Table, data: pa.Array, key: tuple[str, str, int]
+    recorder_id: str,
+    meta: pa.Table,
+    data: pa.Array,
+    key: tuple[str, str, int],
+    units: dict[str, str] | None = None,
 ) -> pa.Table:
     # A row the server sent without an acquisition stamp (0: an older or foreign server) is
     # stored at the recorder's receive time, so that a time window finds it instead of it
@@ -152,8 +157,11 @@ def _store_table(
         "seq": meta.column("seq"),
         "error": meta.column("error"),
         "update_type": column_or_null(meta, "update_type", pa.string()),
+        "alarm_severity": column_or_null(meta, "alarm_severity", pa.int8()),
         "data": data,
     }
+    if units:
+        metadata["rda.units"] = json.dumps(units, sort_keys=True)
     return pa.table(columns).replace_schema_metadata(metadata)
 
 
@@ -192,8 +200,12 @@ class Converter:
         max_group_rows: int = 1_000_000,
         max_group_bytes: int = 256 << 20,
         clock: Callable[[], float] = time.time,
+        units_of: Callable[[str, str], dict[str, str]] | None = None,
     ) -> None:
         self.store = Store.open(root)
+        # The declared units of a property's fields (the recorder's descriptions): written
+        # into each file's ``rda.units`` metadata.
+        self.units_of: Callable[[str, str], dict[str, str]] = units_of or (lambda d, p: {})
         self.recorder_id = recorder_id
         self.journal = Journal(journal_root(self.store, journal), recorder_id)
         self.catalog = catalog or SchemaCatalog(self.store, recorder_id)
@@ -291,7 +303,7 @@ class Converter:
             outputs.append(
                 (
                     f"{partition_dir(self.store, key[0], key[1], date)}/{name}",
-                    _store_table(self.recorder_id, meta, data, key),
+                    _store_table(self.recorder_id, meta, data, key, self.units_of(key[0], key[1])),
                 )
             )
         self._progress["planned"] = {

@@ -52,6 +52,10 @@ _META_FIELDS = [
     # a (re)subscription started with, not necessarily a new acquisition. Absent from segments
     # written before it existed (read back as null).
     pa.field("update_type", pa.string()),
+    # The alarm severity the server computed for the value (0 NONE, 1 MINOR, 2 MAJOR,
+    # 3 INVALID: rda.Severity, EPICS numbering); null when the notification carried no alarm
+    # state (a Sample, rows recorded before the column existed).
+    pa.field("alarm_severity", pa.int8()),
 ]
 
 Key = tuple[str, str, int]  # (device, property, schema version)
@@ -75,6 +79,7 @@ class SegmentBuilder:
         self.seq: list[int] = []
         self.error: list[str | None] = []
         self.update_type: list[str] = []
+        self.alarm_severity: list[int | None] = []
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -105,6 +110,7 @@ class SegmentBuilder:
         seq: int,
         error: str | None,
         update_type: str = "NORMAL",
+        alarm_severity: int | None = None,
     ) -> None:
         values = self.values[slot]
         self.codes.append(slot)
@@ -118,6 +124,7 @@ class SegmentBuilder:
         self.seq.append(seq)
         self.error.append(error)
         self.update_type.append(update_type)
+        self.alarm_severity.append(alarm_severity)
 
     def build(self, recorder_id: str) -> pa.Table:
         """The segment's table: meta columns plus the dense-union ``data`` column."""
@@ -137,6 +144,7 @@ class SegmentBuilder:
             pa.array(self.seq, pa.int64()),
             pa.array(self.error, pa.string()),
             pa.array(self.update_type, pa.string()),
+            pa.array(self.alarm_severity, pa.int8()),
             data,
         ]
         metadata = {"rda.keys": json.dumps(self.keys), "rda.recorder_id": recorder_id}

@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import datetime
 import itertools
+import json
 import math
 import threading
 from collections.abc import Callable
@@ -219,10 +220,16 @@ class HistoryReader:
             tuple[str, int], tuple[pa.Table, np.ndarray[Any, Any] | None]
         ] = collections.OrderedDict()
         self._table_sizes: dict[tuple[str, int], int] = {}
+        self._units: dict[tuple[str, str], dict[str, str]] = {}
         self._spans: collections.OrderedDict[tuple[str, int], list[tuple[int, int, int]]] = (
             collections.OrderedDict()
         )
         self._table_bytes = 0
+
+    def units(self, device: str, prop: str) -> dict[str, str]:
+        """The units of ``device/prop``'s fields as found in the store's files read so far."""
+        with self._lock:
+            return dict(self._units.get((device, prop), {}))
 
     def known(self, device: str, prop: str) -> bool:
         """Whether the store holds a partition of the key (history from an earlier run)."""
@@ -330,6 +337,10 @@ class HistoryReader:
                 pieces.append((table.filter(mask), data.filter(mask)))
             return pieces
         table, stamps = self._parquet(source.path, source.group)
+        units = (table.schema.metadata or {}).get(b"rda.units")
+        if units is not None:  # what the property declared when the file was written
+            with self._lock:
+                self._units[(device, prop)] = json.loads(units)
         if stamps is not None:  # in stamp order (the usual case): the window is a slice
             first = int(np.searchsorted(stamps, low, "left"))
             table = table.slice(first, int(np.searchsorted(stamps, end, "left")) - first)

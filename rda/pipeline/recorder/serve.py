@@ -34,6 +34,7 @@ Access: a history get is authorized by the server's policy like any get, on the 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -82,6 +83,8 @@ class _Recorder(Protocol):
     def records(self, device: str, prop: str) -> bool: ...
 
     def acked_stamp(self, device: str, prop: str) -> int: ...
+
+    def units_of(self, device: str, prop: str) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,13 @@ class HistoryHandler(RequestReplyCallback):
             max_rows=query.limit,
             max_bytes=MAX_BYTES,
         )
+        units = {
+            **self.reader.units(query.device, query.prop),
+            **self.recorder.units_of(query.device, query.prop),
+        }
+        if units:  # the fields' declared units travel in the stream's schema metadata
+            metadata = {**(chunk.table.schema.metadata or {}), b"rda.units": json.dumps(units)}
+            chunk = Chunk(chunk.table.replace_schema_metadata(metadata), chunk.more)
         with self._lock:
             self._queries += 1
             self._rows += len(chunk)

@@ -54,6 +54,15 @@ _EMPTY = pa.struct([])
 _GLOB = re.compile(r"[*?\[]")
 
 
+DESCRIBE_TIMEOUT = 5.0  # seconds to ask a recorded property's description at start
+
+
+def _severity(notification: Any) -> int | None:
+    """The alarm severity a notification carries (``Notification.alarm``), None without one."""
+    alarm = getattr(notification, "alarm", None)
+    return None if alarm is None else int(alarm.severity)
+
+
 class Recorder:
     """Records notifications into ``root`` (journal, then Parquet); see the module docstring."""
 
@@ -112,7 +121,12 @@ class Recorder:
         self.catalog = SchemaCatalog(self.store, self.recorder_id)
         self.journal = Journal(journal_root(self.store, journal), self.recorder_id)
         self.converter = Converter(
-            self.store, self.recorder_id, self.catalog, journal=journal, retention=retention
+            self.store,
+            self.recorder_id,
+            self.catalog,
+            journal=journal,
+            retention=retention,
+            units_of=self.units_of,
         )
         self._queue: collections.deque[tuple[str, str, str | None, Any, int]] = collections.deque()
         self._cond = threading.Condition()
@@ -155,6 +169,7 @@ class Recorder:
         self._pending_stamps: dict[tuple[str, str], int] = {}
         self._acked_stamps: dict[tuple[str, str], int] = {}
         self._ack_lock = threading.Lock()
+        self._units: dict[tuple[str, str], dict[str, str]] = {}
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -369,8 +384,29 @@ class Recorder:
         for glob, prop, selector in self.patterns:
             for device in self._resolve_devices(glob):
                 point = self._client.access_point(device, prop)
+                self._describe(device, prop, point)
                 listener = self._listener(device, prop, selector)
                 self._subscriptions.append(point.subscribe(selector=selector, listener=listener))
+
+    def _describe(self, device: str, prop: str, point: Any) -> None:
+        """Keep the units the property declares (stored with its Parquet files, served with its
+        history). A server that cannot describe it (an older one) leaves it without units."""
+        try:
+            description = point.describe(timeout=DESCRIBE_TIMEOUT)
+        except Exception as exc:
+            log.info(
+                "recorder %s: %s/%s has no description (%s)", self.recorder_id, device, prop, exc
+            )
+            return
+        units = {name: f.units for name, f in description.fields.items() if f.units}
+        if units:
+            with self._ack_lock:
+                self._units[(device, prop)] = units
+
+    def units_of(self, device: str, prop: str) -> dict[str, str]:
+        """The units ``device/prop`` declares for its fields (field -> units; empty if none)."""
+        with self._ack_lock:
+            return dict(self._units.get((device, prop), {}))
 
     def _listener(self, device: str, prop: str, selector: str | None) -> Callable[[Any], None]:
         def deliver(notification: Any) -> None:
@@ -528,6 +564,7 @@ class Recorder:
             seq,
             error_text,
             update_type.name,
+            _severity(notification),
         )
         return True
 
