@@ -271,6 +271,7 @@ const onScreen = new IntersectionObserver((entries) => {
     if (!view) continue;
     if (view.visible !== entry.isIntersecting) {
       view.visible = entry.isIntersecting;
+      if (view.visible) view.shownAt = performance.now();
       // The panel holds an off-screen view's frames (folding them) until it shows again.
       send({ op: "show", view: view.id, visible: view.visible });
     }

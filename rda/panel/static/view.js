@@ -249,6 +249,7 @@ export class PropertyView {
     this.received = 0;
     this.stale = false;
     this.visible = true;       // on screen or near it (main.js): off screen, frames wait
+    this.shownAt = 0;          // performance.now() when it last came into sight
     this.silent = 0;           // seconds since the last good value, at the last tick
     this.bound = null;         // the staleness bound then (null: not judged)
     this.build();
@@ -362,7 +363,10 @@ export class PropertyView {
   // Called by the page a few times a second: the age counts up, staleness is judged.
   tick(now) {
     const bound = staleAfter(this.rate, this.received);
-    const silent = this.lastGoodMono ? (now - this.lastGoodMono) / 1000 : 0;
+    // A view scrolled back into sight gets its held frame a moment later: its silence counts
+    // from then at the earliest (its age, from the stamp, is shown all along).
+    const since = Math.max(this.lastGoodMono, this.shownAt);
+    const silent = this.lastGoodMono ? (now - since) / 1000 : 0;
     const stale = this.status === "ok" && bound !== null && silent > bound;
     if (stale !== this.stale) {
       this.stale = stale;
