@@ -45,7 +45,7 @@ def _serve(server: Server, **kwargs: Any) -> tuple[PvaGateway, rda.ClientService
     return gateway, client, ctx
 
 
-def test_a_selector_suffix_reaches_the_server(server: Server, no_thread_leak: None) -> None:
+def test_a_selector_suffix_reaches_the_server(no_thread_leak: None, server: Server) -> None:
     gateway, client, ctx = _serve(server)
     try:
         plain = ctx.get("CYC/Value", timeout=20)
@@ -95,7 +95,7 @@ def test_unknown_devices_and_properties_are_not_claimed(server: Server) -> None:
         client.close()
 
 
-def test_stop_is_idempotent_and_ends_every_thread(server: Server, no_thread_leak: None) -> None:
+def test_stop_is_idempotent_and_ends_every_thread(no_thread_leak: None, server: Server) -> None:
     gateway, client, ctx = _serve(server)
     assert ctx.get("CYC/Value.number", timeout=20)["value"] == 42
     gateway.stop()  # with a client still connected: it is disconnected

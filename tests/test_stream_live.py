@@ -63,7 +63,7 @@ def test_bad_options(options: dict[str, str], message: str) -> None:
         LiveStreamReader(options)
 
 
-def test_reader_drains_subscriptions(server: Server, no_thread_leak: None) -> None:
+def test_reader_drains_subscriptions(no_thread_leak: None, server: Server) -> None:
     reader = LiveStreamReader(
         {"signals": "PS1/Acquisition, PS2/Acquisition@CPS.USER.SFTPRO", "endpoint": server.endpoint}
     )
