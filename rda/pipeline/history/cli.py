@@ -34,6 +34,7 @@ from rda.pipeline.history.paths import (
     parse_signals,
     parse_time,
 )
+from rda.pipeline.recorder.model import DEFAULT_ENDPOINT
 from rda.pipeline.recorder.store import Store
 
 __all__ = ["NOT_FOUND", "NotRecordedError", "check_recorded", "history", "parse_cli_time"]
@@ -427,3 +428,58 @@ def stats(
 
 if __name__ == "__main__":  # pragma: no cover
     history()
+
+
+@history.command("serve")
+@click.argument("root", metavar="STORE")
+@click.option(
+    "--recorder", "recorder_id", default=None, help="Whose journal (default: the only one)."
+)
+@click.option(
+    "--journal", default=None, help="The local directory holding _journal/ (a remote STORE)."
+)
+@click.option("--endpoint", default=DEFAULT_ENDPOINT, show_default=True, help="Where to listen.")
+@click.option(
+    "--device",
+    "devices",
+    multiple=True,
+    default=("*",),
+    show_default=True,
+    help="Serve history:DEVICE for these device globs.",
+)
+@click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C, SIGTERM).")
+def serve(
+    root: str,
+    recorder_id: str | None,
+    journal: str | None,
+    endpoint: str,
+    devices: tuple[str, ...],
+    duration: str | None,
+) -> None:
+    """Serve a store's history over rda in this process (history:<device>, registered in the
+    directory): the recorder's journal and Parquet files read from disk, so readers never
+    share the recorder's process."""
+    import signal
+    import threading
+
+    from rda.admin import install
+    from rda.business.server.builder import ServerBuilder
+    from rda.pipeline.recorder.standalone import serve_store
+
+    seconds = None if duration is None else parse_duration(duration, "duration") / 1e9
+    try:
+        name = f"history-{recorder_id}" if recorder_id else "history"
+        builder = install(ServerBuilder(name).endpoint(endpoint))
+        served = serve_store(root, recorder_id, builder, journal, devices)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    click.echo(f"serving history at {served.endpoint}", err=True)
+    try:
+        stop.wait(seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        served.stop()

@@ -23,6 +23,7 @@ import click
 
 from rda.pipeline.recorder.compaction import compact as compact_day
 from rda.pipeline.recorder.metrics import start_recorder_metrics
+from rda.pipeline.recorder.model import DEFAULT_ENDPOINT
 from rda.pipeline.recorder.service import Recorder, RecorderStatistics
 from rda.pipeline.recorder.store import Store
 
@@ -118,11 +119,11 @@ def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
     "--serve",
     "serve_endpoint",
     is_flag=False,
-    flag_value="tcp://127.0.0.1:0",
+    flag_value=DEFAULT_ENDPOINT,
     default=None,
     metavar="[ENDPOINT]",
     help="Serve the recorded history over rda (history:<device>, registered in the "
-    "directory); ENDPOINT defaults to tcp://127.0.0.1:0, a free port on "
+    f"directory); ENDPOINT defaults to {DEFAULT_ENDPOINT}, a free port on "
     "loopback only, as for every server.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final statistics as JSON.")

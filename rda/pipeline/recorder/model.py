@@ -9,9 +9,19 @@ from typing import Any, Protocol
 
 from rda.serialization.header import DataContext, UpdateType
 
-__all__ = ["Closable", "RecorderStatistics", "Sample", "default_id", "parse_pattern"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "Closable",
+    "RecorderStatistics",
+    "Sample",
+    "default_id",
+    "parse_pattern",
+]
 
 _GLOB = re.compile(r"[*?\[]")
+# Where a history server listens unless told: loopback only, as every server (``rda record
+# --serve``, ``rda history serve``): the one place this default is written.
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:0"
 
 
 @dataclass(frozen=True, slots=True)
