@@ -4,9 +4,11 @@ compaction, and a Spark ``History`` query over each (same rows, same run). Print
 The recorder is the real one (``Recorder.offer`` from a paced fire-hose, journal segments,
 conversion every ``--convert-every`` seconds as ``rda record`` does) without the network, so
 the figure is the store's and not the transport's. Acquisition stamps are spread over
-``--hours`` past hours (the run is compressed in time: a 2-minute run fills two hours), so that
-the hours are closed when the recorder's own compaction round (``Recorder.maintain_store``,
-``compact_store``) runs right after the recording.
+``--hours`` past hours (the run is compressed in time), so that the hours are closed when the
+recorder's own compaction round (``Recorder.maintain_store``, ``compact_store``) runs right
+after the recording. What makes a store slow is the number of files per signal-hour
+(``3600 / --convert-every`` for a real recorder: 720 at ``rda record``'s 5 s), so the run
+converts every ``--convert-every`` (1 s) seconds: 90 s give about 90 files per signal-hour.
 
 Measured:
 
@@ -21,7 +23,7 @@ Measured:
 
 Targets are read from ``benchmarks/compaction_targets.json``.
 
-    .venv/bin/python benchmarks/compaction.py [--properties 200] [--rate 50] [--seconds 120]
+    .venv/bin/python benchmarks/compaction.py [--properties 20] [--rate 100] [--seconds 90]
 """
 
 from __future__ import annotations
@@ -63,13 +65,17 @@ def _files(root: Path) -> dict[str, Any]:
     }
 
 
-def record(root: Path, properties: int, rate: float, seconds: float, hours: int) -> dict[str, Any]:
+def record(
+    root: Path, properties: int, rate: float, seconds: float, hours: int, convert_every: float
+) -> dict[str, Any]:
     """Record ``properties`` x ``rate`` rows/s for ``seconds``; stamps span ``hours`` hours."""
     # Whole hours, ending two hours ago: closed, and past any grace, when compaction runs.
     start_ns = (time.time_ns() // HOUR_NS - hours - 2) * HOUR_NS
     total = int(properties * rate * seconds)
     step = hours * HOUR_NS // total
-    recorder = Recorder(root, recorder_id="bench", queue_limit=100_000, convert_interval=5.0)
+    recorder = Recorder(
+        root, recorder_id="bench", queue_limit=100_000, convert_interval=convert_every
+    )
     recorder.start()
     names = [f"DEV{i:04d}" for i in range(properties)]
     values = [Data(current=float(i), voltage=1.5, status=i) for i in range(properties)]
@@ -121,11 +127,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root, copy = Path(tmp) / "store", Path(tmp) / "uncompacted"
-        ingest = record(root, args.properties, args.rate, args.seconds, args.hours)
+        ingest = record(
+            root, args.properties, args.rate, args.seconds, args.hours, args.convert_every
+        )
         window = ingest.pop("window")
         out["ingest"] = ingest
         shutil.copytree(root, copy)
         out["before"] = _files(root)
+        out["before"]["files_per_signal_hour"] = round(
+            out["before"]["files"] / (args.properties * args.hours), 1
+        )
         compactor = Recorder(root, recorder_id="bench", compact_interval=600.0, compact_linger=0)
         cpu0, t0 = _cpu(), time.perf_counter()
         compactor.maintain_store()
@@ -174,10 +185,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--properties", type=int, default=200)
-    parser.add_argument("--rate", type=float, default=50.0)
-    parser.add_argument("--seconds", type=float, default=120.0)
-    parser.add_argument("--hours", type=int, default=2)
+    parser.add_argument("--properties", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seconds", type=float, default=90.0)
+    parser.add_argument("--hours", type=int, default=1)
+    parser.add_argument("--convert-every", type=float, default=1.0)
     print(json.dumps(run(parser.parse_args()), indent=1))
 
 
