@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +165,7 @@ class Watch:
         self.counted_not_missing = 0
         self.first_missing = 0
         self.problems: list[str] = []
+        self.last_error = ""
 
     def listener(self, n: Any) -> None:
         from rda.serialization.header import UpdateType
@@ -171,6 +173,7 @@ class Watch:
         with self.lock:
             if n.error is not None:
                 self.errors += 1
+                self.last_error = f"{n.update_type.name}: {type(n.error).__name__}: {n.error}"
                 self.epoch = n.update_type is UpdateType.FIRST
                 self.last = None
                 return
@@ -207,6 +210,7 @@ class Watch:
                 "counted_not_missing": self.counted_not_missing,
                 "first_missing": self.first_missing,
                 "last": self.last,
+                "last_error": self.last_error,
                 "problems": self.problems[:20],
             }
 
@@ -518,6 +522,11 @@ def main() -> None:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGCONT)
                     proc.kill()
+        if not result["invariants_held"]:
+            # Keep the logs, reports and state files of a broken run for a look.
+            kept = Path(tempfile.mkdtemp(prefix="rda-soak-broken-"))
+            shutil.copytree(tmp, kept, dirs_exist_ok=True)
+            result["kept"] = str(kept)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:
