@@ -20,6 +20,8 @@ Names (docs/testing.md, "Invariants"):
 * ``rbac``: a set reaches its handler only if a policy in force since the request arrived
   allows it (checked by the simulation's device, which knows the policies it put in force);
 * ``no-internal-error``: nothing in rda logs an error the faults did not cause;
+* ``bounded``: with the faults over, no request pending in a client, and every client and
+  server holds exactly the subscriptions still open (``Simulation._bounded``);
 * ``progress``: with the faults over, every open subscription has the last published value,
   and the run ends (no livelock).
 """

@@ -640,7 +640,38 @@ class Simulation:
                     f"(epoch {'open' if sub.epoch else 'closed'}), the device published "
                     f"k={device.k}",
                 )
+        self._bounded()
         checker.check()
+
+    def _bounded(self) -> None:
+        """Bounded: with the faults over, nothing is left behind in the tables: no request
+        pending in a client, and each server holds exactly the subscriptions its live
+        clients keep open (a departed client's, or a closed one's, are gone)."""
+        checker = self.checker
+        open_at: dict[str, int] = {s.name: 0 for s in self.servers}
+        server_of = {name: s.name for s, name, _ in self._devices()}
+        for client in self.clients:
+            stats = client.service.statistics()
+            if stats.pending:
+                checker.broken("bounded", f"{client.name}: {stats.pending} request(s) pending")
+            live = [w for w in client.subs if not w.closed and not w.subscription.closed]
+            if stats.subscriptions != len(live):
+                checker.broken(
+                    "bounded",
+                    f"{client.name}: {stats.subscriptions} subscriptions in the client, "
+                    f"{len(live)} open",
+                )
+            for w in live:
+                open_at[server_of[w.key[0]]] += 1
+        for s in self.servers:
+            if s.server is None or s.down:
+                continue
+            held = s.server.statistics().subscriptions
+            if held != open_at[s.name]:
+                checker.broken(
+                    "bounded",
+                    f"{s.name} holds {held} subscriptions, its clients keep {open_at[s.name]} open",
+                )
 
     def _close(self) -> None:
         with driven_by(self.driver):
