@@ -448,6 +448,7 @@ if __name__ == "__main__":  # pragma: no cover
     help="Serve history:DEVICE for these device globs.",
 )
 @click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C, SIGTERM).")
+@click.option("--name", default=None, help="The server's name (default: history-<recorder>).")
 def serve(
     root: str,
     recorder_id: str | None,
@@ -455,6 +456,7 @@ def serve(
     endpoint: str,
     devices: tuple[str, ...],
     duration: str | None,
+    name: str | None,
 ) -> None:
     """Serve a store's history over rda in this process (history:<device>, registered in the
     directory): the recorder's journal and Parquet files read from disk, so readers never
@@ -468,7 +470,7 @@ def serve(
 
     seconds = None if duration is None else parse_duration(duration, "duration") / 1e9
     try:
-        name = f"history-{recorder_id}" if recorder_id else "history"
+        name = name or (f"history-{recorder_id}" if recorder_id else "history")
         builder = install(ServerBuilder(name).endpoint(endpoint))
         served = serve_store(root, recorder_id, builder, journal, devices)
     except ValueError as exc:

@@ -11,6 +11,7 @@ import datetime
 import json
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -64,16 +65,39 @@ def _client(ctx: click.Context) -> Any:
     return ClientService(directory=directory, config=config)
 
 
-def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
-    """The builder of ``--serve``'s history server (admin commands included), or False."""
-    if endpoint is None:
-        return False
-    from rda.admin import install
-    from rda.business.server.builder import ServerBuilder
-    from rda.pipeline.recorder.model import default_id
+def _start_history_process(
+    root: str, recorder: Recorder, journal: Path | None, endpoint: str
+) -> subprocess.Popen[str]:
+    """``--serve``: ``rda history serve`` in a process of its own (the recorder's ingest never
+    shares a GIL with readers), named ``recorder-<id>``, serving ``history:<glob>`` for each
+    recorded device pattern; returns once it serves (its first line says where)."""
+    args = [sys.executable, "-m", "rda._cli", "history", "serve", root]
+    args += ["--recorder", recorder.recorder_id, "--endpoint", endpoint]
+    args += ["--name", f"recorder-{recorder.recorder_id}"]
+    for glob in dict.fromkeys(glob for glob, _, _ in recorder.patterns):
+        args += ["--device", glob]
+    if journal is not None:
+        args += ["--journal", str(journal)]
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    if not line.startswith("serving history at "):
+        rest = process.stderr.read() if process.wait(30) is not None else ""
+        process.stderr.close()
+        raise click.ClickException(f"the history server did not start: {line}{rest}".strip())
+    click.echo(line.rstrip(), err=True)
+    return process
 
-    builder = ServerBuilder(f"recorder-{recorder_id or default_id()}").endpoint(endpoint)
-    return install(builder)
+
+def _stop_history_process(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+    if process.stderr is not None:
+        process.stderr.close()
 
 
 @click.command()
@@ -122,7 +146,8 @@ def _history_server(endpoint: str | None, recorder_id: str | None) -> Any:
     flag_value=DEFAULT_ENDPOINT,
     default=None,
     metavar="[ENDPOINT]",
-    help="Serve the recorded history over rda (history:<device>, registered in the "
+    help="Serve the recorded history over rda from a process of its own (rda history "
+    "serve: history:<device>, registered in the "
     f"directory); ENDPOINT defaults to {DEFAULT_ENDPOINT}, a free port on "
     "loopback only, as for every server.",
 )
@@ -176,7 +201,7 @@ def record(
             compact_grace=grace_s,
             compact_linger=linger_s,
             keep=keep_s,
-            serve=_history_server(serve_endpoint, recorder_id),
+            serve=False,
         )
     except ValueError as exc:
         if client is not None:
@@ -192,6 +217,7 @@ def record(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, terminate)
     endpoint = None
+    history_process = None
     try:
         recorder.start()  # stops itself when it fails; the client is ours to close
     except BaseException:
@@ -199,14 +225,16 @@ def record(
             client.close()
         raise
     try:
-        if recorder.history_server is not None:
-            click.echo(f"serving history at {recorder.history_server.endpoint}", err=True)
+        if serve_endpoint is not None:
+            history_process = _start_history_process(root, recorder, journal, serve_endpoint)
         if metrics_port is not None:
             endpoint = start_recorder_metrics(recorder, metrics_port)
         _run(recorder, stop, limit)
     except KeyboardInterrupt:
         pass
     finally:
+        if history_process is not None:
+            _stop_history_process(history_process)
         recorder.stop()
         if client is not None:
             client.close()
