@@ -190,7 +190,9 @@ def test_keep_deletes_old_day_partitions_whole(tmp_path: Path) -> None:
     assert (tmp_path / "_journal" / "r1" / "progress.json").exists()  # the journal is kept
 
 
-def test_the_recorder_compacts_and_applies_keep(tmp_path: Path) -> None:
+def test_the_recorder_compacts_and_applies_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     total = _recorded(tmp_path)
     recorder = Recorder(
         tmp_path, recorder_id="r1", compact_interval=600.0, compact_linger=0.0, keep=30 * 86_400
@@ -201,6 +203,23 @@ def test_the_recorder_compacts_and_applies_keep(tmp_path: Path) -> None:
     stats = recorder.statistics()
     assert (stats.compacted_files, stats.compaction_inputs_removed) == (4, 4 * FILES_PER_HOUR)
     _once(_local_rows(tmp_path), total)
+
+    from rda.pipeline.recorder import compaction
+
+    read: list[str] = []
+    stamp_range = compaction._stamp_range
+
+    def counted(path: Path) -> tuple[int, int]:
+        read.append(path.name)
+        return stamp_range(path)
+
+    # Each file's footer is read once: the outputs in the next round, then none.
+    monkeypatch.setattr(compaction, "_stamp_range", counted)
+    recorder.maintain_store(now=AFTER + 601)
+    assert sorted(read) == _parquet_files(tmp_path)
+    recorder.maintain_store(now=AFTER + 1202)
+    assert len(read) == 4 and recorder.statistics().compaction_errors == 0
+    monkeypatch.undo()
     recorder.maintain_store(now=AFTER + 40 * 86_400)
     assert recorder.statistics().partitions_deleted == 2
     assert _parquet_files(tmp_path) == []

@@ -43,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -132,6 +132,7 @@ def compact_store(
     linger: float = 60.0,
     clock: Callable[[], float] = time.time,
     on_step: Callable[[str, Path], None] | None = None,
+    footers: dict[Path, _Facts] | None = None,
 ) -> CompactionResult:
     """One compaction round over every partition of the store (see the module docstring).
 
@@ -139,7 +140,9 @@ def compact_store(
     bucket ended ``grace`` seconds ago; inputs are deleted ``linger`` seconds after their output
     was written (by a later round). Partitions some recorder is converting into are left for
     the next round. ``on_step(step, partition)`` is called after each durable step
-    (``planned``, ``written``, ``removed``): a test reads the store there.
+    (``planned``, ``written``, ``removed``): a test reads the store there. ``footers`` is a
+    cache of what each file's footer says, kept by the caller between rounds (files never
+    change under one name): a round then reads only the footers of new files.
     """
     base = _local_root(root)
     now = clock()
@@ -147,6 +150,7 @@ def compact_store(
     busy = _planned_conversions(base)
     outputs: list[Path] = []
     removed = 0
+    seen: dict[Path, _Facts] = {}
     for partition in sorted(base.glob("device=*/property=*/date=*")):
         if not partition.is_dir() or str(partition.relative_to(base)) in busy:
             continue
@@ -157,9 +161,13 @@ def compact_store(
             linger=linger,
             now=now,
             on_step=on_step,
+            facts=_FactCache(footers or {}, seen),
         )
         outputs.extend(written)
         removed += deleted
+    if footers is not None:  # only the files that still exist: the cache stays bounded
+        footers.clear()
+        footers.update(seen)
     return CompactionResult(outputs, removed)
 
 
@@ -171,12 +179,13 @@ def _compact_partition(
     linger: float,
     now: float,
     on_step: Callable[[str, Path], None] | None,
+    facts: _FactCache | None = None,
 ) -> tuple[list[Path], int]:
     record = partition / _PLAN
     if record.exists():
         plan: list[dict[str, Any]] = json.loads(record.read_text())
     else:
-        plan = _plan(partition, bucket_ns, closed_ns)
+        plan = _plan(partition, bucket_ns, closed_ns, facts or _FactCache({}, {}))
         if not plan:
             return [], 0
         write_durably(record, json.dumps(plan).encode())
@@ -226,16 +235,41 @@ def _stamp_range(path: Path) -> tuple[int, int]:
     return int(low or 0), int(high or 0)
 
 
-def _plan(partition: Path, bucket_ns: int, closed_ns: int | None) -> list[dict[str, Any]]:
+class _Facts(NamedTuple):
+    """What compaction needs of a file's footer: its schema version and stamp range."""
+
+    version: str
+    low: int
+    high: int
+
+
+class _FactCache:
+    """Footer facts by path: those of earlier rounds (``known``), those seen now (``seen``)."""
+
+    def __init__(self, known: dict[Path, _Facts], seen: dict[Path, _Facts]) -> None:
+        self.known = known
+        self.seen = seen
+
+    def get(self, path: Path) -> _Facts:
+        facts = self.known.get(path)
+        if facts is None:
+            metadata = pq.read_schema(path).metadata or {}
+            version = metadata.get(b"rda.schema_version", b"0").decode()
+            facts = _Facts(version, *_stamp_range(path))
+        self.seen[path] = facts
+        return facts
+
+
+def _plan(
+    partition: Path, bucket_ns: int, closed_ns: int | None, facts: _FactCache
+) -> list[dict[str, Any]]:
     """Groups of >= 2 files of one (recorder, schema version, bucket), each in a closed bucket."""
     groups: dict[tuple[str, str, int], list[tuple[int, int, str]]] = defaultdict(list)
     for path in sorted(partition.glob("part-*.parquet")):
         match = _PART.match(path.name)
         if not match:
             continue
-        metadata = pq.read_schema(path).metadata or {}
-        version = metadata.get(b"rda.schema_version", b"0").decode()
-        low, high = _stamp_range(path)
+        version, low, high = facts.get(path)
         slot = low // bucket_ns
         if closed_ns is not None and (high >= closed_ns or (slot + 1) * bucket_ns > closed_ns):
             continue  # its bucket may still receive rows: leave it for a later round

@@ -114,6 +114,7 @@ class Recorder:
         self.compact_linger = compact_linger
         self.keep = keep
         self._next_compaction = 0.0
+        self._footers: dict[Path, Any] = {}  # compaction's footer cache, one entry per file
         self._compacted_files = 0
         self._compaction_removed = 0
         self._partitions_deleted = 0
@@ -665,6 +666,7 @@ class Recorder:
                     grace=self.compact_grace,
                     linger=self.compact_linger,
                     clock=lambda: now,
+                    footers=self._footers,
                 )
                 self._compacted_files += len(done.outputs)
                 self._compaction_removed += done.removed
