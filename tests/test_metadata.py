@@ -266,6 +266,34 @@ def test_the_compiled_rule_answers_as_compute_alarm(
     fields = dict(zip(names, declared, strict=True))
     values = {n: data.draw(scalar) for n in names}
     values = {n: v for n, v in values.items() if v is not None}
-    assert AlarmRule(fields)(values) == compute_alarm(fields, values)
+    rule = AlarmRule(fields)
+    expected = compute_alarm(fields, values)
+    assert rule(values) == expected
+    assert rule.state(values) == (expected.severity, expected.message, expected.field)
     arrays = {n: np.array([data.draw(finite), data.draw(finite)]) for n in names}
-    assert AlarmRule(fields)(arrays) == compute_alarm(fields, arrays)
+    expected = compute_alarm(fields, arrays)
+    assert rule(arrays) == expected
+    assert rule.state(arrays) == (expected.severity, expected.message, expected.field)
+
+
+@given(
+    limits=fields(),
+    precision=st.one_of(st.none(), st.integers(0, 6)),
+    units=st.sampled_from(["", "A"]),
+    value=scalar,
+    other=scalar,
+)
+def test_the_rule_of_one_field_states_what_compute_alarm_says(
+    limits: rda.Field, precision: int | None, units: str, value: Any, other: Any
+) -> None:
+    """AlarmRule.state's path for a property with one alarmed field (a number checked against
+    limit texts made once) gives compute_alarm's severity, message and field."""
+    field = rda.Field(units, "", precision, None, limits.warning, limits.alarm)
+    fields = {"x": field, "y": rda.Field(units="V")}
+    values = {n: v for n, v in (("x", value), ("y", other)) if v is not None}
+    expected = compute_alarm(fields, values)
+    stated = (expected.severity, expected.message, expected.field)
+    assert AlarmRule(fields).state(values) == stated
+    if not any(isinstance(v, str) and "\x00" in v for v in values.values()):
+        # the same read from a Data (its own get), what a server passes
+        assert AlarmRule(fields).state(rda.Data(values)) == stated

@@ -372,3 +372,37 @@ def test_a_local_error_notification_is_invalid() -> None:
     lost = Notification(error=DisconnectedError("PS1/Setting: connection lost"))
     assert lost.alarm == rda.Alarm(rda.Severity.INVALID, "PS1/Setting: connection lost")
     assert Notification(Data(x=1.0)).alarm is rda.Alarm.NONE
+
+
+def test_the_alarm_encoder_sends_each_alarms_body_and_records_each_change() -> None:
+    """A server's per-notification alarm step: the body of each value in alarm is the alarm's
+    own encoding (kept bodies reused when an alarm repeats, also past the bound of kept ones),
+    no body within the limits, and the table's state follows each change of severity."""
+    from rda.business.server.properties import AlarmEncoder, PropertyTable
+
+    field = rda.Field(units="A", precision=1, warning=(-8, 8), alarm=(-9, 9))
+    declared = {("PS1", "Setting"): rda.PropertyDescription("PS1", "Setting", {"current": field})}
+    table = PropertyTable({}, declared, True)
+    encoder = table.encoder("PS1", "Setting")
+    assert encoder is not None
+    key = ("PS1", "Setting")
+    assert encoder(Data(current=1.0, mode="DC")) is None
+    assert table.alarm_states()[key] is rda.Severity.NONE
+    # 9.51 and 9.54 read "9.5 A" at precision 1: one alarm, sent twice.
+    for value in (9.51, 9.54):
+        body = encoder(Data(current=value, mode="DC"))
+        assert body == encode_alarm(2, "current 9.5 A above high alarm 9", "current")
+        assert table.alarm_states()[key] is rda.Severity.MAJOR
+    body = encoder(Data(current=-8.25, mode="DC"))
+    assert body == encode_alarm(1, "current -8.2 A below low warning -8", "current")
+    assert table.alarm_states()[key] is rda.Severity.MINOR
+    # More distinct alarms than it keeps: each body still its own alarm's.
+    for i in range(AlarmEncoder.MAX_BODIES + 20):
+        value = 10.0 + i
+        message = f"current {int(value)} A above high alarm 9"
+        assert encoder(Data(current=value, mode="DC")) == encode_alarm(2, message, "current")
+    nan = encoder(Data(current=float("nan"), mode="DC"))
+    assert nan == encode_alarm(3, "current is not a number", "current")
+    assert table.alarm_states()[key] is rda.Severity.INVALID
+    assert encoder(Data(current=0.5, mode="DC")) is None
+    assert table.alarm_states()[key] is rda.Severity.NONE

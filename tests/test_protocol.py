@@ -359,16 +359,26 @@ def test_a_float64_view_is_measured_in_bytes() -> None:
 
 def test_a_shared_tail_joined_to_a_header_is_the_encoded_message() -> None:
     header = Header(RequestType.NOTIFICATION_DATA, 3, "PS1", "Acquisition")
-    # Two small bodies take encode_tail's fast path; a float64 view is measured in bytes there
+    # Two or three small bodies take encode_tail's fast paths; a float64 view is measured in bytes there
     # too; a large body takes the general one.
     floats = memoryview(array.array("d", [1.0, 2.0]))
     payloads: tuple[Buffer, ...] = (b"small", floats, bytes(LARGE_BODY))
     for payload in payloads:
         body = [(BodyKind.DATA, payload), (BodyKind.DATA_CONTEXT, b"ctx")]
-        joined = join_tail(encode_header(header), encode_tail(body))
-        assert [bytes(f) for f in joined] == [
-            bytes(f) for f in encode_message(Kind.REPLY, header, body)
-        ]
+        # and three: a value in alarm (its REPLY_CONTEXT last), the large body in each place
+        bodies = [body, [*body, (BodyKind.REPLY_CONTEXT, b"alarm")]]
+        bodies.append(
+            [
+                (BodyKind.DATA, b"d"),
+                (BodyKind.DATA_CONTEXT, b"c"),
+                (BodyKind.REPLY_CONTEXT, payload),
+            ]
+        )
+        for each in bodies:
+            joined = join_tail(encode_header(header), encode_tail(each))
+            assert [bytes(f) for f in joined] == [
+                bytes(f) for f in encode_message(Kind.REPLY, header, each)
+            ]
 
 
 # Every body shape encode_routed has a path for: none, one or two small ones (their own fast

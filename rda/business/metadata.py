@@ -407,13 +407,19 @@ class AlarmRule:
     warning and alarm ranges); only a value outside it, or one that is not a plain number,
     goes through ``compute_alarm`` for its severity and message. Same answers (tested)."""
 
-    __slots__ = ("_bounds", "_fields")
+    __slots__ = ("_bounds", "_fields", "_single")
 
     def __init__(self, fields: Mapping[str, Field]) -> None:
         self._fields = {n: f for n, f in fields.items() if f.has_alarm_limits}
         self._bounds: tuple[tuple[str, float, float], ...] = tuple(
             (name, *_quiet_range(f)) for name, f in self._fields.items()
         )
+        # One field with alarm limits (the usual declaration): a plain number outside its
+        # quiet range takes _scalar_alarm's checks, with each limit's text made here once.
+        self._single: tuple[str, Field, tuple[_Check, ...]] | None = None
+        if len(self._fields) == 1:
+            ((name, f),) = self._fields.items()
+            self._single = (name, f, _checks(f))
 
     def __bool__(self) -> bool:
         return bool(self._bounds)
@@ -429,6 +435,53 @@ class AlarmRule:
                 continue  # NaN compares False: the full rule names it
             return compute_alarm(self._fields, values)
         return NO_ALARM
+
+    def state(self, values: Mapping[str, Any]) -> tuple[Severity, str, str]:
+        """``(severity, message, field)`` of the alarm ``self(values)`` would return, without
+        making the ``Alarm``: what a server needs per notification (the body it sends)."""
+        single = self._single
+        if single is not None:
+            name, f, checks = single
+            value = values.get(name)
+            if value is None:
+                return _QUIET
+            cls = value.__class__
+            if cls in _PLAIN_NUMBERS:
+                _, low, high = self._bounds[0]
+                if low <= value <= high:
+                    return _QUIET
+                number = float(value)
+                if number == number:  # NaN: the full rule names it
+                    for severity, pair_low, pair_high, kind, low_text, high_text in checks:
+                        if pair_high is not None and number > pair_high:
+                            shown = _shown(number, f, pair_high)
+                            return severity, f"{name} {shown} above high {kind} {high_text}", name
+                        if pair_low is not None and number < pair_low:
+                            shown = _shown(number, f, pair_low)
+                            return severity, f"{name} {shown} below low {kind} {low_text}", name
+                    return _QUIET
+        alarm = self(values)
+        return alarm.severity, alarm.message, alarm.field
+
+
+# (severity, low, high, "alarm"/"warning", low's text, high's text): one of _scalar_alarm's
+# checks, in its order (MAJOR first).
+_Check = tuple[Severity, float | None, float | None, str, str, str]
+_QUIET = (Severity.NONE, "", "")
+
+
+def _checks(f: Field) -> tuple[_Check, ...]:
+    checks: list[_Check] = []
+    for severity, pair, kind in (
+        (Severity.MAJOR, f.alarm, "alarm"),
+        (Severity.MINOR, f.warning, "warning"),
+    ):
+        if pair is not None:
+            low, high = pair
+            low_text = "" if low is None else _bound(low)
+            high_text = "" if high is None else _bound(high)
+            checks.append((severity, low, high, kind, low_text, high_text))
+    return tuple(checks)
 
 
 _PLAIN_NUMBERS = frozenset({float, int})

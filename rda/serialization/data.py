@@ -456,6 +456,10 @@ class Data(MutableMapping[str, Any]):
     def __contains__(self, name: object) -> bool:
         return name in self._values
 
+    def get(self, name: str, default: Any = None) -> Any:
+        # Mapping.get's answer, by the dict's own get (a server's alarm rule asks per value).
+        return self._values.get(name, default)
+
     def __len__(self) -> int:
         return len(self._values)
 

@@ -114,6 +114,7 @@ _MAX_BODIES = 255
 _BODY_LAYOUTS: dict[int, struct.Struct] = {}
 _TWO_BODIES = struct.Struct("<BBBII")  # the body table of two bodies (_body_layout(2))
 _ONE_BODY = struct.Struct("<BBI")
+_THREE_BODIES = struct.Struct("<BBBBIII")  # _body_layout(3): a notification with an alarm
 # Kind byte + the fixed header: what encode_routed packs in one call.
 _ROUTED = struct.Struct("<B" + HEADER_FIXED.format.lstrip("<"))
 _NO_BODY = b"\x00"
@@ -300,6 +301,12 @@ def encode_tail(body: Sequence[tuple[BodyKind, Buffer]]) -> list[Buffer]:
         n0, n1 = _nbytes(b0), _nbytes(b1)
         if n0 < LARGE_BODY and n1 < LARGE_BODY:
             return [b"".join((_TWO_BODIES.pack(2, k0, k1, n0, n1), b0, b1))]
+    elif len(body) == 3:
+        # The same with an alarm's REPLY_CONTEXT after them (a value in alarm).
+        (k0, b0), (k1, b1), (k2, b2) = body
+        n0, n1, n2 = _nbytes(b0), _nbytes(b1), _nbytes(b2)
+        if n0 < LARGE_BODY and n1 < LARGE_BODY and n2 < LARGE_BODY:
+            return [b"".join((_THREE_BODIES.pack(3, k0, k1, k2, n0, n1, n2), b0, b1, b2))]
     table, inline, external = _split_body(body)
     return [b"".join((table, *inline)), *external]
 

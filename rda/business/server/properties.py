@@ -43,16 +43,23 @@ def description_data(description: PropertyDescription) -> Data:
 class AlarmEncoder:
     """The alarm rule of one property, bound to its table: values in, the REPLY_CONTEXT body
     out (None when not in alarm: nothing is sent); a change of severity is recorded in the
-    table. Called for every value the property sends: one call, the rule's quick check, one
-    identity test when nothing changed."""
+    table. Called for every value the property sends (once per notification, whatever the
+    number of subscribers): the rule's quick check and one identity test when nothing
+    changed. Alarms repeat (a value drifting above a limit reads the same at the field's
+    precision), so each body is encoded once and kept, at most ``MAX_BODIES`` of them."""
 
-    __slots__ = ("_key", "_last", "_rule", "_table")
+    MAX_BODIES = 256
+
+    __slots__ = ("_bodies", "_key", "_last", "_rule", "_table")
 
     def __init__(self, table: PropertyTable, key: Key, fields: Mapping[str, Field]) -> None:
         self._table = table
         self._key = key
         self._rule = AlarmRule(fields)
         self._last = Severity.NONE
+        # (severity, message, field) -> its encoded body; bounded: cleared when full (values
+        # that never repeat, at full precision, then cost an encoding each, as without it).
+        self._bodies: dict[tuple[Severity, str, str], bytes] = {}
 
     def alarm(self, data: Data) -> Alarm:
         """The alarm of ``data``, recorded as the property's state."""
@@ -64,14 +71,20 @@ class AlarmEncoder:
         return alarm
 
     def __call__(self, data: Data) -> bytes | None:
-        alarm = self._rule(data)
-        severity = alarm.severity
+        state = self._rule.state(data)
+        severity = state[0]
         if severity is not self._last:
             self._last = severity
             self._table.record(self._key, severity)
         if severity is _NONE:
             return None
-        return encode_alarm(int(severity), alarm.message, alarm.field)
+        bodies = self._bodies
+        body = bodies.get(state)
+        if body is None:
+            if len(bodies) >= self.MAX_BODIES:
+                bodies.clear()
+            body = bodies[state] = encode_alarm(int(severity), state[1], state[2])
+        return body
 
     def error(self) -> None:
         """An error notification: the property's value is INVALID until the next value."""
