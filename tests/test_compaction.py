@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow.parquet as pq
@@ -147,6 +148,26 @@ def test_every_reader_sees_each_row_once_at_every_step_of_a_compaction(tmp_path:
         tmp_path, clock=lambda: AFTER + 180
     )
     assert _parquet_files(tmp_path) == names
+
+
+def test_a_local_read_that_outlives_the_linger_lists_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction without linger runs between a local read's listing and its reading: the
+    listed inputs are gone, and the read lists again instead of failing or losing rows."""
+    total = _recorded(tmp_path)
+    listing = StoreIndex.files
+    compacted: list[int] = []
+
+    def files_then_compact(self: StoreIndex, device: str, prop: str, days: Any) -> list[str]:
+        names = listing(self, device, prop, days)
+        if not compacted:
+            compacted.append(compact_store(tmp_path, linger=0.0, clock=lambda: AFTER).removed)
+        return names
+
+    monkeypatch.setattr(StoreIndex, "files", files_then_compact)
+    _once(_local_rows(tmp_path), total)
+    assert compacted == [2 * 2 * FILES_PER_HOUR]
 
 
 def test_an_open_hour_waits_for_its_grace(tmp_path: Path) -> None:
