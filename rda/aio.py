@@ -84,6 +84,21 @@ class ClientService:
             self.core.history, device, prop, start, end, selector, limit, timeout
         )
 
+    async def history_table(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """``ClientService.history_table`` (a ``pyarrow.Table``) in a worker thread."""
+        return await asyncio.to_thread(
+            self.core.history_table, device, prop, start, end, selector, limit, timeout
+        )
+
     def statistics(self) -> ClientStatistics:
         return self.core.statistics()
 

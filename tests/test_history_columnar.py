@@ -234,3 +234,21 @@ def test_from_recorder_gives_the_table_local_get_gives(
         assert remote.column(name).to_pylist() == local.column(name).to_pylist(), name
     fields = remote_get("DEV/Prop#image", *window, client=client)
     assert fields.column_names[-1] == "image" and fields.num_rows == 300
+
+
+def test_aio_history_table(served: tuple[Recorder, ClientService]) -> None:
+    import asyncio
+
+    import rda.aio
+
+    recorder, client = served
+    _offer(recorder, 0, 40)
+
+    async def main() -> pa.Table:
+        aio = rda.aio.ClientService(client.directory, Config(request_timeout=30.0))
+        try:
+            return await aio.history_table("DEV", "Prop", T0, T0 + 10**9)
+        finally:
+            aio.close()
+
+    assert asyncio.run(main()).column("i").to_pylist() == list(range(40))
