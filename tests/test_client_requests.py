@@ -296,7 +296,9 @@ def test_every_ending_is_counted_once_with_timeouts_and_close_racing(
     assert stats.round_trips[0]["get"].count == stats.replies + stats.errors
 
 
-def test_a_reply_handled_after_its_deadline_ends_the_request_as_a_timeout() -> None:
+def test_a_reply_handled_after_its_deadline_ends_the_request_as_a_timeout(
+    no_thread_leak: None,
+) -> None:
     # Found by rda.testing.simulation (faults pause,delay, seeds 7044 and 7051:
     # no-reply-after-timeout) and by benchmarks/soak.py (late_values): a paused or starved
     # client handled a reply after the deadline, before its timer ran, and its user got a
@@ -322,3 +324,4 @@ def test_a_reply_handled_after_its_deadline_ends_the_request_as_a_timeout() -> N
         assert table.counts().timeouts == 1
     finally:
         table.close()
+        table.timer.close()  # its owner's job (the client service) when there is one
