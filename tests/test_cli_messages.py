@@ -300,3 +300,15 @@ def test_a_timeout_must_be_more_than_zero(timeout: str) -> None:
         result = rda_in(*args, "-e", "tcp://127.0.0.1:1")
         assert result.exit_code == ExitCode.USAGE, result.output
         assert "Invalid value for '--timeout'" in result.stderr
+
+
+def test_history_serve_refuses_a_bad_duration_without_a_traceback(tmp_path: Path) -> None:
+    """``rda history serve STORE --duration 1`` printed a 30-line traceback (``ValueError:
+    duration: '1' is not a duration ...``, exit 1): the value was parsed before the command's
+    error handling. Found by trying it while closing issue 37; now a usage error, exit 2."""
+    result = CliRunner().invoke(
+        build(), ["history", "serve", str(tmp_path), "--duration", "1"], catch_exceptions=False
+    )
+    assert result.exit_code == ExitCode.USAGE
+    assert "Invalid value for --duration" in result.output
+    assert "is not a duration like '10s'" in result.output

@@ -322,6 +322,13 @@ def test_page_uses_public_names_and_clean_code(tmp_path: Path, page: list[Block]
         )
         assert done.returncode == 0, f"ruff {check[0]}: {done.stdout}{done.stderr}"
     # The editable install's import hook hides rda from mypy: MYPYPATH shows it the checkout.
+    # That makes rda's own modules part of the check, where an installed rda is a package whose
+    # imports mypy does not report: its optional dependencies without type information
+    # (pyarrow for history, p4p for rda.testing's EPICS helpers) are said to be untyped, as
+    # this project's pyproject.toml says for itself.
+    (tmp_path / "mypy.ini").write_text(
+        "[mypy]\n[mypy-pyarrow.*,p4p.*]\nignore_missing_imports = True\n"
+    )
     typed = subprocess.run(
         [str(BIN / "mypy"), "--strict", "--cache-dir", str(tmp_path / ".mypy_cache"), *names],
         cwd=tmp_path,

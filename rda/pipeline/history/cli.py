@@ -468,7 +468,10 @@ def serve(
     from rda.business.server.builder import ServerBuilder
     from rda.pipeline.recorder.standalone import serve_store
 
-    seconds = None if duration is None else parse_duration(duration, "duration") / 1e9
+    try:
+        seconds = None if duration is None else parse_duration(duration, "duration") / 1e9
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--duration") from None
     try:
         name = name or (f"history-{recorder_id}" if recorder_id else "history")
         builder = install(ServerBuilder(name).endpoint(endpoint))
