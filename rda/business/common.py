@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rda.business import driver
 from rda.business.metadata import NO_ALARM, Alarm
 from rda.serialization.data import Data
 from rda.serialization.header import DataContext
@@ -68,7 +68,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
         return stamped_data(acquired.data)
     return new_acquired(
         acquired.data,
-        _context(context.cycle_name, context.cycle_stamp, time.time_ns(), context.selector),
+        _context(context.cycle_name, context.cycle_stamp, driver.wall_time_ns(), context.selector),
         acquired.alarm,
     )
 
@@ -76,7 +76,7 @@ def stamped(acquired: AcquiredData) -> AcquiredData:
 def stamped_data(data: Data) -> AcquiredData:
     """``stamped(AcquiredData(data))`` in one step: what a get answered with a bare ``Data``
     (the usual case) is replied with, once per get."""
-    return new_acquired(data, _context("", 0, time.time_ns(), ""))
+    return new_acquired(data, _context("", 0, driver.wall_time_ns(), ""))
 
 
 # Both built once per get reply: through the slots' descriptors, not the frozen dataclasses'

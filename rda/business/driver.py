@@ -16,16 +16,33 @@ seed, so that a failing run replays exactly. This module is that one seam, and n
 
 It is no second runtime: the work a step does is exactly what one loop turn of the part's
 own thread does (one task, or the timers that are due), called from the driver's thread.
+
+The wall clock is the seam's second half. Every promise of the business layer (timeouts,
+heartbeats, reconnection, deadlines) runs on the monotonic clock a part is given; the wall
+clock only stamps: values (``acq_stamp``), "since" and "last heard" times, the window of a
+backfill. The business layer reads it as ``driver.wall_time()`` / ``driver.wall_time_ns()``
+(module attributes, ``time.time`` and ``time.time_ns`` themselves in production: the same
+cost as calling those), so that a simulation can step it (``with wall_clock(...)``, fault
+``clock-step``) while the monotonic clock runs on, and check that no promise reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Protocol
 
-__all__ = ["Background", "Driver", "current_driver", "driven_by"]
+__all__ = [
+    "Background",
+    "Driver",
+    "current_driver",
+    "driven_by",
+    "wall_clock",
+    "wall_time",
+    "wall_time_ns",
+]
 
 
 class Background(Protocol):
@@ -71,3 +88,25 @@ def driven_by(driver: Driver) -> Iterator[Driver]:
         yield driver
     finally:
         _driver.reset(token)
+
+
+#: The wall clock (seconds since the epoch, UTC) the business layer stamps with; called as
+#: ``driver.wall_time()`` (never imported by name, so that ``wall_clock`` reaches every caller).
+wall_time: Callable[[], float] = time.time
+#: The same in nanoseconds (``acq_stamp``).
+wall_time_ns: Callable[[], int] = time.time_ns
+
+
+@contextmanager
+def wall_clock(seconds: Callable[[], float], nanoseconds: Callable[[], int]) -> Iterator[None]:
+    """Inside the block, the business layer's wall clock is ``seconds``/``nanoseconds``.
+
+    Process-wide, unlike :func:`driven_by`: the wall clock is read on threads a driver does
+    not own (a server's dispatcher). A simulation runs one at a time in its process."""
+    global wall_time, wall_time_ns
+    before = wall_time, wall_time_ns
+    wall_time, wall_time_ns = seconds, nanoseconds
+    try:
+        yield
+    finally:
+        wall_time, wall_time_ns = before

@@ -8,11 +8,11 @@ hands them to the service, which owns connections, ids, deadlines and the pendin
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rda.business import driver
 from rda.business.client.replies import describe_result, get_result, set_result
 from rda.business.common import AcquiredData
 from rda.business.metadata import DESCRIBE_SELECTOR, PropertyDescription
@@ -232,7 +232,7 @@ class AccessPoint:
             if not seconds > 0:
                 raise ValueError(f"backfill must be a positive duration, got {backfill!r}")
             service, device, prop, sel = self._service, self.device, self.property, selector
-            start = time.time_ns() - round(seconds * 1e9)
+            start = driver.wall_time_ns() - round(seconds * 1e9)
 
             def fetch(first: int, until: int) -> Iterator[Notification]:
                 return service.backfill_rows(device, prop, sel or None, first, until)

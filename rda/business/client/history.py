@@ -22,10 +22,10 @@ import datetime
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from rda.business import driver
 from rda.business.client.subscriptions import Entry, Notification, Subscription
 from rda.serialization.data import Data, DataType
 from rda.serialization.errors import (
@@ -168,7 +168,7 @@ PointOf = Callable[[str, str], Any]
 
 
 def _window(start: TimeLike, end: TimeLike, limit: int | None) -> tuple[int, int]:
-    now = time.time_ns()
+    now = driver.wall_time_ns()
     first = to_ns(start, now, "start")
     last = to_ns(end, now, "end")
     if limit is not None and limit < 1:
@@ -373,7 +373,7 @@ def _stamp(entry: Entry) -> int:
         stamp = payload.context.acq_stamp
         if stamp:
             return stamp
-    return time.time_ns()
+    return driver.wall_time_ns()
 
 
 def _live_data(entry: Entry) -> bool:

@@ -30,12 +30,12 @@ This is no second runtime: :class:`DeviceRouter` is an ordinary ``RequestReplyCa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
+from rda.business import driver
 from rda.business.common import AcquiredData
 from rda.business.metadata import Field, PropertyDescription, fields_of_model, limit_problems
 from rda.business.server.requests import (
@@ -219,7 +219,7 @@ def to_acquired(value: Any, what: str) -> AcquiredData:
             f"{what}: expected Data, dict, AcquiredData or a pydantic model, "
             f"got {type(value).__name__}"
         )
-    return AcquiredData(data, DataContext(acq_stamp=time.time_ns()))
+    return AcquiredData(data, DataContext(acq_stamp=driver.wall_time_ns()))
 
 
 class Device:

@@ -26,12 +26,12 @@ Locks (never held while calling user code):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from threading import Lock
 from typing import Protocol
 
+from rda.business import driver
 from rda.business.common import AcquiredData
 from rda.business.server.requests import ClientInfo, SubscriptionRequest, describe_error
 from rda.business.server.statistics import SourceSnapshot
@@ -175,7 +175,7 @@ class SubscriptionSource:
         # common.stamped's rule without two new frozen objects per update (a third of a
         # notification's cost on the server: docs/performance.md, "Stamping a notification on
         # the wire"): the stamp goes straight on the wire.
-        stamp = context.acq_stamp or time.time_ns()
+        stamp = context.acq_stamp or driver.wall_time_ns()
         self._fan_out(RequestType.NOTIFICATION_DATA, update_type, bodies, context, stamp)
 
     def notify_error(
@@ -190,7 +190,7 @@ class SubscriptionSource:
         if self.alarm is not None:
             self.alarm.error()  # the client makes the INVALID alarm of an error itself
         self._fan_out(
-            RequestType.NOTIFICATION_EXC, update_type, bodies, _NO_CONTEXT, time.time_ns()
+            RequestType.NOTIFICATION_EXC, update_type, bodies, _NO_CONTEXT, driver.wall_time_ns()
         )
 
     def _fan_out(
@@ -287,7 +287,7 @@ class SubscriptionSource:
         self.notifications_sent += sent
         if rtype is RequestType.NOTIFICATION_EXC:
             self.errors_sent += sent
-        self.last_update = time.time()
+        self.last_update = driver.wall_time()
 
     def _publish(
         self, targets: Sequence[tuple[bytes, int, Buffer]], tail: Sequence[Buffer], conflate: bool
@@ -346,7 +346,7 @@ _NO_CONTEXT = DataContext()
 
 
 def _now_context() -> DataContext:
-    return DataContext(acq_stamp=time.time_ns())
+    return DataContext(acq_stamp=driver.wall_time_ns())
 
 
 class SubscriptionRegistry:
