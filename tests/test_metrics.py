@@ -42,6 +42,9 @@ class FakeServer:
         self.gets = 0
         self.durations = [0] * (len(DURATION_BUCKETS) + 1)
 
+    def uptime(self) -> float:
+        return 5.0
+
     def settings(self) -> dict[str, object]:
         return {}
 

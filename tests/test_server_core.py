@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rda.business import driver
 from rda.business.common import AcquiredData
 from rda.business.server import subscriptions as subscriptions_module
 from rda.business.server.builder import Server, ServerBuilder
@@ -772,6 +773,27 @@ def test_introspection(make: Factory) -> None:
     h.call(request(RequestType.GET, 1))
     stats = h.server.statistics()
     assert stats.clients == 2 and stats.scheduler.executed >= 1
+
+
+def test_uptime_and_connected_for_ignore_wall_clock_steps(make: Factory) -> None:
+    """A step of the wall clock (NTP, a hand-set date) changes the wall-clock stamps but not
+    how long the server has run or a client has been connected: those are on the monotonic
+    clock. Before, ``info``'s uptime was ``time.time() - started_at`` (0 after a step back,
+    an hour too much after a step forward), found by the simulation's fault clock-step."""
+    wall = [1_800_000_000.0]
+    with driver.wall_clock(lambda: wall[0], lambda: round(wall[0] * 1e9)):
+        h = make()
+        started = h.server.started_at
+        assert started == 1_800_000_000.0
+        wall[0] -= 3600.0  # stepped back an hour; the monotonic clock runs on
+        h.clock.advance(5.0)
+        assert h.server.uptime() == 5.0
+        assert {c.connected_for for c in h.server.clients()} == {5.0}
+        wall[0] += 7200.0  # and forward two
+        h.clock.advance(1.0)
+        assert h.server.uptime() == 6.0
+        assert {c.connected_for for c in h.server.clients()} == {6.0}
+        assert h.server.started_at == started  # the stamp for people stays what it was
 
 
 def test_start_hooks_and_metrics_port(make: Factory) -> None:

@@ -16,7 +16,6 @@ import logging
 import os
 import platform
 import socket
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ import pydantic
 
 from rda.admin.metrics import metrics_endpoint
 from rda.admin.registry import AdminArgumentsError, AdminContext, command
+from rda.business import driver
 from rda.business.server.statistics import DeviceSnapshot, HistogramSnapshot
 from rda.serialization.data import Data, DataType
 
@@ -41,7 +41,7 @@ class PingArgs(pydantic.BaseModel):
 @command("ping", PingArgs)
 def ping(ctx: AdminContext, args: PingArgs) -> dict[str, Any]:
     """Answer at once: proves the admin group is alive; ``echo`` is sent back."""
-    return {"pong": True, "server": ctx.server.name, "time": time.time(), "echo": args.echo}
+    return {"pong": True, "server": ctx.server.name, "time": driver.wall_time(), "echo": args.echo}
 
 
 @command("info")
@@ -53,7 +53,7 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
         "version": _version(),
         "endpoint": server.endpoint,
         "started_at": server.started_at,
-        "uptime": max(0.0, time.time() - server.started_at),
+        "uptime": server.uptime(),
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -73,14 +73,7 @@ def info(ctx: AdminContext, args: pydantic.BaseModel) -> dict[str, Any]:
 @command("clients")
 def clients(ctx: AdminContext, args: pydantic.BaseModel) -> Data:
     """Who is connected: peer id, client info, since when, last heard, subscriptions."""
-    now = time.time()
-    rows = []
-    for snap in ctx.server.clients():
-        row = plain(snap)
-        connected = float(row.get("connected_since", 0.0))
-        row["connected_for"] = max(0.0, now - connected) if connected else 0.0
-        rows.append(row)
-    return _records("clients", rows)
+    return _records("clients", [plain(snap) for snap in ctx.server.clients()])
 
 
 class SubscriptionsArgs(pydantic.BaseModel):

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rda.business import driver
 from rda.business.metadata import DESCRIBE_SELECTOR
 from rda.business.policy import AccessGate, Denial
 from rda.business.server.lifecycle import SubscriptionLifecycle
@@ -48,6 +48,9 @@ class PeerState:
     # A client's direct lane (its blocking calls' own connection): a session for requests,
     # not another client, so not listed or counted as one.
     lane: bool = False
+    # When it connected on the monotonic clock: ``connected_for`` (``connected_since`` and
+    # ``last_heard`` are wall-clock stamps for people, and jump with the wall clock).
+    connected_at: float = 0.0
 
 
 class Dispatch:
@@ -99,9 +102,10 @@ class Dispatch:
     # -- ServerHandler: the dispatcher thread ------------------------------------------------
 
     def on_peer_connected(self, peer: bytes, client_info: dict[str, Any]) -> None:
-        now = time.time()
+        now = driver.wall_time()
         client = ClientInfo.from_info(peer, client_info, self._trust_declared)
-        state = PeerState(self._with_roles(client), now, now, client_info.get("lane") is True)
+        lane = client_info.get("lane") is True
+        state = PeerState(self._with_roles(client), now, now, lane, self._clock())
         with self._peers_lock:
             self._peers[peer] = state
         if not state.lane:
@@ -120,7 +124,7 @@ class Dispatch:
         received_at = self._clock()
         state = self._peers.get(peer)
         if state is not None:
-            state.last_heard = time.time()
+            state.last_heard = driver.wall_time()
             client = state.client
         else:
             client = ClientInfo(peer)

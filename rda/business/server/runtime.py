@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from rda.business import driver
 from rda.business.config import Config
 from rda.business.directory import Registry
 from rda.business.metadata import PropertyDescription, Severity
@@ -108,7 +109,8 @@ class Server:
         self._inline = inline_handlers if inline_handlers is not None else InlineRule()
         self.config = config
         self.metrics_port = metrics_port
-        self.started_at = 0.0
+        self.started_at = 0.0  # wall clock: when, for people
+        self._started = 0.0  # monotonic clock: how long (uptime), whatever the wall clock does
         self._requested_endpoint = endpoint
         self._endpoint = endpoint
         self._devices = devices
@@ -234,7 +236,8 @@ class Server:
             device.bind(name, self._publisher(name))
         transport.start()
         self._endpoint = transport.endpoint
-        self.started_at = time.time()
+        self.started_at = driver.wall_time()
+        self._started = self._clock()
         if self._directory is not None and self._devices:
             self._directory.register(
                 self.name,
@@ -431,18 +434,25 @@ class Server:
         log.info("server %r: policy reloaded from %s", self.name, policy.source)
         return policy
 
+    def uptime(self) -> float:
+        """Seconds since :meth:`start` on the monotonic clock (0 before): a step of the wall
+        clock (NTP, a hand-set date) does not change it, as it changes ``started_at``."""
+        return max(0.0, self._clock() - self._started) if self.started_at else 0.0
+
     def clients(self) -> list[ClientSnapshot]:
         if self._dispatch is None or self._registry is None:
             return []
         registry = self._registry
         lost = self._peer_statistics()
         none = PeerStatistics()
+        now = self._clock()
         return [
             ClientSnapshot(
                 peer=peer.hex(),
                 info=dict(state.client.info),
                 connected_since=state.connected_since,
                 last_heard=state.last_heard,
+                connected_for=max(0.0, now - state.connected_at),
                 subscriptions=registry.subscriptions_of(peer),
                 queue_depth=lost.get(peer, none).queue_depth,
                 conflated=lost.get(peer, none).conflated,

@@ -65,13 +65,16 @@ class DeviceSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ClientSnapshot:
-    """One connected client. ``peer`` is the hex routing id; times are ``time.time()``."""
+    """One connected client. ``peer`` is the hex routing id; ``connected_since`` and
+    ``last_heard`` are wall-clock times (``time.time()``), ``connected_for`` is seconds on the
+    server's monotonic clock (right across a step of the wall clock)."""
 
     peer: str
     info: dict[str, object]
     connected_since: float
     last_heard: float
     subscriptions: int
+    connected_for: float = 0.0
     # From the transport: messages waiting for this client's pipe, and what its full pipe
     # cost it (notifications replaced by newer ones; messages dropped at the queue limit).
     queue_depth: int = 0
