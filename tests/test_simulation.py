@@ -4,10 +4,18 @@ simulator found, kept as a regression test with its seed (docs/testing.md)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
-from rda.testing.simulation import ALL_FAULTS, SimSettings, run_seed, run_seeds, shrink
+from rda.testing.simulation import (
+    ALL_FAULTS,
+    SimSettings,
+    Simulation,
+    run_seed,
+    run_seeds,
+    shrink,
+)
 
 #: The budget ``make test`` runs with every fault (see docs/testing.md for the arithmetic).
 BUDGET = int(os.environ.get("RDA_SIM_SEEDS", "2000"))
@@ -29,6 +37,8 @@ def test_seed_budget_with_every_fault_keeps_every_invariant() -> None:
         "slow-consumers",
         "policy-reloads",
         "churn",
+        "clock-steps",
+        "admin",
     ):
         assert summary.counts.get(what, 0) > 0, f"no {what} in {BUDGET} seeds"
 
@@ -71,28 +81,77 @@ def test_a_broken_invariant_names_itself_and_the_events_before_it() -> None:
     assert small.duration < SimSettings().duration
 
 
+def _stepping_clock(sim: Simulation) -> Callable[[], float]:
+    """Simulated time plus the steps of the wall clock of the machine reading it."""
+    clock, wall, driver = sim.clock, sim.wall, sim.driver
+    return lambda: clock.now + wall.offset(driver.owner)
+
+
+def test_a_promise_kept_by_the_wall_clock_is_caught() -> None:
+    # The product keeps its promises on the monotonic clock. Clients that kept them on a
+    # clock that steps with the wall clock (a timer on time.time()) end requests early after
+    # a step forward and drop live servers as silent; after a step back their timers wait
+    # an hour: the invariants say so.
+    caught = set()
+    for seed in range(6):
+        sim = Simulation(seed, SimSettings(faults=frozenset({"clock-step"})))
+        sim.client_clock = _stepping_clock(sim)
+        result = sim.run()
+        assert result.counts.get("clock-steps", 0) > 0
+        if result.failure is not None:
+            caught.add(result.failure.name)
+    assert caught & {"exactly-once", "heartbeat"}, caught
+
+    # A connection dropped as silent with no fault to explain it is caught: partitions the
+    # checker is not told about stand for heartbeats a clock step would stall.
+    class Deaf(set[str]):
+        def add(self, element: str) -> None:
+            return None
+
+    names = set()
+    for seed in range(5):
+        sim = Simulation(seed, SimSettings(faults=frozenset({"partition"})))
+        sim.silenced = Deaf()
+        failure = sim.run().failure
+        names.add(failure.name if failure is not None else None)
+    assert "heartbeat" in names, names
+    # The same seeds with the product's clocks: every invariant holds.
+    for seed in range(6):
+        assert run_seed(seed, SimSettings(faults=frozenset({"clock-step"}))).failure is None
+
+
 # --- regressions: (faults, seed) that broke an invariant before the fix named ---
 
+# The seeds found before admin commands joined the workload run without them (admin=False):
+# a seed then draws exactly what it drew when it was found. Clock steps draw from a stream
+# of their own, so "every fault" seeds of then keep their schedules with clock-step added.
 REGRESSIONS = [
     # A slow consumer's full queue dropped the FIRST update (first-after-subscribe):
     # subscriptions._Inbox keeps FIRSTs and errors and drops the oldest plain update.
-    pytest.param("slow-consumer", 2, id="slow-consumer-2-first-dropped"),
-    pytest.param("slow-consumer", 4, id="slow-consumer-4-first-dropped"),
-    pytest.param("slow-consumer", 5, id="slow-consumer-5-first-dropped"),
+    pytest.param("slow-consumer", 2, False, id="slow-consumer-2-first-dropped"),
+    pytest.param("slow-consumer", 4, False, id="slow-consumer-4-first-dropped"),
+    pytest.param("slow-consumer", 5, False, id="slow-consumer-5-first-dropped"),
     # A set made while its server was away timed out for its user, then went out on the
     # CONNECT_ACK and took effect after a later, acknowledged set (set-then-get): the client
     # session core drops a get or set from its backlog once its request ended.
-    pytest.param(",".join(ALL_FAULTS), 2464, id="all-2464-timed-out-set-sent-later"),
+    pytest.param(",".join(ALL_FAULTS), 2464, False, id="all-2464-timed-out-set-sent-later"),
     # A paused client handled a reply after its deadline, before its timer ran, and gave the
     # user a value after the timeout (no-reply-after-timeout): RequestTable.reply ends such
     # a request as a timeout.
-    pytest.param("pause,delay", 7044, id="pause-7044-value-after-timeout"),
-    pytest.param("pause,delay", 7051, id="pause-7051-value-after-timeout"),
+    pytest.param("pause,delay", 7044, False, id="pause-7044-value-after-timeout"),
+    pytest.param("pause,delay", 7051, False, id="pause-7051-value-after-timeout"),
+    # A step of a server's wall clock made admin clients' connected_for 42 min too long
+    # (seed 0), info's uptime 0 (seed 14: a step back) or 6 h too long (clock-step seed 0)
+    # (monotonic-durations): Server.uptime() and ClientSnapshot.connected_for are on the
+    # monotonic clock now.
+    pytest.param(",".join(ALL_FAULTS), 0, True, id="all-0-connected-for-after-a-step"),
+    pytest.param(",".join(ALL_FAULTS), 14, True, id="all-14-uptime-0-after-a-step-back"),
+    pytest.param("clock-step", 0, True, id="clock-step-0-uptime-hours-too-long"),
 ]
 
 
-@pytest.mark.parametrize(("faults", "seed"), REGRESSIONS)
-def test_regression_seed(faults: str, seed: int) -> None:
+@pytest.mark.parametrize(("faults", "seed", "admin"), REGRESSIONS)
+def test_regression_seed(faults: str, seed: int, admin: bool) -> None:
     chosen = frozenset(faults.split(",")) & frozenset(ALL_FAULTS)
-    result = run_seed(seed, SimSettings(faults=chosen))
+    result = run_seed(seed, SimSettings(faults=chosen, admin=admin))
     assert result.failure is None, f"seed {seed} ({faults}): {result.failure}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rda.business.driver import Background
 
-__all__ = ["Adopted", "SimClock", "SimDriver"]
+__all__ = ["Adopted", "SimClock", "SimDriver", "SimWallClock"]
 
 
 class SimClock:
@@ -45,6 +45,46 @@ class SimClock:
 
 def _nothing() -> None:
     return None
+
+
+class SimWallClock:
+    """The wall clock of each simulated machine: simulated time plus that machine's steps.
+
+    Installed as the business layer's wall clock (``rda.business.driver.wall_clock``) for a
+    run. A read belongs to the process the driver is running (``SimDriver.owner``), and a
+    process to its machine: a server's incarnations (``S0#2``) and a client's paused
+    listeners (``C1/listeners``) share their machine's clock, which keeps its steps across
+    a restart, as a real machine's does. The monotonic ``SimClock`` never steps.
+    """
+
+    #: Simulated START is this wall-clock time (a date in 2027, seconds since the epoch).
+    EPOCH = 1_800_000_000.0
+
+    def __init__(self, clock: SimClock, driver: SimDriver) -> None:
+        self._clock = clock
+        self._driver = driver
+        self._base = self.EPOCH - clock.now
+        self.offsets: dict[str, float] = {}  # machine -> how far its wall clock was stepped
+        self._machines: dict[str, str] = {}
+
+    @staticmethod
+    def machine(owner: str) -> str:
+        return owner.split("#")[0].split("/")[0]
+
+    def offset(self, owner: str) -> float:
+        machine = self._machines.get(owner)
+        if machine is None:
+            machine = self._machines[owner] = self.machine(owner)
+        return self.offsets.get(machine, 0.0)
+
+    def step(self, machine: str, seconds: float) -> None:
+        self.offsets[machine] = self.offsets.get(machine, 0.0) + seconds
+
+    def seconds(self) -> float:
+        return self._clock.now + self._base + self.offset(self._driver.owner)
+
+    def nanoseconds(self) -> int:
+        return round(self.seconds() * 1e9)
 
 
 @dataclass(slots=True, eq=False)

@@ -13,7 +13,9 @@ Names (docs/testing.md, "Invariants"):
 * ``received-plus-gaps``: within one epoch each update's value is the one published right
   after the previous update's value plus the gap it reports: nothing missed without a count;
 * ``nothing-after-unsubscribe``: no notification after ``Subscription.close()`` returned;
-* ``exactly-once``: every request ends once (reply, error or timeout) and by its deadline;
+* ``exactly-once``: every request ends once (reply, error or timeout), by its deadline, and
+  not as a timeout before it (time is the monotonic clock's: a wall-clock step must not end
+  a request early);
 * ``no-reply-after-timeout``: no value reaches the user after the request's timeout;
 * ``set-then-get``: a get started after a set was acknowledged (and no other set started
   since) returns that set's value;
@@ -23,7 +25,12 @@ Names (docs/testing.md, "Invariants"):
 * ``bounded``: with the faults over, no request pending in a client, and every client and
   server holds exactly the subscriptions still open (``Simulation._bounded``);
 * ``progress``: with the faults over, every open subscription has the last published value,
-  and the run ends (no livelock).
+  and the run ends (no livelock);
+* ``heartbeat``: a connection is dropped as silent only when a fault silenced one of its
+  ends (``Simulation._heartbeats``): a wall-clock step must not stall a heartbeat;
+* ``monotonic-durations``: the durations a server reports (admin ``info``'s ``uptime``,
+  ``clients``' ``connected_for``) agree with the simulated time since it started, whatever
+  its wall clock did.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from rda.business.client.subscriptions import Notification
 from rda.serialization.header import UpdateType
 from rda.testing.simulation._model import InvariantBroken
 
-__all__ = ["Checker", "InjectedFault", "RequestWatch", "SubWatch"]
+__all__ = ["AdminWatch", "Checker", "InjectedFault", "RequestWatch", "SubWatch"]
 
 
 class InjectedFault(RuntimeError):
@@ -123,6 +130,42 @@ class RequestWatch:
     generation: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class AdminWatch(RequestWatch):
+    """An admin command: a request, whose reply carries durations to check."""
+
+    command: str = ""
+    server: Any = None  # the SimServer asked
+    lives: int = 0  # its incarnation when asked
+    started: float = 0.0  # when that incarnation started (simulated, monotonic)
+
+    def check_reply(self, checker: Checker, reply: Any, now: float) -> None:
+        """``monotonic-durations``, when the incarnation asked is the one that answered."""
+        s = self.server
+        if s.lives != self.lives or s.down:
+            return  # restarted meanwhile: which incarnation answered is not known
+        longest = now - self.started + 1e-6
+        if self.command == "info":
+            uptime = float(reply["uptime"])
+            shortest = self.issued - self.started - 1e-6
+            if not shortest <= uptime <= longest:
+                checker.broken(
+                    "monotonic-durations",
+                    f"{self.label}: uptime {uptime:.6f} s, but the server started "
+                    f"{self.issued - self.started:.6f} s before the request and "
+                    f"{now - self.started:.6f} s before the reply",
+                )
+        elif self.command == "clients":
+            for row in reply["clients"]:
+                connected_for = float(row["connected_for"])
+                if not 0.0 <= connected_for <= longest:
+                    checker.broken(
+                        "monotonic-durations",
+                        f"{self.label}: a client connected for {connected_for:.6f} s, but "
+                        f"the server started {now - self.started:.6f} s ago",
+                    )
+
+
 @dataclass(slots=True)
 class _SetState:
     """What is known of one settable property's value."""
@@ -197,6 +240,12 @@ class Checker:
         error = future.exception()
         watch.outcome = "ok" if error is None else type(error).__name__
         late = now > watch.issued + watch.timeout + 1e-9
+        if isinstance(error, TimeoutError) and now < watch.issued + watch.timeout - 1e-9:
+            self.broken(
+                "exactly-once",
+                f"{watch.label}: ended as a timeout at t={now:.6f}, before its deadline "
+                f"{watch.issued + watch.timeout:.6f} ({error})",
+            )
         if error is None and late:
             self.broken(
                 "no-reply-after-timeout",
@@ -213,6 +262,8 @@ class Checker:
             if state.open_sets == 0:
                 state.value = None if state.doubtful else state.last_ack
                 state.doubtful = False
+        if isinstance(watch, AdminWatch) and error is None:
+            watch.check_reply(self, future.result(), now)
         if watch.get_key is not None and error is None and watch.certain is not None:
             state = self.sets[watch.get_key]
             got = int(future.result().data["v"])

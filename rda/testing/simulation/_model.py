@@ -20,6 +20,7 @@ ALL_FAULTS: tuple[str, ...] = (
     "slow-consumer",  # a client's listeners paused while its dispatcher runs
     "policy-reload",  # a server's RBAC policy replaced (who may set changes)
     "churn",  # a client process ends (closing its service) and another starts
+    "clock-step",  # a machine's wall clock jumps (seconds to hours, either way)
 )
 
 
@@ -34,6 +35,9 @@ class SimSettings:
     duration: float = 3.0
     quiet: float = 10.0
     max_steps: int = 200_000
+    #: Admin commands (``info``, ``clients``, ``subscriptions``) in the workload. Off, a seed
+    #: draws exactly what it drew before they were added (the regression seeds' world).
+    admin: bool = True
 
 
 class InvariantBroken(AssertionError):

@@ -21,19 +21,33 @@ from typing import Any
 
 from rda.business.client.service import ClientService
 from rda.business.config import Config
-from rda.business.driver import driven_by
+from rda.business.driver import driven_by, wall_clock
 from rda.business.policy import Policy
 from rda.business.server.builder import ServerBuilder
 from rda.business.server.runtime import Server
 from rda.serialization.data import Data
 from rda.serialization.errors import NoSuchDeviceError
 from rda.testing.simulation._devices import HandlerFaults, SimDevice
-from rda.testing.simulation._driver import Adopted, SimClock, SimDriver
-from rda.testing.simulation._invariants import Checker, LogWatch, RequestWatch, SubWatch
+from rda.testing.simulation._driver import Adopted, SimClock, SimDriver, SimWallClock
+from rda.testing.simulation._invariants import (
+    AdminWatch,
+    Checker,
+    LogWatch,
+    RequestWatch,
+    SubWatch,
+)
 from rda.testing.simulation._model import InvariantBroken, SimSettings, Trace
 from rda.testing.simulation._network import Flight, SimNetwork
 
 __all__ = ["START", "RunResult", "Simulation"]
+
+#: Faults that are not drawn by ``_fault``: they act all the time, or (clock steps) come
+#: from a stream of their own.
+_BACKGROUND = frozenset({"delay", "handler-error", "overrun", "clock-step"})
+
+#: How far a wall clock steps (either way): a leap second, NTP slewing in, a date set by
+#: hand, a time zone mistaken for UTC, a VM restored from a snapshot.
+_CLOCK_STEPS = (0.5, 2.0, 30.0, 600.0, 3600.0, 4 * 3600.0)
 
 #: The simulated clock's reading when a run starts.
 START = 1000.0
@@ -79,6 +93,7 @@ class SimServer:
     transport: Any = None
     lives: int = 0
     down: bool = False
+    started: float = 0.0  # when its current incarnation started (monotonic, simulated)
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +125,19 @@ class Simulation:
         self.rng = random.Random(seed)
         self.clock = SimClock(_START)
         self.driver = SimDriver()
+        self.wall = SimWallClock(self.clock, self.driver)
+        # Clock steps come from a stream of their own: a step draws nothing from ``rng`` and
+        # is applied between steps, so every other choice of a seed is what it was without
+        # them (the regression seeds keep their schedules).
+        self._steps_rng = random.Random(f"clock-step:{seed}")
+        self._clock_steps: list[float] = []
+        # Machines a fault made silent at some point (paused, partitioned, stalled, crashed):
+        # only their peers' heartbeats may time out (invariant ``heartbeat``).
+        self.silenced: set[str] = set()
+        self._heartbeat_timeouts: dict[str, int] = {}
+        #: The clock clients keep their promises by (timeouts, heartbeats, reconnection):
+        #: the monotonic one. A test gives them one that steps, to see the steps caught.
+        self.client_clock: Callable[[], float] = self.clock
         self.trace = Trace(verbose=verbose)
         self.checker = Checker(self.clock)
         self.faults = settings.faults
@@ -173,12 +201,17 @@ class Simulation:
             .policy(self._policy(s.policies[-1][1]))
             .trust_declared_principals()
         )
+        if self.settings.admin:
+            from rda.admin import install
+
+            install(builder)
         for name, device in s.devices.items():
             builder.device(name, device)
         with self.driver.owning(s.owner):
             s.server = builder.build()
             s.server.start()
         s.down = False
+        s.started = self.clock()
         for name in s.devices:
             self.directory.where[name] = s.endpoint
 
@@ -210,7 +243,7 @@ class Simulation:
                 self.directory,
                 self.config,
                 transport_factory=factory,
-                clock=self.clock,
+                clock=self.client_clock,
                 rng_seed=self.rng.randrange(2**32),
                 principal=name,
             )
@@ -239,6 +272,7 @@ class Simulation:
                     {"role": "writer", "operation": "set", "effect": "allow"},
                     {"role": "reader", "operation": "get", "effect": "allow"},
                     {"role": "reader", "operation": "subscribe", "effect": "allow"},
+                    {"role": "reader", "operation": "admin:*", "effect": "allow"},
                 ],
             },
             source="simulation",
@@ -279,6 +313,7 @@ class Simulation:
             if client.name not in self.driver.paused:
                 for watch in client.subs:
                     watch.closed = True
+                self._count_heartbeat_timeouts(client)
                 with self.driver.owning(client.name):
                     client.service.close()
                 self.clients.remove(client)
@@ -304,7 +339,10 @@ class Simulation:
             if client.name not in self.driver.paused:
                 with self.driver.owning(client.name):
                     try:
-                        if roll < 0.5:
+                        # Drawn only when admin commands are in the workload (SimSettings).
+                        if self.settings.admin and rng.random() < 0.05:
+                            self._admin(client)
+                        elif roll < 0.5:
                             if sum(not w.closed for w in client.subs) < 6:
                                 self._subscribe(client)
                         elif roll < 0.58:
@@ -390,11 +428,26 @@ class Simulation:
         self.count("sets")
         self.trace.add(self.clock(), "set", f"{watch.label} timeout={timeout}")
 
+    def _admin(self, client: SimClient) -> None:
+        """An admin command to a server, as ``rda admin`` sends it (over the same client)."""
+        rng = self.rng
+        s = rng.choice(self.servers)
+        command = rng.choice(("info", "clients", "subscriptions"))
+        timeout = rng.choice((0.2, 1.0, 3.0))
+        watch = AdminWatch(
+            f"{client.name}:admin {command} {s.name}", client.name, self.clock(), timeout
+        )
+        watch.command, watch.server, watch.lives, watch.started = command, s, s.lives, s.started
+        future = client.service.admin_async(s.endpoint, command, timeout=timeout)
+        self.checker.request(watch, future)
+        self.count("admin")
+        self.trace.add(self.clock(), "admin", f"{watch.label} timeout={timeout}")
+
     # --- faults ---
 
     def _fault(self) -> None:
         rng = self.rng
-        kinds = sorted(self.faults - {"delay", "handler-error", "overrun"})
+        kinds = sorted(self.faults - _BACKGROUND)
         if kinds and self.clock() < self._workload_end:
             kind = rng.choice(kinds)
             getattr(self, "_fault_" + kind.replace("-", "_"))()
@@ -413,6 +466,7 @@ class Simulation:
         if s.endpoint in self.network.sim_partitioned:
             return
         self.network.partition(s.endpoint)
+        self.silenced.add(s.name)
         span = self.rng.uniform(0.1, 3.0) * self.config.heartbeat_timeout
         self.count("partitions")
         self.trace.add(self.clock(), "PARTITION", f"{s.endpoint} for {span:.3f}")
@@ -430,6 +484,7 @@ class Simulation:
             return
         link = self.rng.choice(links)
         self.network.stall_client(link.peer)
+        self.silenced.add("stalled-client")  # which client's pipe: the peer id does not say
         span = self.rng.uniform(0.01, 2.0)
         self.count("stalls")
         self.trace.add(self.clock(), "STALL", f"{link.peer!r} for {span:.3f}")
@@ -441,6 +496,7 @@ class Simulation:
         if owner in self.driver.paused:
             return
         self.driver.paused.add(owner)
+        self.silenced.add(SimWallClock.machine(owner))
         self.checker.pause_began(owner)
         span = self.rng.uniform(0.05, 2.0) * self.config.heartbeat_timeout
         self.count("pauses")
@@ -460,6 +516,7 @@ class Simulation:
         with self.driver.owning(s.owner):
             s.transport.kill()
         self.driver.crash(s.owner)
+        self.silenced.add(s.name)
         s.down = True
         span = self.rng.uniform(0.01, 3.0)
         if self.rng.random() < 0.5:
@@ -519,7 +576,7 @@ class Simulation:
         steps = 0
         cpu = time.process_time()
         try:
-            with driven_by(self.driver):
+            with driven_by(self.driver), wall_clock(self.wall.seconds, self.wall.nanoseconds):
                 steps = self._run()
         except InvariantBroken as exc:
             failure = exc
@@ -554,13 +611,24 @@ class Simulation:
         self.later(0.0, self._act, "user action")
         if self.faults - {"delay", "handler-error", "overrun"}:
             self.later(rng.expovariate(self._fault_rate), self._fault, "fault")
+        if "clock-step" in self.faults:
+            at, srng = start, self._steps_rng
+            while True:
+                at += srng.expovariate(self._fault_rate)
+                if at >= self._workload_end:
+                    break
+                self._clock_steps.append(at)
         self.later(settings.duration, self._calm, "faults end")
         self.later(settings.duration + settings.quiet * 0.8, self._last_publish, "last publish")
         driver, network, checker, clock = self.driver, self.network, self.checker, self.clock
         events = self._events
         verbose = self.trace.verbose
+        clock_steps = self._clock_steps
         while True:
             now = clock()
+            while clock_steps and clock_steps[0] <= now:
+                clock_steps.pop(0)
+                self._step_a_wall_clock()
             self._steps += 1
             if self._steps > settings.max_steps:
                 checker.broken("progress", f"{settings.max_steps} steps without the run ending")
@@ -593,6 +661,18 @@ class Simulation:
             checker.check()
         self._finish()
         return self._steps
+
+    def _step_a_wall_clock(self) -> None:
+        """Fault ``clock-step``: one machine's wall clock jumps; its monotonic clock does not.
+
+        Drawn from the clock steps' own stream (see ``__init__``)."""
+        srng = self._steps_rng
+        machines = [s.name for s in self.servers] + [c.name for c in self.clients]
+        machine = srng.choice(machines)
+        seconds = srng.choice(_CLOCK_STEPS) * srng.choice((-1.0, 1.0)) * srng.uniform(0.5, 1.5)
+        self.wall.step(machine, seconds)
+        self.count("clock-steps")
+        self.trace.add(self.clock(), "CLOCK", f"{machine}'s wall clock {seconds:+.3f} s")
 
     def _calm(self) -> None:
         """The faults stop: heal, unstall, resume; crashed servers come back."""
@@ -641,7 +721,42 @@ class Simulation:
                     f"k={device.k}",
                 )
         self._bounded()
+        self._heartbeats()
         checker.check()
+
+    def _count_heartbeat_timeouts(self, client: SimClient) -> None:
+        """A client's transport's heartbeat timeouts, kept when it closes (churn)."""
+        timeouts = client.service.statistics().transport.heartbeat_timeouts
+        if timeouts:
+            self._heartbeat_timeouts[client.name] = timeouts
+
+    def _heartbeats(self) -> None:
+        """Heartbeat: a connection is dropped as silent only when a fault silenced one of its
+        ends (a pause, a partition, a stalled pipe, a crash). A step of the wall clock, or
+        any other fault, must not stall a heartbeat or make a live peer look silent."""
+        for client in self.clients:
+            self._count_heartbeat_timeouts(client)
+        servers = {s.name for s in self.servers}
+        silenced = self.silenced
+        any_server = bool(silenced & servers) or "stalled-client" in silenced
+        any_client = bool(silenced - servers)
+        for name, timeouts in sorted(self._heartbeat_timeouts.items()):
+            if name not in silenced and not any_server:
+                self.checker.broken(
+                    "heartbeat",
+                    f"{name}: {timeouts} heartbeat timeout(s), but no fault silenced it or "
+                    "any server",
+                )
+        for s in self.servers:
+            if s.server is None or s.down:
+                continue
+            timeouts = s.server.statistics().transport.heartbeat_timeouts
+            if timeouts and s.name not in silenced and not any_client:
+                self.checker.broken(
+                    "heartbeat",
+                    f"{s.name}: {timeouts} heartbeat timeout(s), but no fault silenced it or "
+                    "any client",
+                )
 
     def _bounded(self) -> None:
         """Bounded: with the faults over, nothing is left behind in the tables: no request
