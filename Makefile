@@ -14,8 +14,9 @@ $(BIN)/python:
 
 # Reinstall only when the package metadata or a compiled extension's source changes (the
 # editable install builds rda/serialization/_cbinary.*.so, rda/transport/_cframe.*.so and
-# rda/transport/_czmq.*.so in place).
-$(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx | $(BIN)/python
+# rda/transport/_czmq.*.so in place, and the request path's modules compiled from their .py
+# and .pxd: rda/transport/protocol.compiled-*.so).
+$(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx rda/transport/protocol.py rda/transport/protocol.pxd | $(BIN)/python
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel,pva]'
 	touch $(STAMP)
 

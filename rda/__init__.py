@@ -16,6 +16,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from rda import _compiled_python
+
+# Before any module of the request path is imported: its compiled build, when there is one.
+_compiled_python.install()
+
 if TYPE_CHECKING:
     import rda.admin as admin
     import rda.security as security

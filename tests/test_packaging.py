@@ -32,6 +32,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTENSIONS = ("rda/serialization/_cbinary", "rda/transport/_cframe", "rda/transport/_czmq")
+# The request path's modules compiled from their .py, typed by the .pxd beside each
+# (rda/_compiled_python.py): the wheel needs the .pxd too, the build's name is its digest.
+TYPED_MODULES = ("rda/transport/protocol",)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -139,6 +142,8 @@ def test_sdist_carries_the_cython_sources_and_no_generated_c(
     sdist, _ = archives
     for ext in EXTENSIONS:
         assert f"{ext}.pyx" in sdist
+    for module in TYPED_MODULES:
+        assert f"{module}.py" in sdist and f"{module}.pxd" in sdist
     assert [n for n in sdist if n.endswith((".c", ".so"))] == []
     assert "setup.py" in sdist and "pyproject.toml" in sdist and "MANIFEST.in" in sdist
 
@@ -153,6 +158,10 @@ def test_wheel_carries_the_extensions_and_every_module_and_no_c(
         compiled = [n for n in wheel if n.startswith(ext + ".") and n.endswith(".so")]
         assert len(compiled) == 1, (ext, compiled)
         assert f"{ext}.pyi" in wheel
+    for module in TYPED_MODULES:
+        compiled = [n for n in wheel if n.startswith(module + ".compiled-") and n.endswith(".so")]
+        assert len(compiled) == 1, (module, compiled)
+        assert f"{module}.pxd" in wheel
     assert "rda/py.typed" in wheel
     modules = sorted(
         path.relative_to(ROOT).as_posix()
