@@ -82,6 +82,7 @@ class HistoryRow:
 # ``data``. Not sent: what is derived (``ts``), the receive time, the partition values.
 CHUNK_FIRST = ("acq_stamp", "cycle_stamp", "cycle_name", "selector", "recorder_id", "seq", "error")
 _NOT_SENT = frozenset({"ts", "recv_stamp", "data", "device", "property", "date"})
+_NOT_READ = _NOT_SENT - {"data"}  # a Parquet file's columns not read at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,26 +161,37 @@ def _sorted(stamps: np.ndarray[Any, Any]) -> bool:
     return bool(len(stamps) < 2 or np.all(stamps[1:] >= stamps[:-1]))
 
 
-class _Piece:
-    """Rows of one source, already filtered to the window, with the chunk's columns."""
+def _shaped(table: pa.Table, data: pa.Array | pa.ChunkedArray, recorder_id: str | None) -> pa.Table:
+    """A source's rows with the chunk's columns, in the chunk's order (no copy but a journal's
+    recorder column: ``recorder_id``, when the source's rows carry none)."""
+    count = table.num_rows
+    columns: dict[str, Any] = {}
+    for name in CHUNK_FIRST:
+        if name == "recorder_id" and recorder_id is not None:
+            columns[name] = pa.repeat(pa.scalar(recorder_id), count)
+        else:
+            columns[name] = table.column(name)
+    for name in table.schema.names:
+        if name not in columns and name not in _NOT_SENT:
+            columns[name] = table.column(name)
+    columns["data"] = data
+    return pa.table(columns)
 
-    def __init__(self, table: pa.Table, data: pa.Array, recorder_id: str | None) -> None:
+
+class _Piece:
+    """Rows of one source, already filtered to the window, with the chunk's columns.
+
+    ``row_bytes`` is the mean row size the chunk's byte bound counts for this source's rows:
+    computed on the source's rows before they were cut to what the chunk can use, so the cut
+    and the bound agree (``HistoryReader.chunk``)."""
+
+    def __init__(self, table: pa.Table, recorder_id: str | None, row_bytes: int) -> None:
         count = table.num_rows
-        columns: dict[str, Any] = {}
-        for name in CHUNK_FIRST:
-            if name == "recorder_id" and recorder_id is not None:
-                columns[name] = pa.repeat(pa.scalar(recorder_id), count)
-            else:
-                columns[name] = table.column(name)
-        for name in table.schema.names:
-            if name not in columns and name not in _NOT_SENT:
-                columns[name] = table.column(name)
-        columns["data"] = data
-        self.table = pa.table(columns)
+        self.table = table
         self.acq = table.column("acq_stamp").to_numpy()
         self.seq = table.column("seq").to_numpy()
         self.recorders = self.table.column("recorder_id")
-        self.row_bytes = max(1, self.table.nbytes // max(1, count))
+        self.row_bytes = row_bytes
         # The one recorder of its rows (a journal's, a file's), and whether the rows are in
         # chunk order already: what lets a chunk be slices of its pieces (_assemble_runs).
         if recorder_id is None and count:
@@ -200,6 +212,14 @@ class _Piece:
             return low
         high = int(np.searchsorted(self.acq, stamp, "right"))
         return low + int(np.searchsorted(self.seq[low:high], after.seq, "right"))
+
+
+def _disjoint_runs(pieces: list[_Piece]) -> bool:
+    """Each piece in order, each starting after the last stamp of the one before: their rows
+    joined are in order, and none is in two of them."""
+    return all(p.ordered for p in pieces) and all(
+        a.acq[-1] < b.acq[0] for a, b in itertools.pairwise(pieces)
+    )
 
 
 class HistoryReader:
@@ -325,7 +345,7 @@ class HistoryReader:
 
     def _read(
         self, source: _Source, device: str, prop: str, low: int, end: int
-    ) -> list[tuple[pa.Table, pa.Array]]:
+    ) -> list[tuple[pa.Table, pa.Array | pa.ChunkedArray]]:
         if source.journal:
             pieces = []
             for (dev, name, _), meta, data in read_segment(Path(source.path)):
@@ -347,11 +367,9 @@ class HistoryReader:
         else:
             column = table.column("acq_stamp")
             table = table.filter(pc.and_(pc.greater_equal(column, low), pc.less(column, end)))
-        data = (
-            table.column("data").combine_chunks()
-            if "data" in table.schema.names
-            else pa.nulls(table.num_rows)
-        )
+        # The column as read (one chunk per row group), not combined: combining would copy the
+        # rest of the file on every chunk of a long answer.
+        data = table.column("data") if "data" in table.schema.names else pa.nulls(table.num_rows)
         return [(table.drop_columns(["data"]), data)]
 
     def _parquet(self, path: str, group: int) -> tuple[pa.Table, np.ndarray[Any, Any] | None]:
@@ -364,11 +382,15 @@ class HistoryReader:
             if entry is not None:
                 self._tables.move_to_end(key)
                 return entry
-        if group < 0:
-            table = pq.read_table(path, filesystem=self.store.fs)
-        else:
-            with self.store.fs.open_input_file(path) as source:
-                table = pq.ParquetFile(source).read_row_group(group)
+        with self.store.fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source, pre_buffer=True)
+            # Only what a chunk carries: the derived and receive stamps are half the bytes of
+            # a scalar's row and never sent (_NOT_SENT; the journal's are read for its stamps).
+            columns = [n for n in parquet.schema_arrow.names if n not in _NOT_READ]
+            if group < 0:
+                table = parquet.read(columns=columns)
+            else:
+                table = parquet.read_row_group(group, columns=columns)
         stamps = table.column("acq_stamp").to_numpy()
         entry = (table, stamps if _sorted(stamps) else None)
         size = int(table.nbytes)
@@ -417,23 +439,28 @@ class HistoryReader:
                 if selector is not None:
                     keep = pc.equal(table.column("selector"), selector)
                     table, data = table.filter(keep), data.filter(keep)
+                recorder = self.recorder_id if source.journal else None
+                shaped = _shaped(table, data, recorder)
                 acq = table.column("acq_stamp").to_numpy()
-                # Only the rows that can make this chunk: the max_rows smallest stamps (plus
-                # those at the cursor's stamp, which may be delivered already). Keeps a chunk
-                # O(max_rows) however many rows remain in a big file.
-                needed = max_rows + int(np.count_nonzero(acq == low))
+                row_bytes = max(1, shaped.nbytes // max(1, shaped.num_rows))
+                # Only the rows that can make this chunk: the max_rows smallest stamps, and
+                # no more than the source's rows that fill max_bytes on their own (plus those
+                # at the cursor's stamp, which may be delivered already). Keeps a chunk
+                # O(its size) however many rows remain in a big file.
+                fill = min(max_rows, max_bytes // row_bytes + 1)
+                needed = fill + int(np.count_nonzero(acq == low))
                 if len(acq) > needed:
                     left_over = True
                     if _sorted(acq):
-                        table, data = table.slice(0, needed), data.slice(0, needed)
+                        shaped = shaped.slice(0, needed)
                     else:
                         nearest = pa.array(np.sort(np.argsort(acq, kind="stable")[:needed]))
-                        table, data = table.take(nearest), data.take(nearest)
-                if table.num_rows:
-                    piece = _Piece(table, data, self.recorder_id if source.journal else None)
+                        shaped = shaped.take(nearest)
+                if shaped.num_rows:
+                    piece = _Piece(shaped, recorder, row_bytes)
                     pieces.append(piece)
-                    count += table.num_rows
-                    size += piece.row_bytes * table.num_rows
+                    count += shaped.num_rows
+                    size += piece.row_bytes * shaped.num_rows
         chunk = self._assemble(pieces, after, max_rows, max_bytes)
         if left_over and not chunk.more and len(chunk):
             chunk = dataclasses.replace(chunk, more=True)
@@ -446,14 +473,22 @@ class HistoryReader:
         the cursor's stamp may be delivered already: they count towards neither (else a chunk
         could end a row short)."""
         joined = np.concatenate([p.acq for p in pieces])
-        order = np.argsort(joined, kind="stable")
-        ordered = joined[order]
-        skip = int(np.count_nonzero(joined == cursor)) if cursor is not None else 0
+        sizes = np.concatenate([np.full(len(p.acq), p.row_bytes, np.int64) for p in pieces])
+        if _disjoint_runs(pieces):  # the usual case: in order already, no row twice
+            ordered = joined
+        else:
+            # A row read from two places counts once (the chunk keeps one copy).
+            seqs = np.concatenate([p.seq for p in pieces])
+            order = np.lexsort((seqs, joined))
+            ordered, seqs, sizes = joined[order], seqs[order], sizes[order]
+            once = np.ones(len(ordered), bool)
+            once[1:] = (ordered[1:] != ordered[:-1]) | (seqs[1:] != seqs[:-1])
+            ordered, sizes = ordered[once], sizes[once]
+        skip = int(np.count_nonzero(ordered == cursor)) if cursor is not None else 0
         bound = math.inf
         if len(ordered) >= max_rows + skip:
             bound = float(ordered[max_rows + skip - 1])
-        sizes = np.concatenate([np.full(len(p.acq), p.row_bytes, np.int64) for p in pieces])
-        spent = np.cumsum(sizes[order][skip:])
+        spent = np.cumsum(sizes[skip:])
         if len(spent) and spent[-1] >= max_bytes:
             bound = min(bound, float(ordered[skip + int(np.searchsorted(spent, max_bytes))]))
         return bound
@@ -475,7 +510,11 @@ class HistoryReader:
         ).astype(np.int64)
         number = np.concatenate([np.full(len(p.acq), n, np.int64) for n, p in enumerate(pieces)])
         index = np.concatenate([np.arange(len(p.acq), dtype=np.int64) for p in pieces])
-        order = np.lexsort((seq, recorder, acq))
+        # Of a row read from two places, the copy counted at the larger row size comes first
+        # and is kept: a source cut to the rows that fill max_bytes on their own (chunk) then
+        # still fills it, so the chunk cannot pass rows the cut left out.
+        row_size = np.array([p.row_bytes for p in pieces], np.int64)[number]
+        order = np.lexsort((-row_size, seq, recorder, acq))
         acq, seq, recorder = acq[order], seq[order], recorder[order]
         number, index = number[order], index[order]
         # The same row read from two places: equal keys, adjacent once sorted.
@@ -518,9 +557,7 @@ class HistoryReader:
         """The usual case, without sorting or copying: each piece is in order and of one
         recorder, and each starts after the last stamp of the one before (so no row is in two
         of them): the chunk is a slice of each, one after the other. None otherwise."""
-        if not all(p.ordered and p.recorder is not None for p in pieces):
-            return None
-        if any(a.acq[-1] >= b.acq[0] for a, b in itertools.pairwise(pieces)):
+        if not _disjoint_runs(pieces) or any(p.recorder is None for p in pieces):
             return None
         slices: list[pa.Table] = []
         schema: pa.Schema | None = None

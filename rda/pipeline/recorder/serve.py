@@ -118,12 +118,18 @@ def _int(filters: Data, name: str, default: int | None = None) -> int | None:
 
 def encode_chunk(chunk: Chunk, complete: bool) -> Data:
     """The reply Data of one chunk: its rows as one Arrow IPC stream (module docstring)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, chunk.table.schema) as writer:
-        writer.write_table(chunk.table)
+    table = chunk.table
+    # Sized first (a pass that writes nothing), then written once into a buffer of that size:
+    # a growing output stream would copy the rows again each time it reallocates.
+    size = pa.MockOutputStream()
+    with pa.ipc.new_stream(size, table.schema) as writer:
+        writer.write_table(table)
+    stream = pa.allocate_buffer(size.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(stream), table.schema) as writer:
+        writer.write_table(table)
     out = Data()
-    # A read-only view of the stream's bytes: big ones travel as their own frame, uncopied.
-    out.append("arrow", np.frombuffer(sink.getvalue(), np.int8), DataType.INT8_ARRAY)
+    # A view of the stream's bytes: big ones travel as their own frame, uncopied.
+    out.append("arrow", np.frombuffer(stream, np.int8), DataType.INT8_ARRAY)
     out.append("rows", len(chunk), DataType.INT64)
     out.append("more", chunk.more, DataType.BOOL)
     out.append("complete", complete, DataType.BOOL)

@@ -1,0 +1,113 @@
+"""The history reader's chunks under their row and byte bounds: every row once, in order.
+
+The store mixes what makes chunking hard: a Parquet file of several row groups (read as one
+table whose columns are chunked by group), journal
+segments overlapping it and each other in stamp order (rows offered out of order), rows at
+equal stamps, and a segment both converted and still in the journal. Whatever ``max_rows`` and
+``max_bytes`` a reader asks, the chunks concatenated are the window's rows, each once, in
+``(acq_stamp, recorder_id, seq)`` order, and a chunk of more than one row stays within its
+byte bound (give or take a row: sizes are a source's mean row size) when rows are of one size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rda.pipeline.recorder import converter
+from rda.pipeline.recorder.converter import Converter
+from rda.pipeline.recorder.journal import Journal
+from rda.pipeline.recorder.query import Cursor, HistoryReader
+from rda.pipeline.recorder.service import Recorder, Sample
+from rda.pipeline.recorder.store import Store
+from rda.serialization.data import Data
+from rda.serialization.header import DataContext
+
+pytestmark = pytest.mark.timeout(300)
+
+T0 = 1_700_000_000 * 10**9
+ROWS = 600
+WAVE = 64  # float64 values per row: rows of about half a KiB
+
+
+@pytest.fixture(scope="module", params=["uniform", "mixed"])
+def store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[HistoryReader, list[tuple[int, int]], bool]:
+    """The store (see the module docstring), the window's row keys ``(acq_stamp, seq)`` in
+    order, and whether all rows are of one size: "mixed" alternates small and big values by
+    segment, so the row sizes the chunk counts differ between a file and the segments (also
+    for the rows read from both places)."""
+    uniform = request.param == "uniform"
+    root = tmp_path_factory.mktemp("chunks")
+    shuffle = random.Random(7)
+    stamps = [T0 + (i // 3) * 1000 for i in range(ROWS)]  # three rows per stamp
+    recorder = Recorder(root, recorder_id="r1", convert=False, serve=False, flush_rows=50)
+    recorder.start()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(converter, "ROW_GROUP_BYTES", 20_000)  # row groups of a few dozen rows
+    try:
+        for batch in range(0, ROWS, 100):
+            part = stamps[batch : batch + 100]
+            shuffle.shuffle(part)  # out of order within a batch: sources overlap
+            for stamp in part:
+                length = WAVE if uniform else (16 if batch % 200 else 4 * WAVE)
+                value = Data(x=stamp, wave=np.full(length, float(stamp % 97)))
+                assert recorder.offer("DEV", "Acq", None, Sample(value, DataContext("", 0, stamp)))
+            recorder.flush(60)
+            if batch == 300:
+                recorder.convert_now()  # the first half in Parquet, the rest in the journal
+    finally:
+        recorder.stop(convert=False)
+        patch.undo()
+    journal = Journal(root, "r1")
+    # The converter's max_seq read as one segment less than it is: that segment is listed in
+    # the journal and found in the store, read from both places.
+    converted = Converter(root, "r1").max_seq - 50
+    reader = HistoryReader(Store.open(root), journal, lambda: converted, "r1")
+    whole = reader.chunk("DEV", "Acq", T0, T0 + 10**12, max_rows=10**6, max_bytes=1 << 40)
+    assert not whole.more and len(whole) == ROWS
+    keys = _keys(whole.table)
+    assert keys == sorted(keys)
+    return reader, keys, uniform
+
+
+def _keys(table: Any) -> list[tuple[int, int]]:
+    stamps, seqs = table.column("acq_stamp").to_pylist(), table.column("seq").to_pylist()
+    return list(zip(stamps, seqs, strict=True))
+
+
+def _read(reader: HistoryReader, max_rows: int, max_bytes: int) -> list[Any]:
+    after = None
+    chunks = []
+    while True:
+        chunk = reader.chunk(
+            "DEV", "Acq", T0, T0 + 10**12, after=after, max_rows=max_rows, max_bytes=max_bytes
+        )
+        chunks.append(chunk.table)
+        if not chunk.more:
+            return chunks
+        assert len(chunk), "a chunk with more to come is never empty"
+        last = chunk.table.slice(len(chunk) - 1).to_pylist()[0]
+        after = Cursor(last["acq_stamp"], last["recorder_id"], last["seq"])
+
+
+@settings(max_examples=25)
+@given(max_rows=st.integers(1, 700), max_bytes=st.integers(1, 200_000))
+def test_every_row_once_in_order_within_the_bounds(
+    store: tuple[HistoryReader, list[tuple[int, int]], bool], max_rows: int, max_bytes: int
+) -> None:
+    reader, keys, uniform = store
+    chunks = _read(reader, max_rows, max_bytes)
+    got = [key for table in chunks for key in _keys(table)]
+    assert got == keys
+    row = max(t.nbytes / t.num_rows for t in chunks if t.num_rows)
+    for table in chunks:
+        assert table.num_rows <= max_rows
+        if uniform and table.num_rows > 1:
+            assert table.nbytes <= max_bytes + 2 * row, (table.num_rows, table.nbytes)
