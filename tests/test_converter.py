@@ -259,3 +259,35 @@ def test_groups_are_bounded_in_bytes(tmp_path: Path) -> None:
     assert [p.name for p in partition_path(together, "PS1", "Acq", "2024-03-01").iterdir()] == [
         "part-r1-1-3.parquet"
     ]
+
+
+def _encodings(path: Path) -> dict[str, tuple[str, bool]]:
+    """Per Parquet column: its compression, and whether any page is dictionary-encoded."""
+    group = pq.read_metadata(path).row_group(0)
+    columns = (group.column(i) for i in range(group.num_columns))
+    return {
+        c.path_in_schema: (c.compression, "RLE_DICTIONARY" in c.encodings) for c in columns
+    }
+
+
+def test_float_arrays_are_stored_plain_and_the_rest_compressed(tmp_path: Path) -> None:
+    """Floating-point array values are written uncompressed without a dictionary (they hardly
+    compress and decode several times slower), by the converter and by compaction alike; every
+    other column, integer arrays included, stays zstd with dictionaries."""
+    journal = Journal(tmp_path, "r1")
+    for seq in (1, 2, 3):
+        value = Data(x=float(seq), wave=[0.5 * seq] * 300, counts=[seq] * 300)
+        _segment(journal, [(seq, DAY1 - 10 + seq, value)])
+    assert Converter(tmp_path, "r1", max_group_bytes=1).convert_pending() == 3
+    converted = sorted(partition_path(tmp_path, "PS1", "Acq", "2024-03-01").iterdir())
+    assert len(converted) == 3
+    written = [_encodings(converted[0])]
+    outputs = compact(tmp_path, "PS1", "Acq", "2024-03-01", clock=lambda: AFTER)
+    assert len(outputs) == 1
+    written.append(_encodings(outputs[0]))
+    for columns in written:
+        assert columns.pop("data.wave.list.element") == ("UNCOMPRESSED", False)
+        assert columns.pop("data.counts.list.element")[0] == "ZSTD"
+        assert columns.pop("data.x") == ("ZSTD", True)
+        assert {kind for kind, _ in columns.values()} == {"ZSTD"}
+    assert pq.read_table(outputs[0]).column("data").to_pylist()[2]["wave"] == [1.5] * 300

@@ -48,7 +48,12 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rda.pipeline.recorder.converter import column_or_null, group_rows, partition_path
+from rda.pipeline.recorder.converter import (
+    column_or_null,
+    group_rows,
+    parquet_options,
+    partition_path,
+)
 from rda.pipeline.recorder.journal import fsync_directory, write_durably
 from rda.pipeline.recorder.schema import merge_types
 from rda.pipeline.recorder.store import Store
@@ -306,7 +311,7 @@ def _merge_files(output: Path, inputs: list[Path]) -> None:
     index = widest.get_field_index("data")
     schema = widest.set(index, pa.field("data", target))
     tmp = output.with_name(f".{output.name}.tmp")
-    with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+    with pq.ParquetWriter(str(tmp), schema, **parquet_options(schema)) as writer:
         for path in inputs:
             table = pq.read_table(path)
             if not table.schema.field("data").type.equals(target):

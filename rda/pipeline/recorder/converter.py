@@ -45,6 +45,7 @@ __all__ = [
     "column_or_null",
     "journal_root",
     "partition_dir",
+    "parquet_options",
     "partition_path",
 ]
 
@@ -111,9 +112,43 @@ def group_rows(table: pa.Table) -> int:
     return max(1, min(1 << 20, ROW_GROUP_BYTES // per_row))
 
 
+def _leaves(kind: pa.DataType, path: str, in_list: bool) -> list[tuple[str, pa.DataType, bool]]:
+    """``(Parquet column path, type, inside a list)`` of each leaf column under ``path``."""
+    if pa.types.is_struct(kind):
+        return [
+            leaf
+            for i in range(kind.num_fields)
+            for leaf in _leaves(kind.field(i).type, f"{path}.{kind.field(i).name}", in_list)
+        ]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type, f"{path}.list.element", True)
+    return [(path, kind, in_list)]
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How the store writes a Parquet file of ``schema`` (converter and compaction alike).
+
+    Every column is zstd-compressed and dictionary-encoded where that pays, except the values
+    of floating-point arrays (waveforms, spectra, images as floats): written plain and
+    uncompressed. Their bits hardly compress (zstd saves a few per cent) and a dictionary
+    never fits, while decoding them costs several times the plain read, which is what a
+    history reader of big arrays waits for (docs/performance.md, "Columnar history")."""
+    compression: dict[str, str] = {}
+    dictionary: list[str] = []
+    for field in schema:
+        for path, kind, in_list in _leaves(field.type, field.name, False):
+            if in_list and pa.types.is_floating(kind):
+                compression[path] = "none"
+            else:
+                compression[path] = "zstd"
+                dictionary.append(path)
+    return {"compression": compression, "use_dictionary": dictionary}
+
+
 def _write_parquet(target: _Target, table: pa.Table) -> None:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=group_rows(table))
+    options = parquet_options(table.schema)
+    pq.write_table(table, sink, row_group_size=group_rows(table), **options)
     target.store.write(target.path, sink.getvalue())
 
 
