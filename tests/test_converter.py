@@ -265,9 +265,7 @@ def _encodings(path: Path) -> dict[str, tuple[str, bool]]:
     """Per Parquet column: its compression, and whether any page is dictionary-encoded."""
     group = pq.read_metadata(path).row_group(0)
     columns = (group.column(i) for i in range(group.num_columns))
-    return {
-        c.path_in_schema: (c.compression, "RLE_DICTIONARY" in c.encodings) for c in columns
-    }
+    return {c.path_in_schema: (c.compression, "RLE_DICTIONARY" in c.encodings) for c in columns}
 
 
 def test_float_arrays_are_stored_plain_and_the_rest_compressed(tmp_path: Path) -> None:

@@ -44,8 +44,8 @@ __all__ = [
     "ConverterStatistics",
     "column_or_null",
     "journal_root",
-    "partition_dir",
     "parquet_options",
+    "partition_dir",
     "partition_path",
 ]
 
