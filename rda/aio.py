@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from rda.business.client import service as core
-from rda.business.client.history import TimeLike
+from rda.business.client.history import TABLE_CHUNK_ROWS, TimeLike
 from rda.business.client.statistics import ClientStatistics
 from rda.business.client.subscriptions import Notification
 from rda.business.common import AcquiredData
@@ -98,6 +98,30 @@ class ClientService:
         return await asyncio.to_thread(
             self.core.history_table, device, prop, start, end, selector, limit, timeout
         )
+
+    async def history_batches(
+        self,
+        device: str,
+        prop: str,
+        start: TimeLike,
+        end: TimeLike = None,
+        selector: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+        chunk_rows: int = TABLE_CHUNK_ROWS,
+    ) -> AsyncIterator[Any]:
+        """``ClientService.history_batches`` as an async iterator of ``pyarrow.RecordBatch``
+        es: each chunk is fetched in a worker thread when the batches before it have been
+        consumed (the same flow control); leaving the loop early stops asking."""
+        batches = self.core.history_batches(
+            device, prop, start, end, selector, limit, timeout, chunk_rows
+        )
+        done = object()
+        while True:
+            batch = await asyncio.to_thread(next, batches, done)
+            if batch is done:
+                return
+            yield batch
 
     def statistics(self) -> ClientStatistics:
         return self.core.statistics()

@@ -252,3 +252,37 @@ def test_aio_history_table(served: tuple[Recorder, ClientService]) -> None:
             aio.close()
 
     assert asyncio.run(main()).column("i").to_pylist() == list(range(40))
+
+
+def test_aio_history_batches_lazily(served: tuple[Recorder, ClientService]) -> None:
+    """``rda.aio``'s ``history_batches``: the rows of ``history_table`` as batches, one chunk
+    asked for at a time (the server's query count grows as the loop goes on), and leaving the
+    loop early asks for no more."""
+    import asyncio
+
+    import rda.aio
+
+    recorder, client = served
+    _offer(recorder, 0, 90)
+    server = recorder.history
+    assert server is not None
+
+    async def main() -> tuple[list[int], list[int], int]:
+        aio = rda.aio.ClientService(client.directory, Config(request_timeout=30.0))
+        try:
+            rows: list[int] = []
+            asked: list[int] = []
+            async for batch in aio.history_batches("DEV", "Prop", T0, T0 + 10**9, chunk_rows=20):
+                asked.append(server.statistics().queries)
+                rows.extend(batch.column("i").to_pylist())
+            early = server.statistics().queries
+            async for _ in aio.history_batches("DEV", "Prop", T0, T0 + 10**9, chunk_rows=20):
+                break
+            return rows, asked, server.statistics().queries - early
+        finally:
+            aio.close()
+
+    rows, asked, after_break = asyncio.run(main())
+    assert rows == list(range(90))
+    assert asked == sorted(asked) and asked[0] < asked[-1]  # fetched as consumed, not at once
+    assert after_break == 1
