@@ -147,6 +147,11 @@ REGRESSIONS = [
     pytest.param(",".join(ALL_FAULTS), 0, True, id="all-0-connected-for-after-a-step"),
     pytest.param(",".join(ALL_FAULTS), 14, True, id="all-14-uptime-0-after-a-step-back"),
     pytest.param("clock-step", 0, True, id="clock-step-0-uptime-hours-too-long"),
+    # Not a product bug, the checker corrected: a set that timed out while held in a
+    # partitioned connection was applied after another client's acknowledged set. It had left
+    # its client before it ended; set-then-get now excuses exactly that (counted late_sets),
+    # and still catches a set sent after it ended (seed 2464 without the backlog fix).
+    pytest.param(",".join(ALL_FAULTS), 302054, True, id="all-302054-late-set-held-in-a-partition"),
 ]
 
 

@@ -62,6 +62,8 @@ class SimDevice(Device):
         self.v = 0
         # The simulation's RBAC check of each set that reaches the handler.
         self.authorize: Callable[[SetRequest], None] | None = None
+        # Told of each set applied (set-then-get knows which value is in force, and when).
+        self.applied: Callable[[SetRequest, int], None] | None = None
 
     @Device.property("Acq")
     def acq(self, request: GetRequest) -> Any:
@@ -81,3 +83,5 @@ class SimDevice(Device):
             self.authorize(request)
         self.faults.before("Setting set")
         self.v = int(value["v"])
+        if self.applied is not None:
+            self.applied(request, self.v)

@@ -18,7 +18,8 @@ Names (docs/testing.md, "Invariants"):
   a request early);
 * ``no-reply-after-timeout``: no value reaches the user after the request's timeout;
 * ``set-then-get``: a get started after a set was acknowledged (and no other set started
-  since) returns that set's value;
+  since) returns that set's value, or that of a set which ended in doubt and was applied
+  later, having left its client before it ended (``Checker._applied_late``);
 * ``rbac``: a set reaches its handler only if a policy in force since the request arrived
   allows it (checked by the simulation's device, which knows the policies it put in force);
 * ``no-internal-error``: nothing in rda logs an error the faults did not cause;
@@ -190,6 +191,12 @@ class Checker:
         self.sets: dict[tuple[str, str], _SetState] = {}
         self.ended = 0
         self.notifications = 0
+        # set-then-get's knowledge of the servers: each property's values in the order they
+        # were applied, and when the set carrying each value left its client.
+        self.applied: dict[tuple[str, str], list[int]] = {}
+        self.set_sent: dict[int, float | None] = {}
+        self.set_watches: dict[int, RequestWatch] = {}
+        self.late_sets = 0  # sets applied after their user saw them time out (legit, counted)
 
     def broken(self, name: str, message: str) -> None:
         self.failures.append(InvariantBroken(name, message, self.clock()))
@@ -214,6 +221,8 @@ class Checker:
     def request(self, watch: RequestWatch, future: Future[Any]) -> None:
         self.requests.append(watch)
         if watch.set_key is not None:
+            assert watch.set_value is not None
+            self.set_watches[watch.set_value] = watch
             state = self.sets.setdefault(watch.set_key, _SetState())
             if state.open_sets:
                 state.doubtful = True  # applied in an order nobody can know
@@ -268,11 +277,36 @@ class Checker:
             state = self.sets[watch.get_key]
             got = int(future.result().data["v"])
             if state.generation == watch.generation and got != watch.certain:
+                if self._applied_late(watch.get_key, got, watch.certain):
+                    self.late_sets += 1
+                    return
                 self.broken(
                     "set-then-get",
                     f"{watch.label} returned v={got}, but the last acknowledged set wrote "
                     f"v={watch.certain} and no set started since",
                 )
+
+    def set_applied(self, key: tuple[str, str], value: int, sent: float | None) -> None:
+        """A server's handler applied ``value`` (its set left its client at ``sent``)."""
+        self.applied.setdefault(key, []).append(value)
+        self.set_sent.setdefault(value, sent)
+
+    def _applied_late(self, key: tuple[str, str], got: int, acknowledged: int) -> bool:
+        """A set that ended in doubt (its user saw an error, a timeout) was applied after the
+        acknowledged one: legit when it had left its client before it ended, held in a
+        connection meanwhile (a partition, transit), which no client can recall and no
+        server can tell from a fresh one. One sent after it ended would be a bug (a request
+        ended is never sent: ``ClientSessions.flush``)."""
+        late = self.set_watches.get(got)
+        order = self.applied.get(key, [])
+        if late is None or late.ends == 0 or late.outcome == "ok" or got not in order:
+            return False
+        sent = self.set_sent.get(got)
+        if sent is None or sent > late.ended_at:
+            return False
+        after = len(order) - 1 - order[::-1].index(got)
+        before = len(order) - 1 - order[::-1].index(acknowledged) if acknowledged in order else -1
+        return after > before
 
     def pause_began(self, client: str) -> None:
         for watch in self.requests:

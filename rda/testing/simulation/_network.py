@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rda.serialization.header import RequestType
 from rda.testing import MemoryNetwork
 from rda.transport.api import Buffer
+from rda.transport.protocol import Incoming, Kind, decode_frames
 
 __all__ = ["Flight", "SimNetwork"]
 
@@ -48,6 +50,7 @@ class SimNetwork(MemoryNetwork):
         self.sim_stalled: set[bytes] = set()
         self.lost = 0
         self._ids: dict[int, int] = {}
+        self.sets_sent: dict[tuple[bytes, int], float] = {}  # (peer, request id) -> when
 
     # --- what the transports call ---
 
@@ -59,6 +62,12 @@ class SimNetwork(MemoryNetwork):
     def client_send(self, link: Any, frames: Sequence[Buffer]) -> None:
         if link.closed:
             return
+        if frames and bytes(frames[0][:1]) == _REQUEST:
+            event = decode_frames(frames, from_server=False)
+            if type(event) is Incoming and event.message.header.request_type is RequestType.SET:
+                # When a set left its client: one that ended in doubt (timed out) may still
+                # be applied later if it had (``set-then-get``).
+                self.sets_sent[(link.peer, event.message.header.id)] = self.clock()
         self._queue(link, TO_SERVER, frames)
 
     def server_send(self, link: Any, frames: Sequence[Buffer]) -> bool:
@@ -142,6 +151,9 @@ class SimNetwork(MemoryNetwork):
     def unstall_client(self, peer: bytes) -> None:
         self.sim_stalled.discard(peer)
         super().unstall_client(peer)
+
+
+_REQUEST = bytes([Kind.REQUEST])
 
 
 def uniform_delay(rng: random.Random, low: float, high: float) -> Callable[[], float]:

@@ -223,8 +223,9 @@ class Simulation:
             }
             s = SimServer(f"S{i}", f"mem://S{i}", devices)
             s.policies.append((self.clock(), self._writers()))
-            for device in devices.values():
+            for name, device in devices.items():
                 device.authorize = functools.partial(self._check_set, s)
+                device.applied = functools.partial(self._set_applied, name)
             self.servers.append(s)
             self._start_server(s)
         for _ in range(rng.randint(2, self.settings.max_clients)):
@@ -295,6 +296,10 @@ class Simulation:
                 f"{principal} set {request.device}/{request.property} on {s.name} (arrived at "
                 f"{arrived:.6f}), which no policy in force since allowed",
             )
+
+    def _set_applied(self, device: str, request: Any, value: int) -> None:
+        sent = self.network.sets_sent.get((request.client.peer, request.message.header.id))
+        self.checker.set_applied((device, "Setting"), value, sent)
 
     def _fault_policy_reload(self) -> None:
         s = self.rng.choice(self.servers)
