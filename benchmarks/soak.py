@@ -166,11 +166,20 @@ class Watch:
         self.first_missing = 0
         self.problems: list[str] = []
         self.last_error = ""
+        self.last_at = 0.0  # time.monotonic() of the last notification (a stuck one shows)
+        self.updates: list[str] = []  # the last notifications, for a broken run's look
 
     def listener(self, n: Any) -> None:
         from rda.serialization.header import UpdateType
 
         with self.lock:
+            self.last_at = time.monotonic()
+            self.updates.append(
+                f"{time.time():.3f} {n.update_type.name} seq={n.seq} gap={n.gap} "
+                + (f"{type(n.error).__name__}: {n.error}" if n.error is not None else "")
+                + ("" if n.error is not None else f"{n.data['life']}/{n.data['k']}")
+            )
+            del self.updates[:-12]
             if n.error is not None:
                 self.errors += 1
                 self.last_error = f"{n.update_type.name}: {type(n.error).__name__}: {n.error}"
@@ -211,6 +220,8 @@ class Watch:
                 "first_missing": self.first_missing,
                 "last": self.last,
                 "last_error": self.last_error,
+                "quiet_seconds": round(time.monotonic() - self.last_at, 1) if self.last_at else -1,
+                "updates": list(self.updates),
                 "problems": self.problems[:20],
             }
 
@@ -278,6 +289,7 @@ def client(name: str, directory: dict[str, str], report: Path, seed: int) -> Non
     ]
     requests = Requests()
     stop = threading.Event()
+    closed = {device: sub for device, sub in zip(watches, subs, strict=True)}
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rng = random.Random(seed)
     devices = sorted(directory)
@@ -297,17 +309,41 @@ def client(name: str, directory: dict[str, str], report: Path, seed: int) -> Non
             continue
         requests.add(future, timeout)
         if requests.issued % 50 == 0:
-            _write_report(report, watches, requests)
-    _write_report(report, watches, requests)
+            _write_report(report, watches, requests, service, closed)
+    _write_report(report, watches, requests, service, closed)
     for sub in subs:
         sub.close()
     service.close()
 
 
-def _write_report(path: Path, watches: dict[str, Watch], requests: Requests) -> None:
+def _write_report(
+    path: Path, watches: dict[str, Watch], requests: Requests, service: Any, subs: dict[str, Any]
+) -> None:
+    stats = service.statistics()
     _write_json(
         path,
-        {"devices": {d: w.report() for d, w in watches.items()}, "requests": requests.report()},
+        {
+            "devices": {d: w.report() for d, w in watches.items()},
+            "requests": requests.report(),
+            # What the client itself says (a subscription that stays quiet: why?).
+            "subscription_closed": {d: bool(s.closed) for d, s in subs.items()},
+            "connections": [
+                {
+                    "endpoint": c.endpoint,
+                    "state": c.state,
+                    "connects": c.connects,
+                    "reconnects": c.reconnects,
+                    "subscriptions": c.subscriptions,
+                    "last_reason": c.last_reason,
+                    "disconnected_seconds": round(c.disconnected_seconds, 1),
+                }
+                for c in stats.servers
+            ],
+            "transport": {
+                "heartbeat_timeouts": stats.transport.heartbeat_timeouts,
+                "decode_errors": stats.transport.decode_errors,
+            },
+        },
     )
 
 
@@ -455,7 +491,11 @@ class Soak:
                 server = device.split(".")[0]
                 want = [final[server]["life"], final[server]["k"][device]]
                 if d["last"] != want:
-                    behind.append(f"{client_name} {device}: {d['last']} != {want}")
+                    behind.append(
+                        f"{client_name} {device}: {d['last']} != {want} (last error "
+                        f"{d['last_error']!r}, quiet {d.get('quiet_seconds')} s, closed "
+                        f"{report.get('subscription_closed', {}).get(device)})"
+                    )
             for key in requests:
                 requests[key] += report["requests"][key]
             for key, value in report["requests"]["outcomes"].items():
