@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -18,11 +19,12 @@ from rda.pipeline.recorder.cli import record
 from rda.pipeline.recorder.compaction import compact_store, delete_older
 from rda.pipeline.recorder.converter import Converter, partition_path
 from rda.pipeline.recorder.journal import Journal, SegmentBuilder
-from rda.pipeline.recorder.query import Cursor, HistoryReader
+from rda.pipeline.recorder.query import RELISTS, Cursor, HistoryReader
 from rda.pipeline.recorder.schema import arrow_type_of
 from rda.pipeline.recorder.service import Recorder
 from rda.pipeline.recorder.store import Store
 from rda.serialization.data import Data
+from rda.serialization.errors import HistoryUnavailableError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,10 +67,13 @@ def _local_rows(root: Path) -> list[float]:
     return [float(x) for x in table.column("x").to_pylist()]
 
 
-def _server_rows(root: Path) -> list[float]:
+def _server_rows(root: Path, reader: HistoryReader | None = None) -> list[float]:
     """Every row the recorder's history server would send, chunk after chunk."""
-    journal = Journal(root, "r1")
-    reader = HistoryReader(Store.open(root), journal, lambda: Converter(root, "r1").max_seq, "r1")
+    if reader is None:
+        journal = Journal(root, "r1")
+        reader = HistoryReader(
+            Store.open(root), journal, lambda: Converter(root, "r1").max_seq, "r1"
+        )
     values: list[float] = []
     for device in DEVICES:
         after = None
@@ -168,6 +173,55 @@ def test_a_local_read_that_outlives_the_linger_lists_again(
     monkeypatch.setattr(StoreIndex, "files", files_then_compact)
     _once(_local_rows(tmp_path), total)
     assert compacted == [2 * 2 * FILES_PER_HOUR]
+
+
+def test_a_history_read_that_outlives_the_linger_lists_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history server's reader (HistoryReader) listed the small files, then a compaction
+    without linger deleted them before the chunk read them (a reader slower than the linger):
+    the chunk lists again and reads the output, so every row comes once (before, the missing
+    files' rows were skipped for that chunk)."""
+    total = _recorded(tmp_path)
+    listing = Store.files
+    calls: list[int] = []
+
+    def files_then_compact(self: Store, path: str) -> list[Any]:
+        found = listing(self, path)
+        calls.append(len(found))
+        if len(calls) == 2:  # PS1's second chunk: the first one's files are known, not all read
+            compact_store(tmp_path, linger=0.0, clock=lambda: AFTER)
+        return found
+
+    monkeypatch.setattr(Store, "files", files_then_compact)
+    journal = Journal(tmp_path, "r1")
+    reader = HistoryReader(
+        Store.open(tmp_path), journal, lambda: Converter(tmp_path, "r1").max_seq, "r1"
+    )
+    _once(_server_rows(tmp_path, reader), total)
+    assert reader.relists() == 1
+    assert len(_parquet_files(tmp_path)) == 4  # compacted: one file per device-hour
+
+
+def test_a_store_that_keeps_changing_is_an_error_the_client_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each listing names a file that is gone when read: after RELISTS listings the chunk
+    fails with HistoryUnavailableError (a history server sends it to the client), never a
+    chunk without those rows."""
+    _recorded(tmp_path)
+    listing = Store.files
+
+    def files_and_a_ghost(self: Store, path: str) -> list[Any]:
+        ghost = pafs.FileInfo(f"{path}/part-r1-999-999.parquet", pafs.FileType.File, size=10)
+        return [*listing(self, path), ghost]
+
+    monkeypatch.setattr(Store, "files", files_and_a_ghost)
+    journal = Journal(tmp_path, "r1")
+    reader = HistoryReader(Store.open(tmp_path), journal, lambda: 0, "r1")
+    with pytest.raises(HistoryUnavailableError, match="changed under the read 3 times"):
+        reader.chunk("PS1", "Acq", T0, T0 + 2 * HOUR_NS, max_rows=7)
+    assert reader.relists() == RELISTS
 
 
 def test_an_open_hour_waits_for_its_grace(tmp_path: Path) -> None:

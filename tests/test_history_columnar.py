@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -286,3 +287,31 @@ def test_aio_history_batches_lazily(served: tuple[Recorder, ClientService]) -> N
     assert rows == list(range(90))
     assert asked == sorted(asked) and asked[0] < asked[-1]  # fetched as consumed, not at once
     assert after_break == 1
+
+
+def test_a_store_changing_under_every_listing_is_an_error_at_the_client(
+    served: tuple[Recorder, ClientService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history server's reader meets a listed file gone at each of its RELISTS listings
+    (a store compacted faster than it reads): the client gets HistoryUnavailableError, the
+    server counts it, and serves the next query."""
+    import pyarrow.fs as pafs
+
+    from rda.pipeline.recorder.store import Store
+
+    recorder, client = served
+    _offer(recorder, 0, 10)
+    listing = Store.files
+
+    def files_and_a_ghost(self: Store, path: str) -> list[Any]:
+        ghost = pafs.FileInfo(f"{path}/part-col-999-999.parquet", pafs.FileType.File, size=10)
+        return [*listing(self, path), ghost]
+
+    monkeypatch.setattr(Store, "files", files_and_a_ghost)
+    with pytest.raises(HistoryUnavailableError, match="changed under the read"):
+        client.history_table("DEV", "Prop", T0, T0 + 10**9)
+    assert recorder.history is not None
+    statistics = recorder.history.statistics()
+    assert statistics.failed == 1 and statistics.relists == 3
+    monkeypatch.setattr(Store, "files", listing)
+    assert client.history_table("DEV", "Prop", T0, T0 + 10**9).num_rows == 10

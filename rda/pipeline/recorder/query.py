@@ -12,7 +12,9 @@ segments past it, then the store's files. A segment converted in between is read
 both places, and the duplicates (adjacent once sorted by ``(acq_stamp, recorder_id, seq)``)
 are dropped; a segment is deleted only ``retention`` after its conversion, so none vanishes
 between the two listings. A compaction in progress (inputs and output side by side) is
-deduplicated the same way.
+deduplicated the same way. A file listed but gone when read (a compaction's input deleted
+after its linger, for a reader slower than that) makes the chunk list again and start over
+(:meth:`HistoryReader.chunk`): never a chunk with that file's rows silently missing.
 
 **Order and cursor.** Rows are ordered by ``(acq_stamp, recorder_id, seq)``; the cursor is
 that triple of the last row delivered, so the next chunk starts strictly after it. To fill a
@@ -46,10 +48,12 @@ from rda.pipeline.recorder.journal import Journal, read_segment
 from rda.pipeline.recorder.schema import partition_escape
 from rda.pipeline.recorder.store import Store
 from rda.serialization.data import Data
+from rda.serialization.errors import HistoryUnavailableError
 
-__all__ = ["CHUNK_FIRST", "Chunk", "Cursor", "HistoryReader", "HistoryRow"]
+__all__ = ["CHUNK_FIRST", "RELISTS", "Chunk", "Cursor", "HistoryReader", "HistoryRow"]
 
 _DAY_NS = 86_400 * 10**9
+RELISTS = 3  # listings a chunk makes when listed files keep vanishing, before it gives up
 _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each)
 # Parquet files kept decoded, in bytes: a long answer reads each file once, not once per chunk
 # (a file holds a whole conversion group, up to a million rows, far more than one chunk).
@@ -245,6 +249,7 @@ class HistoryReader:
             collections.OrderedDict()
         )
         self._table_bytes = 0
+        self._relists = 0
 
     def units(self, device: str, prop: str) -> dict[str, str]:
         """The units of ``device/prop``'s fields as found in the store's files read so far."""
@@ -416,7 +421,42 @@ class HistoryReader:
         max_rows: int = 1000,
         max_bytes: int = 8 << 20,
     ) -> Chunk:
-        """The next rows of ``[start, end)`` after ``after`` (see the module docstring)."""
+        """The next rows of ``[start, end)`` after ``after`` (see the module docstring).
+
+        A listed file that is gone when read (a compaction's input deleted after its linger,
+        a segment after its retention) makes the chunk list its sources again and start over:
+        the rows are in what replaced it. After :data:`RELISTS` listings in a row that each
+        met a missing file, :class:`HistoryUnavailableError` (the client sees it; no row is
+        silently left out)."""
+        missing: FileNotFoundError | None = None
+        for _ in range(RELISTS):
+            try:
+                return self._chunk(device, prop, start, end, after, selector, max_rows, max_bytes)
+            except FileNotFoundError as exc:
+                missing = exc
+                with self._lock:
+                    self._relists += 1
+        raise HistoryUnavailableError(
+            f"{device}/{prop}: the store changed under the read {RELISTS} times in a row "
+            f"(compaction or retention deleting what was listed: {missing}); ask again"
+        )
+
+    def relists(self) -> int:
+        """How many times a chunk listed its sources again because a listed file was gone."""
+        with self._lock:
+            return self._relists
+
+    def _chunk(
+        self,
+        device: str,
+        prop: str,
+        start: int,
+        end: int,
+        after: Cursor | None,
+        selector: str | None,
+        max_rows: int,
+        max_bytes: int,
+    ) -> Chunk:
         low = start if after is None else max(start, after.acq_stamp)
         if end <= low or max_rows < 1:
             return Chunk.empty()
@@ -431,11 +471,7 @@ class HistoryReader:
             ):
                 left_over = True  # unread sources: rows remain after this chunk
                 break
-            try:
-                read = self._read(source, device, prop, low, end)
-            except FileNotFoundError:
-                continue  # a compaction replaced it; its output is listed too, or next time
-            for table, data in read:
+            for table, data in self._read(source, device, prop, low, end):
                 if selector is not None:
                     keep = pc.equal(table.column("selector"), selector)
                     table, data = table.filter(keep), data.filter(keep)

@@ -51,7 +51,7 @@ from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.pipeline.recorder.query import Chunk, Cursor, HistoryReader
 from rda.pipeline.recorder.seams import SeamWait, SeamWaits
 from rda.serialization.data import Data, DataType
-from rda.serialization.errors import DisconnectedError, NoSuchDeviceError
+from rda.serialization.errors import DisconnectedError, NoSuchDeviceError, RdaError
 from rda.serialization.header import DataContext
 
 __all__ = [
@@ -94,6 +94,8 @@ class HistoryServerStatistics:
     seam_timeouts: int  # waits for ``until`` that ran out (chunk marked incomplete)
     departed: int = 0  # requests not run because their client had gone (queued or parked)
     seam_waits: int = 0  # requests parked at a seam now
+    relists: int = 0  # chunks that listed the store again: a listed file was gone (compaction)
+    failed: int = 0  # chunks answered with an error (e.g. the store kept changing under them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,7 @@ class HistoryHandler(RequestReplyCallback):
         self._rows = 0
         self._seam_timeouts = 0
         self._departed = 0
+        self._failed = 0
         self._connected: Callable[[bytes], bool] = lambda peer: True
         self._seams = SeamWaits(
             recorder.recorder_id, recorder.acked_stamp, self._answer, self._gone, self.connected
@@ -178,6 +181,8 @@ class HistoryHandler(RequestReplyCallback):
                 self._seam_timeouts,
                 self._departed,
                 self._seams.parked(),
+                self.reader.relists(),
+                self._failed,
             )
 
     def covers(self, device: str, prop: str) -> bool:
@@ -234,16 +239,24 @@ class HistoryHandler(RequestReplyCallback):
         self._answer(query, True)
 
     def _answer(self, query: _Query, complete: bool) -> None:
-        chunk = self.reader.chunk(
-            query.device,
-            query.prop,
-            query.start,
-            query.end,
-            after=query.after,
-            selector=query.request.selector or None,
-            max_rows=query.limit,
-            max_bytes=MAX_BYTES,
-        )
+        try:
+            chunk = self.reader.chunk(
+                query.device,
+                query.prop,
+                query.start,
+                query.end,
+                after=query.after,
+                selector=query.request.selector or None,
+                max_rows=query.limit,
+                max_bytes=MAX_BYTES,
+            )
+        except RdaError as exc:
+            # Failed here, not raised: a parked seam wait is answered on the seam thread,
+            # where a raise would leave its client waiting for its timeout.
+            with self._lock:
+                self._failed += 1
+            query.request.fail(exc)
+            return
         units = {
             **self.reader.units(query.device, query.prop),
             **self.recorder.units_of(query.device, query.prop),
