@@ -423,7 +423,12 @@ class Soak:
             proc.send_signal(signal.SIGCONT)
         else:
             text = POLICY_NARROW if self.policy.read_text() == POLICY_OPEN else POLICY_OPEN
-            self.policy.write_text(text)
+            # Atomically: a server restarting meanwhile reads its policy at start, and some
+            # prefixes of POLICY_NARROW are valid policies that deny every get and subscribe
+            # (a server started on one refuses every client's re-subscription for good).
+            tmp = self.policy.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.policy)
             for s in self.servers.values():
                 s["proc"].send_signal(signal.SIGHUP)
             self.counts["policy_reloads"] += 1
