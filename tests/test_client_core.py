@@ -452,6 +452,56 @@ def test_rejected_subscription_reports_the_error_then_ends(client: Fixture) -> N
     assert service.statistics().subscriptions == 0
 
 
+@pytest.mark.parametrize("passing", ["OverloadError", "TimeoutError"])
+def test_a_subscribe_turned_away_for_now_is_sent_again_later(client: Fixture, passing: str) -> None:
+    # A restarted server's queue for the device full (OverloadError), or its answer late
+    # after a pause (TimeoutError), is no refusal: the subscription hears of it once, like a
+    # lost connection, and its SUBSCRIBE goes again after a back-off. It used to end for
+    # good (issue 36, the simulator: 16 subscriptions in 300 seeds ended by a restart storm).
+    service, transport, clock = client
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, request)] = transport.requests()
+    transport.handler.on_connected(conn, {})
+    body = exception_body(passing, "PS1: server overloaded; SUBSCRIBE Acquisition rejected")
+    transport.reply(conn, RequestType.SUBSCRIBE_EXCEPTION, request.header.id, body)
+    note = sub.poll(0)
+    assert note is not None and type(note.error).__name__ == passing
+    assert not sub.closed and service.statistics().subscriptions == 1
+    transport.reply(conn, RequestType.SUBSCRIBE_EXCEPTION, request.header.id, body)
+    assert sub.poll(0) is None  # once per outage, as a lost connection's error
+    clock.advance(0.5)  # past the back-off (reconnect_max)
+    wait_until(lambda: len(transport.requests()) >= 2)
+    kinds = [(c, m.header.request_type, m.header.id) for c, m in transport.requests()]
+    assert kinds[1] == (conn, RequestType.SUBSCRIBE, sub.id)
+    notify(transport, conn, sub.id, 1, 7, UpdateType.FIRST)
+    first = sub.poll(0)
+    assert first is not None and first.update_type is UpdateType.FIRST and first.data == Data(v=7)
+
+
+def test_a_subscribe_turned_away_is_not_sent_again_once_closed(client: Fixture) -> None:
+    service, transport, clock = client
+    body = exception_body("OverloadError", "PS1: server overloaded")
+    sub = service.access_point("PS1", "Acquisition").subscribe()
+    [(conn, request)] = transport.requests()
+    transport.handler.on_connected(conn, {})
+    transport.reply(conn, RequestType.SUBSCRIBE_EXCEPTION, request.header.id, body)
+    sub.close()
+    clock.advance(0.5)  # its retry was due: it must find the subscription gone
+    # The positive signal: another subscription turned away later is sent again; the timer
+    # runs what is due in order, so the closed one's retry ran before.
+    other = service.access_point("PS2", "Acquisition").subscribe()
+    transport.reply(conn, RequestType.SUBSCRIBE_EXCEPTION, other.id, body)
+    clock.advance(0.5)
+    wait_until(lambda: len(transport.requests()) >= 4)
+    kinds = [(m.header.request_type, m.header.id) for _, m in transport.requests()]
+    assert kinds == [
+        (RequestType.SUBSCRIBE, sub.id),
+        (RequestType.UNSUBSCRIBE, sub.id),
+        (RequestType.SUBSCRIBE, other.id),
+        (RequestType.SUBSCRIBE, other.id),
+    ]
+
+
 def test_close_sends_unsubscribe_once(client: Fixture) -> None:
     service, transport, _ = client
     sub = service.access_point("PS1", "Acquisition").subscribe()

@@ -72,6 +72,10 @@ class Connections:
         # device -> the endpoint serving it, as last resolved (see ``resolve``).
         self._device_endpoints: dict[str, str] = {}
         self._by_connection: dict[int, Endpoint] = {}
+        # Subscription id -> SUBSCRIBEs the server turned away as overloaded or late in a row
+        # (resubscribe_later's back-off); an entry leaves with its subscription (detach).
+        self._turned_away: dict[int, int] = {}
+        self._jitter = random.Random(rng_seed)
         # Transport events for a connection id not yet registered (a transport may report
         # before ``connect`` returns to us); replayed on registration.
         self._early: dict[int, list[Callable[[], None]]] = {}
@@ -289,10 +293,40 @@ class Connections:
                 sub.connection = conn
         return conn if send else None
 
+    def resubscribe_later(self, sub: Subscription, conn: int) -> None:
+        """The server answered ``sub``'s SUBSCRIBE on ``conn`` with a passing refusal (its
+        queue for the device was full, or it answered too late: a restart storm, a pause):
+        send it again on the same connection after a back-off of its own (the endpoint's
+        policy), unless the subscription or the connection is gone by then (a new
+        connection's CONNECT_ACK sends it anyway). Ending the subscription instead made a
+        restarted server lose subscribers for good (issue 36, the simulator)."""
+        with self._lock:
+            if self._closing:
+                return
+            attempts = self._turned_away.get(sub.id, 0)
+            self._turned_away[sub.id] = attempts + 1
+            nominal = self._policy.nominal(attempts)
+        delay = nominal * (1.0 - self._policy.jitter * self._jitter.random())
+        self._timer.call_later(delay, functools.partial(self._resubscribe, sub, conn))
+
+    def _resubscribe(self, sub: Subscription, conn: int) -> None:
+        with self._lock:
+            ep = self._endpoints.get(sub.endpoint)
+            send = (
+                not self._closing
+                and ep is not None
+                and ep.connection == conn
+                and ep.subs.get(sub.id) is sub
+                and sub.connection == conn
+            )
+        if send:
+            self._subscriptions.send_subscribe(sub, conn)
+
     def detach(self, sub: Subscription) -> int | None:
         """Take ``sub`` off its endpoint; returns the live connection its SUBSCRIBE went on
         (where an UNSUBSCRIBE goes), if any."""
         with self._lock:
+            self._turned_away.pop(sub.id, None)
             ep = self._endpoints.get(sub.endpoint)
             if ep is None:
                 return None

@@ -218,6 +218,7 @@ class ClientService:
             lambda sub: self._connections.detach(sub),
             workers=self.config.workers,
             queue_limit=self.config.queue_limit,
+            retry=lambda sub, conn: self._connections.resubscribe_later(sub, conn),
         )
         self._connections = Connections(
             self.directory,

@@ -21,6 +21,7 @@ from rda.business.client.statistics import ClientCounters
 from rda.business.client.subscriptions import BackfillHook, Notification, Subscription
 from rda.business.scheduler import GroupTaskScheduler
 from rda.serialization.data import Data
+from rda.serialization.errors import OverloadError, TimeoutError
 from rda.serialization.header import RequestType
 from rda.serialization.message import BodyKind, Message
 from rda.transport.api import ClientTransport
@@ -28,13 +29,19 @@ from rda.transport.protocol import Kind, encode_routed
 
 __all__ = ["Subscriptions"]
 
+# SUBSCRIBE_EXCEPTION errors that say "not now" rather than "no": the device's queue was full
+# (OverloadError), the server answered past its deadline (TimeoutError, after a pause).
+_PASSING = (OverloadError, TimeoutError)
+
 
 class Subscriptions:
     """The live subscriptions of a client service (see the module docstring).
 
     ``detach(sub)`` takes a closed subscription off its endpoint and returns the live
-    connection its SUBSCRIBE went on (``Connections.detach``); ``workers`` and
-    ``queue_limit`` size the listener scheduler, made on first use.
+    connection its SUBSCRIBE went on (``Connections.detach``); ``retry(sub, conn)`` sends a
+    SUBSCRIBE the server turned away for a while again later
+    (``Connections.resubscribe_later``); ``workers`` and ``queue_limit`` size the listener
+    scheduler, made on first use.
     """
 
     def __init__(
@@ -45,11 +52,13 @@ class Subscriptions:
         detach: Callable[[Subscription], int | None],
         workers: int,
         queue_limit: int,
+        retry: Callable[[Subscription, int], None] | None = None,
     ) -> None:
         self._transport = transport
         self._requests = requests
         self._counters = counters
         self._detach = detach
+        self._retry = retry
         self._workers = workers
         self._queue_limit = queue_limit
         # Guards the table's changes and the scheduler's creation; ``route`` reads the table
@@ -107,6 +116,17 @@ class Subscriptions:
             self._requests.count_late()
             return
         if message.header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+            retry = self._retry
+            if retry is not None:
+                error = Notification.from_message(message, sub.device, sub.property, 0, 0).error
+                if isinstance(error, _PASSING):
+                    # Not a refusal but a server too busy to take it now: the user hears of
+                    # it once (as of a lost connection), the SUBSCRIBE goes again later.
+                    if staged is not None:
+                        sub.flush()  # what came before it is delivered before it
+                    sub.deliver_error(error)
+                    retry(sub, connection)
+                    return
             self._forget(sub)  # rejected by the server: nothing to unsubscribe
         sub.deliver_message(message, staged)
 
