@@ -69,6 +69,7 @@ class SubWatch:
     received: int = 0
     gaps: int = 0
     errors: int = 0
+    last_error: str = ""  # the class of the last error it heard of
 
     def listener(self, n: Notification) -> None:
         checker = self.checker
@@ -77,6 +78,7 @@ class SubWatch:
             return
         if n.error is not None:
             self.errors += 1
+            self.last_error = type(n.error).__name__
             # A FIRST that carries the server's failed get opens the epoch without a value;
             # any other error (a lost connection) ends it.
             self.epoch = n.update_type is UpdateType.FIRST

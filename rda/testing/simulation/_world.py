@@ -716,6 +716,11 @@ class Simulation:
                 # Ended by rda (refused, overloaded): only with an error its user saw.
                 if not sub.errors:
                     checker.broken("progress", f"{sub.label} ended without an error")
+                elif sub.last_error in ("OverloadError", "TimeoutError"):
+                    # A busy or paused server turned its SUBSCRIBE away for now: no refusal.
+                    checker.broken(
+                        "progress", f"{sub.label} ended by rda on a passing {sub.last_error}"
+                    )
                 continue
             device = devices[sub.key[0]]
             if sub.last_k != device.k:
