@@ -15,8 +15,9 @@ $(BIN)/python:
 # Reinstall only when the package metadata or a compiled extension's source changes (the
 # editable install builds rda/serialization/_cbinary.*.so, rda/transport/_cframe.*.so and
 # rda/transport/_czmq.*.so in place, and the request path's modules compiled from their .py
-# and .pxd: rda/transport/protocol.compiled-*.so).
-$(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx rda/transport/protocol.py rda/transport/protocol.pxd | $(BIN)/python
+# and .pxd: rda/transport/protocol.compiled-*.so and the others of rda/_compiled_python.py).
+TYPED := $(wildcard rda/*/*.pxd rda/*/*/*.pxd)
+$(STAMP): pyproject.toml setup.py rda/serialization/_cbinary.pyx rda/transport/_cframe.pyx rda/transport/_czmq.pyx $(TYPED) $(TYPED:.pxd=.py) | $(BIN)/python
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install --quiet -e '.[dev,pipeline,panel,pva]'
 	touch $(STAMP)
 

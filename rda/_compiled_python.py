@@ -31,7 +31,12 @@ __all__ = ["MODULES", "Finder", "compiled_modules", "install", "source_digest"]
 
 # Compiled with types because it pays (callgrind instructions per get, docs/performance.md
 # "The request path compiled"); every other module runs as Python on both paths.
-MODULES = ("rda.transport.protocol",)
+MODULES = (
+    "rda.transport.protocol",
+    "rda.transport.server_session",
+    "rda.business.histogram",
+    "rda.business.server.statistics",
+)
 
 
 def source_digest(py: bytes, pxd: bytes) -> str:

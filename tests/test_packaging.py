@@ -30,11 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from rda import _compiled_python
+
 ROOT = Path(__file__).resolve().parent.parent
 EXTENSIONS = ("rda/serialization/_cbinary", "rda/transport/_cframe", "rda/transport/_czmq")
 # The request path's modules compiled from their .py, typed by the .pxd beside each
 # (rda/_compiled_python.py): the wheel needs the .pxd too, the build's name is its digest.
-TYPED_MODULES = ("rda/transport/protocol",)
+TYPED_MODULES = tuple(name.replace(".", "/") for name in _compiled_python.MODULES)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (ROOT / ".git").exists(),

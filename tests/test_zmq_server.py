@@ -21,6 +21,7 @@ from rda.serialization.header import (
 )
 from rda.serialization.message import BodyKind, Message
 from rda.testing import FakeClock, wait_until
+from rda.transport import _zmq_common as common
 from rda.transport._outbox import Outbox, PutResult, RetryBackoff
 from rda.transport.api import TransportSettings
 from rda.transport.protocol import (
@@ -326,16 +327,24 @@ def test_a_new_connection_on_a_closed_peers_descriptor_has_that_peer_probed_and_
         peers.pop().close(0)
         # Wait until libzmq has closed the descriptor (the server runs in this process).
         wait_until(lambda: not os.path.exists(f"/proc/self/fd/{fd}") or _other(fd))
+
         # The kernel gives the next connection the lowest free descriptor, often ``fd`` but
         # not always in a full run: the new peer is told it got ``fd``, as it would have.
-        connect = srv._table._connect
+        # The new peer's CONNECT is received as if its connection had got ``fd`` (a CONNECT
+        # comes as (frames, srcfd, user_id), frames[0] the routing id), on either receive.
+        def reusing_the_descriptor(recv: Callable[..., Any]) -> Callable[..., Any]:
+            def received(*args: Any) -> Any:
+                got = recv(*args)
+                if type(got) is tuple and got[0][0] == b"new-peer":
+                    return (got[0], fd, got[2])
+                return got
 
-        def on_descriptor_reused(
-            rid: bytes, io: Any, info: dict[str, Any], _: int, now: float
-        ) -> None:
-            connect(rid, io, info, fd, now)
+            return received
 
-        monkeypatch.setattr(srv._table, "_connect", on_descriptor_reused)
+        if common.direct_recv_routed is not None:
+            patched = reusing_the_descriptor(common.direct_recv_routed)
+            monkeypatch.setattr(common, "direct_recv_routed", patched)
+        monkeypatch.setattr(common, "recv_routed", reusing_the_descriptor(common.recv_routed))
         peers.append(raw_dealer(ctx, srv.endpoint, b"new-peer"))
         wait_until(lambda: b"new-peer" in srv._table.peers)
         assert srv._wire.by_fd[fd] == b"new-peer"

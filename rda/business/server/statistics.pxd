@@ -1,0 +1,31 @@
+# Types for the compiled build of statistics.py (Cython's augmenting .pxd: the .py is the one
+# source; without Cython it runs as it is). rda/_compiled_python.py says how it is loaded.
+# record() runs once per answered request, under the counters' lock.
+
+cimport cython
+
+cdef class _Pair:
+    cdef public Py_ssize_t requests
+    cdef public Py_ssize_t errors
+    cdef public object durations
+
+cdef class RequestCounters:
+    cdef object _lock
+    cdef dict _requests
+    cdef dict _durations
+    cdef Py_ssize_t _handler_errors
+    cdef Py_ssize_t _late
+    cdef dict _denied
+    cdef set _principals
+    cdef Py_ssize_t _device_limit
+    cdef dict _pairs
+    cdef _Pair _other
+    cdef Py_ssize_t _accepted
+    cdef Py_ssize_t _closed
+    cdef Py_ssize_t _zero_copy
+    cdef Py_ssize_t _copied
+
+    @cython.locals(index=Py_ssize_t, pair=_Pair)
+    cpdef record(
+        self, str request_type, str outcome, object duration, object device=*, str prop=*
+    )
