@@ -315,3 +315,22 @@ def test_a_store_changing_under_every_listing_is_an_error_at_the_client(
     assert statistics.failed == 1 and statistics.relists == 3
     monkeypatch.setattr(Store, "files", listing)
     assert client.history_table("DEV", "Prop", T0, T0 + 10**9).num_rows == 10
+
+
+def test_a_window_asked_again_is_served_from_the_decoded_cache(
+    served: tuple[Recorder, ClientService],
+) -> None:
+    """The history server keeps decoded Parquet files (bounded by bytes) and counts it: the
+    second pull of a window decodes nothing (misses unchanged, hits grown), same rows."""
+    recorder, client = served
+    _offer(recorder, 0, 300)
+    recorder.convert_now()
+    assert recorder.history is not None
+    first = client.history_table("DEV", "Prop", T0, T0 + 10**9, chunk_rows=100)
+    before = recorder.history.statistics()
+    again = client.history_table("DEV", "Prop", T0, T0 + 10**9, chunk_rows=100)
+    after = recorder.history.statistics()
+    assert before.cache_misses >= 1 and 0 < before.cache_bytes <= 512 << 20
+    assert after.cache_misses == before.cache_misses
+    assert after.cache_hits >= before.cache_hits + 3  # one per chunk at least
+    assert again.equals(first)

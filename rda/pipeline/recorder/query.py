@@ -55,9 +55,12 @@ __all__ = ["CHUNK_FIRST", "RELISTS", "Chunk", "Cursor", "HistoryReader", "Histor
 _DAY_NS = 86_400 * 10**9
 RELISTS = 3  # listings a chunk makes when listed files keep vanishing, before it gives up
 _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each)
-# Parquet files kept decoded, in bytes: a long answer reads each file once, not once per chunk
-# (a file holds a whole conversion group, up to a million rows, far more than one chunk).
-_TABLE_CACHE_BYTES = 256 << 20
+# Parquet files (or row groups) kept decoded, in bytes: a long answer reads each once, not once
+# per chunk, and a window asked again is answered without decoding. Sized to hold an hour of a
+# 1 kHz scalar (about 270 MiB decoded): an LRU smaller than a window read in order evicts
+# every group before it is asked again. Counted in HistoryServerStatistics (cache_*).
+_TABLE_CACHE_BYTES = 512 << 20
+_WHOLE_FILE_BYTES = 64 << 20  # a file up to this is decoded whole; a bigger one by row group
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -250,6 +253,8 @@ class HistoryReader:
         )
         self._table_bytes = 0
         self._relists = 0
+        self._cache_hits = 0
+        self._cache_misses = 0
 
     def units(self, device: str, prop: str) -> dict[str, str]:
         """The units of ``device/prop``'s fields as found in the store's files read so far."""
@@ -300,7 +305,7 @@ class HistoryReader:
                 groups.append((group, int(stats.min), int(stats.max)))
         whole = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         spans = groups
-        if groups and whole <= _TABLE_CACHE_BYTES // 4:
+        if groups and whole <= _WHOLE_FILE_BYTES:
             spans = [(-1, min(g[1] for g in groups), max(g[2] for g in groups))]
         with self._lock:
             self._spans[key] = spans
@@ -386,7 +391,9 @@ class HistoryReader:
             entry = self._tables.get(key)
             if entry is not None:
                 self._tables.move_to_end(key)
+                self._cache_hits += 1
                 return entry
+            self._cache_misses += 1
         with self.store.fs.open_input_file(path) as source:
             parquet = pq.ParquetFile(source, pre_buffer=True)
             # Only what a chunk carries: the derived and receive stamps are half the bytes of
@@ -440,6 +447,11 @@ class HistoryReader:
             f"{device}/{prop}: the store changed under the read {RELISTS} times in a row "
             f"(compaction or retention deleting what was listed: {missing}); ask again"
         )
+
+    def cache(self) -> tuple[int, int, int]:
+        """The decoded-file cache: ``(hits, misses, bytes held)``; at most 512 MiB held."""
+        with self._lock:
+            return self._cache_hits, self._cache_misses, self._table_bytes
 
     def relists(self) -> int:
         """How many times a chunk listed its sources again because a listed file was gone."""

@@ -96,6 +96,9 @@ class HistoryServerStatistics:
     seam_waits: int = 0  # requests parked at a seam now
     relists: int = 0  # chunks that listed the store again: a listed file was gone (compaction)
     failed: int = 0  # chunks answered with an error (e.g. the store kept changing under them)
+    cache_hits: int = 0  # Parquet files/row groups found decoded (HistoryReader.cache)
+    cache_misses: int = 0  # and decoded
+    cache_bytes: int = 0  # decoded bytes held (bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,7 @@ class HistoryHandler(RequestReplyCallback):
                 self._seams.parked(),
                 self.reader.relists(),
                 self._failed,
+                *self.reader.cache(),
             )
 
     def covers(self, device: str, prop: str) -> bool:
