@@ -69,6 +69,18 @@ class BuildExt(build_ext):
     def get_ext_fullpath(self, ext_name: str) -> str:
         return _tagged(ext_name, super().get_ext_fullpath(ext_name))
 
+    def run(self) -> None:
+        super().run()
+        if not self.inplace:
+            return
+        # An in-place build leaves the builds of earlier sources behind (never loaded: their
+        # digest is not the sources'); remove them.
+        for name in compiled_python.MODULES:
+            current = Path(self.get_ext_fullpath(name))
+            for old in current.parent.glob(current.name.partition(".")[0] + ".compiled-*"):
+                if old != current:
+                    old.unlink()
+
 
 def _tagged(module: str, path: str) -> str:
     if module not in compiled_python.MODULES or ".compiled-" in os.path.basename(path):

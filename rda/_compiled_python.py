@@ -36,6 +36,10 @@ MODULES = (
     "rda.transport.server_session",
     "rda.business.histogram",
     "rda.business.server.statistics",
+    "rda.transport.client_session",
+    "rda.transport._zmq_common",
+    "rda.business.client.lanes",
+    "rda.business.client.requests",
 )
 
 
