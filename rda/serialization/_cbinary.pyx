@@ -26,11 +26,12 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memchr, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 cimport numpy as cnp
 
 import math
+import types
 
 import numpy as np
 
@@ -48,6 +49,40 @@ cdef extern from "Python.h":
     object PyBool_FromLong(long v)
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object s)
+    # The same three on a borrowed pointer (the string cache's slots).
+    void* PyUnicode_DATA_P "PyUnicode_DATA"(PyObject* s)
+    Py_ssize_t PyUnicode_GET_LENGTH_P "PyUnicode_GET_LENGTH"(PyObject* s)
+    bint PyUnicode_IS_COMPACT_ASCII(object s)
+    bint PyUnicode_IS_COMPACT_ASCII_P "PyUnicode_IS_COMPACT_ASCII"(PyObject* s)
+    bint PyUnicode_CheckExact_P "PyUnicode_CheckExact"(PyObject* s)
+    PyObject* PyList_GET_ITEM_P "PyList_GET_ITEM"(object l, Py_ssize_t i)
+    bint PyUnicode_CheckExact(object s)
+    Py_ssize_t PyUnicode_GET_LENGTH(object s)
+    void Py_XDECREF_P "Py_XDECREF"(PyObject* o)
+    # A Data is allocated by its type's tp_alloc and its two slots written at their offsets
+    # (see _slot_offset): what object.__new__ plus two setattr calls do, without the calls.
+    object PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n)
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+cdef extern from *:
+    """
+    static int rda_generic_alloc(PyObject* t) {
+        return ((PyTypeObject*)t)->tp_alloc == PyType_GenericAlloc;
+    }
+    static Py_ssize_t rda_basicsize(PyObject* t) { return ((PyTypeObject*)t)->tp_basicsize; }
+    """
+    bint rda_generic_alloc(object t)
+    Py_ssize_t rda_basicsize(object t)
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+        int flags
+    enum:
+        T_OBJECT_EX
+        READONLY
 
 cdef extern from "numpy/arrayobject.h":
     PyTypeObject PyArray_Type
@@ -91,10 +126,179 @@ cdef list DTYPES = [None, np.dtype("?"), np.dtype("<i1"), np.dtype("<i2"), np.dt
 cdef object T_STRING_ARRAY = DataType.STRING_ARRAY
 cdef object T_DATA = DataType.DATA
 cdef object T_DATA_ARRAY = DataType.DATA_ARRAY
-cdef object object_new = object.__new__
 cdef object DataClass = Data
 cdef object NDARRAY = np.ndarray
 cdef object EMPTY = ""
+
+
+cdef Py_ssize_t _slot_offset(str name) except -1:
+    """Where Data's ``__slots__`` member ``name`` lives in its objects, or 0 when it cannot be
+    used directly (then the codec goes through getattr/setattr, as before). Checked once here:
+    a plain object slot of a Data allocated by PyType_GenericAlloc, and a value written with
+    setattr reads back at that offset."""
+    cdef PyMemberDef* member
+    cdef Py_ssize_t offset
+    descr = DataClass.__dict__.get(name)
+    if type(descr) is not types.MemberDescriptorType or not rda_generic_alloc(DataClass):
+        return 0
+    member = (<PyMemberDescrObject*><PyObject*>descr).d_member
+    offset = member.offset
+    if (
+        member.type != T_OBJECT_EX
+        or member.flags & READONLY
+        or not 0 < offset <= rda_basicsize(DataClass) - <Py_ssize_t>sizeof(PyObject*)
+    ):
+        return 0
+    probe = PyType_GenericAlloc(<PyTypeObject*>DataClass, 0)
+    marker = object()
+    setattr(probe, name, marker)
+    if (<PyObject**>(<char*><PyObject*>probe + offset))[0] != <PyObject*>marker:
+        return 0
+    return offset
+
+
+cdef Py_ssize_t VALUES_AT = _slot_offset("_values")
+cdef Py_ssize_t TYPES_AT = _slot_offset("_types")
+# Whether Data's slots are read and written in place (False: through getattr/setattr).
+DIRECT_SLOTS = VALUES_AT != 0 and TYPES_AT != 0
+
+
+cdef inline object _new_data(dict values, dict types):
+    """A Data over ``values`` and ``types`` (what Data.from_parts makes)."""
+    if VALUES_AT == 0 or TYPES_AT == 0:
+        data = object.__new__(DataClass)
+        data._values = values
+        data._types = types
+        return data
+    data = PyType_GenericAlloc(<PyTypeObject*>DataClass, 0)
+    Py_INCREF(values)
+    Py_INCREF(types)
+    (<PyObject**>(<char*><PyObject*>data + VALUES_AT))[0] = <PyObject*>values
+    (<PyObject**>(<char*><PyObject*>data + TYPES_AT))[0] = <PyObject*>types
+    return data
+
+
+cdef inline dict _values_of(object data):
+    """``data._values`` of a Data (an exact Data: read at its slot; others: getattr)."""
+    cdef PyObject* v
+    if VALUES_AT and type(data) is DataClass:
+        v = (<PyObject**>(<char*><PyObject*>data + VALUES_AT))[0]
+        if v != NULL and type(<object>v) is dict:
+            return <dict>v
+    return data._values
+
+
+cdef inline dict _types_of(object data):
+    cdef PyObject* v
+    if TYPES_AT and type(data) is DataClass:
+        v = (<PyObject**>(<char*><PyObject*>data + TYPES_AT))[0]
+        if v != NULL and type(<object>v) is dict:
+            return <dict>v
+    return data._types
+
+
+# The string cache: decoded short ASCII strings (values and field names), looked up by their
+# bytes, so that the same text in the next message is the same str object instead of a new
+# one (a device sends the same names and labels in every update). Bounded: SCACHE_SETS sets
+# of two slots, each holding at most one str of at most SCACHE_MAX_LEN bytes: at most 2048
+# strings, under 250 KiB. A lookup compares the bytes in full, so a hash collision is only a
+# miss; an entry is replaced, never chained, so no input makes a lookup cost more. Strings
+# are immutable, so sharing one between decoded Data is invisible to their users. The GIL
+# guards the table (nothing between a lookup and its update runs Python code).
+cdef enum:
+    SCACHE_BITS = 10
+    SCACHE_SETS = 1 << SCACHE_BITS
+    SCACHE_MAX_LEN = 64
+
+cdef PyObject* scache[2 * SCACHE_SETS]
+
+
+cdef inline uint64_t _load8(const uint8_t* q) noexcept nogil:
+    cdef uint64_t v
+    memcpy(&v, q, 8)
+    return v
+
+
+cdef inline Py_ssize_t _set_of(const uint8_t* q, Py_ssize_t k) noexcept nogil:
+    """The cache set of the ``k`` bytes at ``q`` (k <= SCACHE_MAX_LEN): a hash of the length
+    and the first and last eight bytes (the middle is compared on a hit, never hashed)."""
+    cdef uint64_t a = 0, b = 0
+    cdef Py_ssize_t i
+    if k >= 8:
+        a = _load8(q)
+        b = _load8(q + k - 8)
+    else:
+        for i in range(k):
+            a = (a << 8) | q[i]
+    # The top bits of a product depend on every bit of its factor (the low bits only on the
+    # low bits, which are the same first byte in "element_00", "element_01", ...).
+    cdef uint64_t h = a ^ (b * <uint64_t>0xC2B2AE3D27D4EB4F) ^ <uint64_t>k
+    return <Py_ssize_t>((h * <uint64_t>0x9E3779B97F4A7C15) >> (64 - SCACHE_BITS))
+
+
+cdef inline bint _same(PyObject* c, const uint8_t* q, Py_ssize_t k) noexcept:
+    # Cached strings are compact ASCII: their data is their UTF-8 bytes (and a NUL after).
+    cdef const uint8_t* d
+    if c == NULL or PyUnicode_GET_LENGTH_P(c) != k:
+        return False
+    d = <const uint8_t*>PyUnicode_DATA_P(c)
+    if 8 <= k <= 16:  # two overlapping words cover it, without a call
+        return _load8(d) == _load8(q) and _load8(d + k - 8) == _load8(q + k - 8)
+    return memcmp(d, q, k) == 0
+
+
+cdef object _ascii(const uint8_t* q, Py_ssize_t k):
+    """A new str of the ``k`` ASCII bytes at ``q``: a copy into a new compact str, skipping
+    the UTF-8 decoder's per-call setup."""
+    s = PyUnicode_New(k, 127)
+    memcpy(PyUnicode_DATA(s), q, k)
+    return s
+
+
+cdef inline object _text(const uint8_t* q, Py_ssize_t k, bint ascii):
+    """The str of the ``k`` UTF-8 bytes at ``q`` (``ascii``: known to be all below 0x80),
+    from the string cache when it holds them; raises UnicodeDecodeError as
+    PyUnicode_DecodeUTF8 does."""
+    cdef PyObject** slot
+    if k > SCACHE_MAX_LEN or k == 0:
+        if ascii:
+            return _ascii(q, k)
+        return PyUnicode_DecodeUTF8(<const char*>q, k, NULL)
+    slot = &scache[2 * _set_of(q, k)]
+    if _same(slot[0], q, k):
+        return <object>slot[0]
+    if _same(slot[1], q, k):
+        return <object>slot[1]
+    return _text_miss(q, k, ascii, slot)
+
+
+cdef object _text_miss(const uint8_t* q, Py_ssize_t k, bint ascii, PyObject** slot):
+    """_text when the cache does not hold the string: a new one, cached when ASCII."""
+    if ascii:
+        s = _ascii(q, k)
+    else:
+        s = PyUnicode_DecodeUTF8(<const char*>q, k, NULL)
+        if not PyUnicode_IS_COMPACT_ASCII(s):
+            return s
+    # The newest string goes first; the older of the two leaves the cache.
+    Py_XDECREF_P(slot[1])
+    slot[1] = slot[0]
+    Py_INCREF(s)
+    slot[0] = <PyObject*>s
+    return s
+
+
+STRING_CACHE_SLOTS = 2 * SCACHE_SETS
+STRING_CACHE_MAX_BYTES = SCACHE_MAX_LEN
+
+
+def string_cache_size():
+    """How many strings the decoder's string cache holds now (at most STRING_CACHE_SLOTS)."""
+    cdef Py_ssize_t i, n = 0
+    for i in range(2 * SCACHE_SETS):
+        n += scache[i] != NULL
+    return n
+
 
 # Set by _binary through set_default_limits() (_binary_format: the one source of the defaults).
 cdef int64_t default_max_depth = 64
@@ -262,7 +466,7 @@ cdef object _read_entries(Reader* r, object owner, Py_ssize_t* ppos, Py_ssize_t 
                 )
             raise DecodeError("empty field name", start)
         try:
-            name = PyUnicode_DecodeUTF8(<const char*>(p + 8), nlen, NULL)
+            name = _text(p + 8, nlen, False)
         except UnicodeDecodeError as exc:
             raise DecodeError("field name is not valid UTF-8", start + 8 + exc.start) from None
         if memchr(p + 8, 0, nlen) != NULL:
@@ -291,11 +495,8 @@ cdef object _read_entries(Reader* r, object owner, Py_ssize_t* ppos, Py_ssize_t 
         raise _limit_error(r, start)
     if PyDict_Size(values) != count:
         raise DecodeError("duplicate field names in one Data", start)
-    data = object_new(DataClass)
-    data._values = values
-    data._types = types
     ppos[0] = pos
-    return data
+    return _new_data(values, types)
 
 
 cdef object _view(object owner, const uint8_t* data, int tag, int ndim, cnp.npy_intp* dims):
@@ -304,9 +505,10 @@ cdef object _view(object owner, const uint8_t* data, int tag, int ndim, cnp.npy_
     Py_INCREF(descr)  # PyArray_NewFromDescr steals a reference to the descriptor
     arr = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, dims, NULL, <void*>data, 0, NULL)
     cnp.set_array_base(<cnp.ndarray>arr, owner)
-    # Contiguity and alignment are computed from the pointer (views are often unaligned);
-    # WRITEABLE is not among the flags given, so the view is read-only.
-    cnp.PyArray_UpdateFlags(<cnp.ndarray>arr, cnp.NPY_ARRAY_UPDATE_ALL)
+    # PyArray_NewFromDescr sets contiguity from the dims (C order, as no strides are given)
+    # and alignment from the pointer (views are often unaligned); WRITEABLE is not among the
+    # flags given, so the view is read-only. tests/test_binary_codec.py compares every flag
+    # with the pure decoder's np.frombuffer views.
     return arr
 
 
@@ -317,39 +519,40 @@ cdef object _read_strings(Reader* r, Py_ssize_t pos, Py_ssize_t end, object name
     cdef Py_ssize_t n = 0, i, k
     cdef const uint8_t* q
     cdef const uint8_t* stop
+    cdef uint64_t w, z, high = 0
+    cdef uint64_t LOW7 = 0x7F7F7F7F7F7F7F7F
     if size == 0:
         return []
     if buf[end - 1] != 0:
         raise DecodeError(f"field {name!r}: string array does not end with NUL", end - 1)
+    # One pass, eight bytes at a time: how many NULs (strings) and whether any byte is
+    # >= 0x80. z has 0x80 in exactly the bytes of w that are 0; the multiply sums them.
     q = buf + pos
     stop = buf + end
+    while stop - q >= 8:
+        w = _load8(q)
+        high |= w
+        z = ~(((w & LOW7) + LOW7) | w | LOW7)
+        n += <Py_ssize_t>(((z >> 7) * <uint64_t>0x0101010101010101) >> 56)
+        q += 8
     while q < stop:
-        q = <const uint8_t*>memchr(q, 0, stop - q) + 1
-        n += 1
+        high |= q[0]
+        n += q[0] == 0
+        q += 1
+    cdef bint ascii = (high & <uint64_t>0x8080808080808080) == 0
     if n > r.budget:  # before allocating the list: its length is charged to the budget
         raise _limit_error(r, pos)
     cdef list items = PyList_New(n)
-    cdef uint8_t high = 0
-    for i in range(size):  # any byte >= 0x80? (a loop the C compiler vectorises)
-        high |= buf[pos + i]
     q = buf + pos
-    for i in range(n):
-        k = <const uint8_t*>memchr(q, 0, stop - q) - q
-        if high < 0x80:
-            # All ASCII: copy into a new compact str, skipping the UTF-8 decoder's
-            # per-call setup (a third faster for short strings; they dominate here).
-            s = PyUnicode_New(k, 127)
-            memcpy(PyUnicode_DATA(s), q, k)
-        else:
-            try:
-                s = PyUnicode_DecodeUTF8(<const char*>q, k, NULL)
-            except UnicodeDecodeError as exc:
-                raise DecodeError(
-                    f"field {name!r}: invalid UTF-8", (q - buf) + exc.start
-                ) from None
-        Py_INCREF(s)
-        PyList_SET_ITEM(items, i, s)
-        q += k + 1
+    try:  # around the loop, not in it: entering a try block saves the exception state
+        for i in range(n):
+            k = <const uint8_t*>memchr(q, 0, stop - q) - q
+            s = _text(q, k, ascii)
+            Py_INCREF(s)
+            PyList_SET_ITEM(items, i, s)
+            q += k + 1
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"field {name!r}: invalid UTF-8", (q - buf) + exc.start) from None
     r.budget -= n
     return items
 
@@ -401,7 +604,7 @@ cdef tuple _read_other(Reader* r, object owner, Py_ssize_t start, int tag, int n
             return PyBool_FromLong(b[0]), t
         if tag == TAG_STRING:
             try:
-                value = PyUnicode_DecodeUTF8(<const char*>b, size, NULL)
+                value = _text(b, size, False)
             except UnicodeDecodeError as exc:
                 raise DecodeError(f"field {name!r}: invalid UTF-8", bpos + exc.start) from None
             if memchr(b, 0, size) != NULL:
@@ -613,7 +816,7 @@ cdef list _read_data_array(Reader* r, object owner, Py_ssize_t pos, Py_ssize_t e
 
 def encode(data, list arrays=None):
     """Encode ``data`` into its binary form (compiled; see ``rda.serialization.encode``)."""
-    if not isinstance(data, Data):
+    if type(data) is not DataClass and not isinstance(data, Data):
         raise TypeError(f"encode needs a Data, not {type(data).__name__}")
     cdef int64_t total = _size(data, 1, arrays is not None)
     out = PyBytes_FromStringAndSize(NULL, total)
@@ -622,6 +825,31 @@ def encode(data, list arrays=None):
     if n != total:  # a value changed between the passes (another thread): never ship garbage
         raise RuntimeError("Data changed while it was being encoded")
     return out
+
+
+cdef inline Py_ssize_t _utf8_size(object s) except -1:
+    """The UTF-8 length of str ``s`` (a compact ASCII str: its length, read inline)."""
+    cdef Py_ssize_t k
+    if PyUnicode_CheckExact(s) and PyUnicode_IS_COMPACT_ASCII(s):
+        return PyUnicode_GET_LENGTH(s)
+    PyUnicode_AsUTF8AndSize(s, &k)
+    return k
+
+
+cdef inline const char* _utf8_p(PyObject* s, Py_ssize_t* k) except NULL:
+    """_utf8 of a borrowed reference."""
+    if PyUnicode_CheckExact_P(s) and PyUnicode_IS_COMPACT_ASCII_P(s):
+        k[0] = PyUnicode_GET_LENGTH_P(s)
+        return <const char*>PyUnicode_DATA_P(s)
+    return PyUnicode_AsUTF8AndSize(<object>s, k)
+
+
+cdef inline const char* _utf8(object s, Py_ssize_t* k) except NULL:
+    """The UTF-8 bytes of str ``s`` and their length (a compact ASCII str: its own data)."""
+    if PyUnicode_CheckExact(s) and PyUnicode_IS_COMPACT_ASCII(s):
+        k[0] = PyUnicode_GET_LENGTH(s)
+        return <const char*>PyUnicode_DATA(s)
+    return PyUnicode_AsUTF8AndSize(s, k)
 
 
 cdef inline int64_t _u32_size(int64_t size) except -1:
@@ -650,8 +878,8 @@ def writable_arrays(data):
 cdef Py_ssize_t _writable_arrays(object data, int64_t depth) except -1:
     if depth > ENCODE_MAX_DEPTH:
         return 0
-    cdef dict values = data._values
-    cdef dict types = data._types
+    cdef dict values = _values_of(data)
+    cdef dict types = _types_of(data)
     cdef Py_ssize_t i = 0, n = 0
     cdef PyObject* key
     cdef PyObject* val
@@ -681,14 +909,14 @@ cdef Py_ssize_t _writable_arrays(object data, int64_t depth) except -1:
 
 
 cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint split) except -1:
-    cdef Py_ssize_t k
+    cdef Py_ssize_t k, j
     cdef int64_t size
     cdef cnp.ndarray arr
     if t is T_STRING_ARRAY:
         if type(v) is list:
             size = 0
-            for s in <list>v:
-                PyUnicode_AsUTF8AndSize(s, &k)
+            for j in range(PyList_GET_SIZE(v)):  # borrowed items: no reference counting
+                _utf8_p(PyList_GET_ITEM_P(v, j), &k)
                 size += k + 1
             return size
         arr = <cnp.ndarray?>v
@@ -710,8 +938,7 @@ cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint s
             return (4 * arr.ndim if arr.ndim > 1 else 0) + 4
         return (4 * arr.ndim if arr.ndim > 1 else 0) + cnp.PyArray_NBYTES(arr)
     if tag == TAG_STRING:
-        PyUnicode_AsUTF8AndSize(v, &k)
-        return k
+        return _utf8_size(v)
     if 1 <= tag <= 7:
         return WIDTH[tag]
     raise ValueError(f"unknown DataType {t!r}")
@@ -720,10 +947,10 @@ cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint s
 cdef int64_t _size(object data, int64_t depth, bint split) except -1:
     if depth > ENCODE_MAX_DEPTH:
         raise ValueError(f"Data nested deeper than {ENCODE_MAX_DEPTH} levels")
-    if not isinstance(data, Data):
+    if type(data) is not DataClass and not isinstance(data, Data):
         raise TypeError(f"a Data value holds a {type(data).__name__}, not a Data")
-    cdef dict values = data._values
-    cdef dict types = data._types
+    cdef dict values = _values_of(data)
+    cdef dict types = _types_of(data)
     cdef int64_t total = 4
     cdef Py_ssize_t k, i = 0
     cdef PyObject* key
@@ -749,8 +976,8 @@ cdef Py_ssize_t _put(uint8_t* p, Py_ssize_t pos, Py_ssize_t cap, const void* src
 
 cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
                        list arrays) except -1:
-    cdef dict values = (<object>data)._values
-    cdef dict types = data._types
+    cdef dict values = _values_of(data)
+    cdef dict types = _types_of(data)
     cdef Py_ssize_t k, nlen, i = 0, hpos, bpos, j
     cdef PyObject* key
     cdef PyObject* val
@@ -785,10 +1012,13 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
                     wr_u32(scalar, <uint32_t>arr.shape[j])
                     pos = _put(p, pos, cap, scalar, 4)
                 items = arr.ravel().tolist()
-            for item in <list>items:
-                s = PyUnicode_AsUTF8AndSize(item, &k)
-                pos = _put(p, pos, cap, s, k)
-                pos = _put(p, pos, cap, b"\0", 1)
+            for j in range(PyList_GET_SIZE(items)):  # borrowed items: no reference counting
+                s = _utf8_p(PyList_GET_ITEM_P(items, j), &k)
+                if k >= cap - pos:
+                    raise RuntimeError("Data changed while it was being encoded")
+                memcpy(p + pos, s, k)
+                p[pos + k] = 0
+                pos += k + 1
         elif t is T_DATA:
             pos = _write(v, p, pos, cap, arrays)
         elif t is T_DATA_ARRAY:
@@ -815,7 +1045,7 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
                 raw = arr.tobytes()
                 pos = _put(p, pos, cap, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
         elif tag == TAG_STRING:
-            s = PyUnicode_AsUTF8AndSize(v, &k)
+            s = _utf8(v, &k)
             pos = _put(p, pos, cap, s, k)
         else:
             pos = _put(p, pos, cap, scalar, _pack_scalar(tag, v, scalar))
