@@ -13,6 +13,8 @@ timeout) and rewrites the servers' policy file (SIGHUP: ``Server.reload_policy``
 stop, every server publishes a last value, and the parent compares:
 
 * ``lost_uncounted``: updates missing inside an epoch without a gap counting them (must be 0);
+* ``counted_not_missing``: a gap counted for updates that were not missing (must be 0: the
+  simulator's ``received-plus-gaps`` both ways);
 * ``first_missing``: a value before any FIRST of its epoch (must be 0);
 * ``caught_up``: each client's last value of each device is the server's last published one;
 * ``requests``: every get and set ended once (``unended`` and ``late_values`` must be 0).
@@ -206,6 +208,11 @@ class Watch:
                     self.problems.append(f"{last} -> {value} gap {n.gap}")
                 elif missing < 0:
                     self.counted_not_missing += -missing
+                    # With the notifications before it: why was a gap counted that was not?
+                    self.problems.append(
+                        f"{last} -> {value} gap {n.gap} counted, not missing; before: "
+                        + " | ".join(self.updates[-6:])
+                    )
             self.last = value
 
     def report(self) -> dict[str, Any]:
@@ -508,6 +515,7 @@ class Soak:
         published = sum(sum(f["k"].values()) for f in final.values())
         broken = (
             totals["lost_uncounted"]
+            or totals["counted_not_missing"]
             or totals["first_missing"]
             or behind
             or requests["ended_twice"]
