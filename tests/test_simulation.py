@@ -164,3 +164,21 @@ def test_regression_seed(faults: str, seed: int, admin: bool) -> None:
     chosen = frozenset(faults.split(",")) & frozenset(ALL_FAULTS)
     result = run_seed(seed, SimSettings(faults=chosen, admin=admin))
     assert result.failure is None, f"seed {seed} ({faults}): {result.failure}"
+
+
+@pytest.mark.timeout(120)
+def test_seeds_in_parallel_end_under_a_parent_that_handles_sigterm() -> None:
+    """A parent whose SIGTERM handler only sets a flag (as ``rda serve``'s does) must not
+    leave the pool's workers unkillable: before the fix the pool's shutdown waited for them
+    forever (seen in a full-suite run, where an earlier test had left such a handler)."""
+    import signal
+    import threading
+
+    flag = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: flag.set())
+    try:
+        summary = run_seeds(range(6), SimSettings(), jobs=2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert summary.seeds == 6
+    assert not flag.is_set(), "the parent itself was signalled"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,6 +103,16 @@ class Summary:
         return "\n".join(lines)
 
 
+def _worker_signals() -> None:
+    """A worker stops on the pool's SIGTERM and ignores Ctrl-C (the parent handles it).
+
+    A forked worker inherits its parent's handlers; a parent that had installed a Python
+    SIGTERM handler that only sets a flag (a server's stop event, say) left a worker idle on
+    the pool's queue lock unkillable, and the pool's shutdown waited for it forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _one(args: tuple[int, SimSettings]) -> RunResult:
     seed, settings = args
     return run_seed(seed, settings)
@@ -121,11 +132,15 @@ def run_seeds(
             summary.add(run_seed(seed, settings))
     else:
         # fork: the children inherit the imported modules (no re-import per process).
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) as pool:
             for result in pool.imap_unordered(
                 _one, ((s, settings) for s in todo), chunksize=max(1, len(todo) // (jobs * 8))
             ):
                 summary.add(result)
+            # Every result is in: let the workers end on their own before the block's
+            # terminate() (which signals them).
+            pool.close()
+            pool.join()
     summary.wall = time.perf_counter() - start
     summary.failures.sort(key=lambda r: r.seed)
     return summary
