@@ -93,8 +93,9 @@ def pva(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # Put back on the way out: a caller that runs this in its own process (a test, a script)
+    # keeps its own Ctrl-C and SIGTERM.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     gw = PvaGateway(client, devices=devices, allow_put=allow_put, rules=rules, refresh=refresh)
     try:
         gw.start()
@@ -109,3 +110,5 @@ def pva(
     finally:
         gw.stop()
         client.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
