@@ -515,11 +515,23 @@ def test_cli_history_get_from_recorder(stand: Stand) -> None:
     assert missing.exit_code == 4 and "HistoryUnavailableError" in missing.output
 
 
-def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
+def test_cli_record_serve(stand: Stand, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
     from click.testing import CliRunner
 
     from rda.admin.cli.common import Options
+    from rda.pipeline.recorder import cli
     from rda.pipeline.recorder.cli import record
+
+    started: list[list[str]] = []
+
+    class Popen(subprocess.Popen[str]):
+        def __init__(self, args: list[str], **kwargs: Any) -> None:
+            started.append(list(args))
+            super().__init__(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Popen)  # what cli.py calls
 
     args = [str(tmp_path / "other"), "CNT/Count", "--id", "cli", "--duration", "1s"]
     args += ["--serve", "tcp://127.0.0.1:0", "--json"]
@@ -534,6 +546,9 @@ def test_cli_record_serve(stand: Stand, tmp_path: Path) -> None:
     assert "serving history at tcp://127.0.0.1:" in result.stderr
     # It registered there (and unregistered on the way out).
     assert directory.exists() and "recorder-cli" not in directory.read_text()
+    # The history server yields the CPU to the recorder.
+    [command] = started
+    assert command[command.index("--nice") + 1] == str(cli.HISTORY_NICE) == "10"
 
 
 def test_cli_record_serve_binds_loopback_by_default(stand: Stand, tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_cli_serves_a_store_from_another_process(recorder: Recorder, tmp_path: P
     _offer(recorder, 200, 100)
     env = dict(os.environ, PYTHONPATH=str(ROOT), RDA_DIRECTORY_FILE=str(tmp_path / "dir.json"))
     process = subprocess.Popen(
-        [sys.executable, "-m", "rda._cli", "history", "serve", str(tmp_path)],
+        [sys.executable, "-m", "rda._cli", "history", "serve", str(tmp_path), "--nice", "7"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -126,6 +126,9 @@ def test_cli_serves_a_store_from_another_process(recorder: Recorder, tmp_path: P
         assert process.stderr is not None
         line = process.stderr.readline()
         assert line.startswith("serving history at tcp://127.0.0.1:"), line
+        # --nice: it yields the CPU (rda record --serve starts it at 10).
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) == min(19, mine + 7)
         client = _client(line.split()[-1])
         try:
             table = client.history_table("DEV", "Prop", T0, T0 + 10**9)

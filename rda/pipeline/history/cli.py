@@ -449,6 +449,13 @@ if __name__ == "__main__":  # pragma: no cover
 )
 @click.option("--duration", default=None, help="Stop after this long (default: Ctrl-C, SIGTERM).")
 @click.option("--name", default=None, help="The server's name (default: history-<recorder>).")
+@click.option(
+    "--nice",
+    type=click.IntRange(0, 19),
+    default=0,
+    show_default=True,
+    help="Lower this process's CPU priority by this much (rda record --serve: 10).",
+)
 def serve(
     root: str,
     recorder_id: str | None,
@@ -457,10 +464,12 @@ def serve(
     devices: tuple[str, ...],
     duration: str | None,
     name: str | None,
+    nice: int,
 ) -> None:
     """Serve a store's history over rda in this process (history:<device>, registered in the
     directory): the recorder's journal and Parquet files read from disk, so readers never
     share the recorder's process."""
+    import os
     import signal
     import threading
 
@@ -478,6 +487,9 @@ def serve(
         served = serve_store(root, recorder_id, builder, journal, devices)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    if nice:
+        # Readers yield the CPU to the recorder on a busy machine (docs/history.md).
+        os.nice(nice)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     click.echo(f"serving history at {served.endpoint}", err=True)

@@ -65,6 +65,9 @@ def _client(ctx: click.Context) -> Any:
     return ClientService(directory=directory, config=config)
 
 
+HISTORY_NICE = 10  # the niceness of the history server ``--serve`` starts
+
+
 def _start_history_process(
     root: str, recorder: Recorder, journal: Path | None, endpoint: str
 ) -> subprocess.Popen[str]:
@@ -73,7 +76,9 @@ def _start_history_process(
     recorded device pattern; returns once it serves (its first line says where)."""
     args = [sys.executable, "-m", "rda._cli", "history", "serve", root]
     args += ["--recorder", recorder.recorder_id, "--endpoint", endpoint]
-    args += ["--name", f"recorder-{recorder.recorder_id}"]
+    # At niceness 10: on a busy machine its readers yield the CPU to the recorder's ingest
+    # (measured: docs/performance.md, "Columnar history at the issue's full sizes").
+    args += ["--name", f"recorder-{recorder.recorder_id}", "--nice", str(HISTORY_NICE)]
     for glob in dict.fromkeys(glob for glob, _, _ in recorder.patterns):
         args += ["--device", glob]
     if journal is not None:
