@@ -22,6 +22,11 @@ from rda.testing.simulation._runner import replay, run_seeds, shrink
 @click.option("--jobs", type=int, default=0, help="Processes (default: the available CPUs).")
 @click.option("--duration", type=float, default=3.0, show_default=True)
 @click.option("--quiet", type=float, default=10.0, show_default=True)
+@click.option(
+    "--late-gets",
+    is_flag=True,
+    help="Devices complete gets up to 20 ms after reading (reproduces the open FIRST seam).",
+)
 @click.option("--replay", "replay_seed", type=int, default=None, help="Replay one seed, verbosely.")
 @click.option(
     "--shrink",
@@ -37,6 +42,7 @@ def main(
     jobs: int,
     duration: float,
     quiet: float,
+    late_gets: bool,
     replay_seed: int | None,
     shrink_seed: int | None,
 ) -> None:
@@ -45,7 +51,7 @@ def main(
     unknown = chosen - set(ALL_FAULTS)
     if unknown:
         raise click.BadParameter(f"unknown fault(s): {', '.join(sorted(unknown))}")
-    settings = SimSettings(faults=chosen, duration=duration, quiet=quiet)
+    settings = SimSettings(faults=chosen, duration=duration, quiet=quiet, late_gets=late_gets)
     if shrink_seed is not None:
         small, result = shrink(shrink_seed, settings)
         click.echo(f"seed {shrink_seed}: {result.failure} ({result.steps} steps)")

@@ -35,11 +35,20 @@ class HandlerFaults:
         self.later = later
         self.errors = 0
         self.overruns = 0
+        self.late_gets = False  # SimSettings.late_gets
 
     def before(self, what: str) -> None:
         if self.error_rate and self.rng.random() < self.error_rate:
             self.errors += 1
             raise InjectedFault(f"injected handler error in {what}")
+
+    def late(self, request: GetRequest, value: Data) -> bool:
+        """True when the get, its value read now, will be completed a little later."""
+        if not self.late_gets:
+            return False
+        delay = self.rng.uniform(0.0, 0.02)
+        self.later(delay, lambda: request.complete(value), f"late get {request.id}")
+        return True
 
     def overrun(self, request: GetRequest, value: Callable[[], Data]) -> bool:
         """True when the get will be completed later than its client's deadline."""
@@ -70,6 +79,8 @@ class SimDevice(Device):
         self.faults.before("Acq get")
         if self.faults.overrun(request, lambda: Data(k=self.k)):
             return None  # completed later, past the deadline
+        if self.faults.late(request, Data(k=self.k)):
+            return None  # read now, completed a little later
         return Data(k=self.k)
 
     @Device.property("Setting")

@@ -38,6 +38,10 @@ class SimSettings:
     #: Admin commands (``info``, ``clients``, ``subscriptions``) in the workload. Off, a seed
     #: draws exactly what it drew before they were added (the regression seeds' world).
     admin: bool = True
+    #: Devices complete each ``Acq`` get up to 20 ms after reading the value (as a device
+    #: thread would; ``request.complete`` from elsewhere). Off by default: it reproduces the
+    #: open FIRST-seam loss (docs/testing.md, "Known open"), which no fix has closed yet.
+    late_gets: bool = False
 
 
 class InvariantBroken(AssertionError):

@@ -161,6 +161,7 @@ class Simulation:
             0.03 if "overrun" in self.faults else 0.0,
             self.later,
         )
+        self.handler_faults.late_gets = settings.late_gets
         hb_interval = rng.choice((0.25, 0.5, 1.0))
         self.config = Config(
             heartbeat_interval=hb_interval,
