@@ -40,6 +40,8 @@ MODULES = (
     "rda.transport._zmq_common",
     "rda.business.client.lanes",
     "rda.business.client.requests",
+    "rda.business.scheduler",
+    "rda.business.server.dispatch",
 )
 
 
