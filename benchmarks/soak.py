@@ -205,7 +205,10 @@ class Watch:
                 missing = value[1] - last[1] - 1 - n.gap
                 if missing > 0:
                     self.lost_uncounted += missing
-                    self.problems.append(f"{last} -> {value} gap {n.gap}")
+                    self.problems.append(
+                        f"{last} -> {value} gap {n.gap} missing; before: "
+                        + " | ".join(self.updates[-6:])
+                    )
                 elif missing < 0:
                     self.counted_not_missing += -missing
                     # With the notifications before it: why was a gap counted that was not?
