@@ -118,3 +118,21 @@ def test_array_views_carry_the_flags_of_np_frombuffer(dtype: str) -> None:
                 assert {f: got.flags[f] for f in flags} == {f: want.flags[f] for f in flags}
                 assert got.strides == want.strides and got.shape == want.shape
                 assert np.array_equal(got, want)
+
+
+def test_field_tables_in_another_order_or_with_other_key_objects_encode_the_same() -> None:
+    # The encoder walks the type table beside the value table and looks a type up only when
+    # the two disagree; Data.from_parts accepts tables that do.
+    d = Data(alpha=1.5, beta="x", gamma=[1, 2], nested=Data(z=["p", "q"]), strs=["u", "v"])
+    values = {name: d[name] for name in d}
+    types = d.types()
+    want = binary.PYTHON.encode(d)
+    assert binary.COMPILED is not None
+    reordered = Data.from_parts(values, dict(reversed(list(types.items()))))
+    other_keys = Data.from_parts(
+        {"".join(list(name)): v for name, v in values.items()}, dict(types)
+    )
+    assert all(a is not b for a, b in zip(other_keys, d, strict=True))  # new key objects
+    for data in (reordered, other_keys):
+        assert binary.COMPILED.encode(data) == binary.PYTHON.encode(data) == want
+        assert binary.COMPILED.writable_arrays(data) == 0

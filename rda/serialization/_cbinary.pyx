@@ -56,6 +56,8 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII_P "PyUnicode_IS_COMPACT_ASCII"(PyObject* s)
     bint PyUnicode_CheckExact_P "PyUnicode_CheckExact"(PyObject* s)
     PyObject* PyList_GET_ITEM_P "PyList_GET_ITEM"(object l, Py_ssize_t i)
+    void PyList_SET_ITEM_P "PyList_SET_ITEM"(object l, Py_ssize_t i, PyObject* o)
+    void Py_INCREF_P "Py_INCREF"(PyObject* o)
     bint PyUnicode_CheckExact(object s)
     Py_ssize_t PyUnicode_GET_LENGTH(object s)
     void Py_XDECREF_P "Py_XDECREF"(PyObject* o)
@@ -255,31 +257,44 @@ cdef object _ascii(const uint8_t* q, Py_ssize_t k):
     return s
 
 
+cdef inline PyObject* _cached(const uint8_t* q, Py_ssize_t k, PyObject*** slot) noexcept:
+    """The cached str of the ``k`` bytes at ``q`` (borrowed), or NULL; ``slot`` is set to
+    the set a new one would go in (NULL: never cached, empty or too long)."""
+    cdef PyObject** s
+    if k > SCACHE_MAX_LEN or k == 0:
+        slot[0] = NULL
+        return NULL
+    s = &scache[2 * _set_of(q, k)]
+    slot[0] = s
+    if _same(s[0], q, k):
+        return s[0]
+    if _same(s[1], q, k):
+        return s[1]
+    return NULL
+
+
 cdef inline object _text(const uint8_t* q, Py_ssize_t k, bint ascii):
     """The str of the ``k`` UTF-8 bytes at ``q`` (``ascii``: known to be all below 0x80),
     from the string cache when it holds them; raises UnicodeDecodeError as
     PyUnicode_DecodeUTF8 does."""
     cdef PyObject** slot
-    if k > SCACHE_MAX_LEN or k == 0:
-        if ascii:
-            return _ascii(q, k)
-        return PyUnicode_DecodeUTF8(<const char*>q, k, NULL)
-    slot = &scache[2 * _set_of(q, k)]
-    if _same(slot[0], q, k):
-        return <object>slot[0]
-    if _same(slot[1], q, k):
-        return <object>slot[1]
+    cdef PyObject* c = _cached(q, k, &slot)
+    if c != NULL:
+        return <object>c
     return _text_miss(q, k, ascii, slot)
 
 
 cdef object _text_miss(const uint8_t* q, Py_ssize_t k, bint ascii, PyObject** slot):
-    """_text when the cache does not hold the string: a new one, cached when ASCII."""
+    """_text when the cache does not hold the string: a new one, cached when ASCII and
+    ``slot`` is a set."""
     if ascii:
         s = _ascii(q, k)
     else:
         s = PyUnicode_DecodeUTF8(<const char*>q, k, NULL)
         if not PyUnicode_IS_COMPACT_ASCII(s):
             return s
+    if slot == NULL:
+        return s
     # The newest string goes first; the older of the two leaves the cache.
     Py_XDECREF_P(slot[1])
     slot[1] = slot[0]
@@ -521,6 +536,8 @@ cdef object _read_strings(Reader* r, Py_ssize_t pos, Py_ssize_t end, object name
     cdef const uint8_t* stop
     cdef uint64_t w, z, high = 0
     cdef uint64_t LOW7 = 0x7F7F7F7F7F7F7F7F
+    cdef PyObject* c
+    cdef PyObject** slot
     if size == 0:
         return []
     if buf[end - 1] != 0:
@@ -547,9 +564,14 @@ cdef object _read_strings(Reader* r, Py_ssize_t pos, Py_ssize_t end, object name
     try:  # around the loop, not in it: entering a try block saves the exception state
         for i in range(n):
             k = <const uint8_t*>memchr(q, 0, stop - q) - q
-            s = _text(q, k, ascii)
-            Py_INCREF(s)
-            PyList_SET_ITEM(items, i, s)
+            c = _cached(q, k, &slot)
+            if c != NULL:  # the common case, in C: no reference juggling but the list's own
+                Py_INCREF_P(c)
+                PyList_SET_ITEM_P(items, i, c)
+            else:
+                s = _text_miss(q, k, ascii, slot)
+                Py_INCREF(s)
+                PyList_SET_ITEM(items, i, s)
             q += k + 1
     except UnicodeDecodeError as exc:
         raise DecodeError(f"field {name!r}: invalid UTF-8", (q - buf) + exc.start) from None
@@ -944,6 +966,17 @@ cdef int64_t _entry_body_size(int tag, object t, object v, int64_t depth, bint s
     raise ValueError(f"unknown DataType {t!r}")
 
 
+cdef inline object _type_of(dict types, Py_ssize_t* ti, PyObject* key):
+    """The type of field ``key``, read while walking ``values``: the next entry of ``types``
+    when its key is the same object (Data fills both tables together, so they share keys and
+    order; a dict lookup per field was a sixth of an encode), else a lookup."""
+    cdef PyObject* tkey
+    cdef PyObject* tval
+    if PyDict_Next(types, ti, &tkey, &tval) and tkey == key:
+        return <object>tval
+    return types[<object>key]
+
+
 cdef int64_t _size(object data, int64_t depth, bint split) except -1:
     if depth > ENCODE_MAX_DEPTH:
         raise ValueError(f"Data nested deeper than {ENCODE_MAX_DEPTH} levels")
@@ -952,12 +985,12 @@ cdef int64_t _size(object data, int64_t depth, bint split) except -1:
     cdef dict values = _values_of(data)
     cdef dict types = _types_of(data)
     cdef int64_t total = 4
-    cdef Py_ssize_t k, i = 0
+    cdef Py_ssize_t k, i = 0, ti = 0
     cdef PyObject* key
     cdef PyObject* val
     while PyDict_Next(values, &i, &key, &val):
-        t = types[<object>key]
-        PyUnicode_AsUTF8AndSize(<object>key, &k)
+        t = _type_of(types, &ti, key)
+        _utf8_p(key, &k)
         if k > 0xFFFF:
             raise ValueError(f"Data too large for the binary format: a {k}-byte field name")
         total += 8 + k + _u32_size(
@@ -978,7 +1011,7 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
                        list arrays) except -1:
     cdef dict values = _values_of(data)
     cdef dict types = _types_of(data)
-    cdef Py_ssize_t k, nlen, i = 0, hpos, bpos, j
+    cdef Py_ssize_t k, nlen, i = 0, ti = 0, hpos, bpos, j
     cdef PyObject* key
     cdef PyObject* val
     cdef uint8_t hdr[8]
@@ -992,12 +1025,12 @@ cdef Py_ssize_t _write(object data, uint8_t* p, Py_ssize_t pos, Py_ssize_t cap,
     wr_u32(scalar, <uint32_t>PyDict_Size(values))
     pos = _put(p, pos, cap, scalar, 4)
     while PyDict_Next(values, &i, &key, &val):
-        t = types[<object>key]
+        t = _type_of(types, &ti, key)
         v = <object>val
         code = PyLong_AsLong(t)
         tag = code & 0x0F
         ndim = 1 if code >= 0x10 else 0
-        s = PyUnicode_AsUTF8AndSize(<object>key, &nlen)
+        s = _utf8_p(key, &nlen)
         hpos = pos
         pos = _put(p, pos, cap, hdr, 8)  # filled below, once the body's size is known
         pos = _put(p, pos, cap, s, nlen)
