@@ -101,6 +101,28 @@ def test_history_then_first_then_a_bridge_over_the_update_the_server_raced_past(
     assert stand.delivered() == [(14, "NORMAL")]
 
 
+def test_the_bridge_takes_back_the_gap_the_server_counted_for_what_it_covers() -> None:
+    """A server counts what it published while it prepared FIRST as missed (the next seq
+    skips it, issue 36); the bridge delivers those rows from the recorder, so the first live
+    update after it must not report them missing too."""
+    stand = Stand(start=95)
+    sub = stand.sub
+    sub.deliver_message(live(sub, 10, 1, UpdateType.FIRST))
+    stand.run_tasks()
+    sub.deliver_message(live(sub, 12, 3, UpdateType.NORMAL))  # seq 2 (value 11) skipped
+    sub.deliver_message(live(sub, 14, 5, UpdateType.NORMAL))  # value 13: a real loss
+    stand.run_tasks()
+    got = []
+    while (n := sub.poll_nowait()) is not None:
+        got.append((int(n.data["n"]), n.update_type.name, n.gap))
+    assert got == [
+        (10, "FIRST", 0),
+        (11, "HISTORY", 0),
+        (12, "NORMAL", 0),  # its gap of 1 was value 11, delivered by the bridge
+        (14, "NORMAL", 1),  # a gap after the seam stays counted
+    ]
+
+
 def test_updates_arriving_during_the_fetch_are_bridged_in_the_same_task() -> None:
     stand = Stand(start=0)
     sub = stand.sub

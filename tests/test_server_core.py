@@ -615,6 +615,55 @@ def test_first_normal_immediate_sequence_per_subscriber(make: Factory) -> None:
     assert snap.subscribers == 2 and snap.notifications_sent == 6
 
 
+class Held(RequestReplyCallback):
+    """Get reads its value at once and completes when the test says (as a handler that
+    answers from another thread may)."""
+
+    def __init__(self) -> None:
+        self.value = 1.0
+        self.pending: list[GetRequest] = []
+        self.arrived = threading.Event()
+
+    def get(self, request: GetRequest) -> None:
+        self.pending.append(request)
+        self.arrived.set()
+
+    def set(self, request: SetRequest) -> None:
+        request.complete()
+
+
+def test_updates_published_while_the_first_is_prepared_are_counted_as_missed(
+    make: Factory,
+) -> None:
+    """Found by the simulation (``--late-gets``, issue 36): an update published after the
+    FIRST's get handler ran but before the FIRST went out reached neither the subscriber nor
+    its gap count. Now the FIRST's successor skips their seqs: the client counts them."""
+    held = Held()
+    h = make(request_reply=held)
+    h.send(request(RequestType.SUBSCRIBE, 100))
+    assert held.arrived.wait(10), "the FIRST's get never reached the handler"
+    source = h.server.subscriptions()[0]
+    source.notify(AcquiredData(Data(value=2.0)))
+    source.notify(AcquiredData(Data(value=3.0)))
+    held.pending[0].complete(AcquiredData(Data(value=1.0)))
+    h.transport.wait(1)
+    source.notify(AcquiredData(Data(value=4.0)))
+    h.transport.wait(2)
+    assert notes(h) == [
+        (100, UpdateType.FIRST, 1, 1.0),
+        (100, UpdateType.NORMAL, 4, 4.0),  # seqs 2 and 3: the two published meanwhile
+    ]
+    # A later subscriber whose get answers at once misses nothing: seqs follow on.
+    h.send(request(RequestType.SUBSCRIBE, 200), PEER2)
+    assert wait_until(lambda: len(held.pending) == 2, timeout=10)
+    held.pending[1].complete(AcquiredData(Data(value=4.0)))
+    h.transport.wait(3)
+    source.notify(AcquiredData(Data(value=5.0)))
+    h.transport.wait(5)
+    assert notes(h, PEER2) == [(200, UpdateType.FIRST, 1, 4.0), (200, UpdateType.NORMAL, 2, 5.0)]
+    assert notes(h, PEER)[-1] == (100, UpdateType.NORMAL, 5, 5.0)
+
+
 def test_immediate_updates_can_be_turned_off(make: Factory) -> None:
     h = make(request_reply=Echo(), immediate_updates=False)
     h.send(request(RequestType.SUBSCRIBE, 100))

@@ -417,6 +417,7 @@ class Backfill:
         self._sub: Subscription | None = None
         self._limit = HOLD_LIMIT
         self._failed = False
+        self._emitted = 0  # rows the last _emit_rows delivered
 
     def attach(self, sub: Subscription, queue_size: int) -> None:
         self._sub = sub
@@ -475,11 +476,13 @@ class Backfill:
         sub = self._sub
         assert sub is not None
         failure: RdaError | None = None
+        self._emitted = 0
         try:
             for notification in self._fetch(start, until):
                 if sub.closed:
                     return False
                 sub.emit((notification, 0, 0))
+                self._emitted += 1
         except RdaError as exc:
             failure = exc
         except Exception as exc:  # a bug, not an rda error: say so, and still go live
@@ -506,7 +509,17 @@ class Backfill:
             first = self._hold[0]
         if not self._emit_rows(self._seam + 1, _stamp(first)):
             return
+        self._bridged()
         self._drain(bridge=False)
+
+    def _bridged(self) -> None:
+        """The bridge rows were what the server published while it prepared FIRST, which its
+        sequence numbers count as missed in the first live update's gap: they are not."""
+        with self._lock:
+            hold = self._hold
+            if hold:
+                payload, gap, seq = hold[0]
+                hold[0] = (payload, max(0, gap - self._emitted), seq)
 
     def _drain(self, bridge: bool) -> None:
         """Deliver what is held, in order, then let the dispatcher deliver directly again.
@@ -533,4 +546,5 @@ class Backfill:
             sub.emit(entry)
             after_first = True
         if self._emit_rows(self._seam + 1, _stamp(entry)):
+            self._bridged()
             self._drain(bridge=False)

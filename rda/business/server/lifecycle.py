@@ -7,7 +7,8 @@ user notifications, in this order:
   is registered (``SubscriptionRegistry.add``; ``source_added`` when its source is new), then
   the server gets the value (``RequestRunner.fetch``) and sends it as this subscriber's FIRST
   update (``SubscriptionSource.send_first``; an error notification if the get failed), which
-  activates it;
+  activates it; what is published to it from the moment that get's handler runs until its
+  FIRST goes out is counted as missed (``SubscriptionSource.first_started``);
 - a set succeeded (with IMMEDIATE updates on): one get per source of the property, each sent
   to its subscribers as an IMMEDIATE update;
 - ended, by an UNSUBSCRIBE or because its client departed (disconnect, heartbeat timeout,
@@ -43,10 +44,18 @@ __all__ = ["Fetch", "SubscriptionLifecycle"]
 
 log = logging.getLogger("rda.server")
 
-# (device, property, selector, filters, deliver): a get the server makes itself, whose answer
-# goes to deliver(result, error) (RequestRunner.fetch).
+# (device, property, selector, filters, deliver, started): a get the server makes itself,
+# whose answer goes to deliver(result, error); started() is called just before the get
+# handler runs, or never (RequestRunner.fetch).
 Fetch = Callable[
-    [str, str, str, Data | None, Callable[[AcquiredData | None, BaseException | None], None]],
+    [
+        str,
+        str,
+        str,
+        Data | None,
+        Callable[[AcquiredData | None, BaseException | None], None],
+        Callable[[], None] | None,
+    ],
     None,
 ]
 
@@ -133,7 +142,9 @@ class SubscriptionLifecycle:
         def first(result: AcquiredData | None, error: BaseException | None) -> None:
             source.send_first(peer, sub_id, result, error)
 
-        self._produce(source, first)
+        # From the moment the get handler runs, what is published to this subscriber before
+        # its FIRST goes out is counted as missed: the FIRST may not show it.
+        self._produce(source, first, partial(source.first_started, peer, sub_id))
 
     def updated(self, device: str, prop: str) -> None:
         """IMMEDIATE updates after a set, one get per source of (device, property)."""
@@ -147,10 +158,11 @@ class SubscriptionLifecycle:
         self,
         source: SubscriptionSource,
         deliver: Callable[[AcquiredData | None, BaseException | None], None],
+        started: Callable[[], None] | None = None,
     ) -> None:
         fetch = self._fetch
         if fetch is not None:
-            fetch(source.device, source.property, source.selector, source.filters, deliver)
+            fetch(source.device, source.property, source.selector, source.filters, deliver, started)
 
     def _ended(
         self, source: SubscriptionSource, sub_id: int, client: ClientInfo, emptied: bool

@@ -312,11 +312,18 @@ class RequestRunner:
         self._send(peer, frames)
 
     def fetch(
-        self, device: str, prop: str, selector: str, filters: Data | None, deliver: Deliver
+        self,
+        device: str,
+        prop: str,
+        selector: str,
+        filters: Data | None,
+        deliver: Deliver,
+        started: Callable[[], None] | None = None,
     ) -> None:
         """A get the server makes itself (a FIRST or IMMEDIATE update, client
         ``SERVER_CLIENT``): run on a worker in the device's group like a client's, with the
-        default timeout; ``deliver(result, error)`` gets its answer, nothing is sent."""
+        default timeout; ``deliver(result, error)`` gets its answer, nothing is sent;
+        ``started()`` is called on the worker right before the get handler runs."""
 
         def answered(
             _: ServerRequest, result: AcquiredData | None, error: BaseException | None
@@ -329,6 +336,8 @@ class RequestRunner:
         )
 
         def task() -> None:
+            if started is not None:
+                started()
             try:
                 self._rr.get(request)
             except Exception as exc:

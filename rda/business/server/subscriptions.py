@@ -95,7 +95,7 @@ def filters_key(filters: Data | None) -> bytes:
 
 
 class _Subscriber:
-    __slots__ = ("active", "client", "headers", "id", "peer", "seq")
+    __slots__ = ("active", "client", "headers", "id", "missed", "peer", "seq")
 
     def __init__(self, peer: bytes, sub_id: int, client: ClientInfo) -> None:
         self.peer = peer
@@ -104,6 +104,9 @@ class _Subscriber:
         self.seq = 0
         # Inactive until its FIRST update went out: nothing may overtake the FIRST.
         self.active = False
+        # Updates published while inactive, counted from the moment the FIRST's get handler
+        # runs (-1: not yet running; what was published before it, the FIRST shows).
+        self.missed = -1
         self.headers: dict[tuple[RequestType, UpdateType], bytes] = {}
 
 
@@ -210,6 +213,8 @@ class SubscriptionSource:
             with self._lock:
                 for sub in self._subscribers.values():
                     if not sub.active:
+                        if sub.missed >= 0:
+                            sub.missed += 1
                         continue
                     sent += 1
                     sub.seq = seq = sub.seq + 1
@@ -227,6 +232,19 @@ class SubscriptionSource:
             for seq, targets in groups.items():
                 tail = _tail(bodies, encode_context(context, seq, acq_stamp))
                 self._publish(targets, tail, conflatable)
+
+    def first_started(self, peer: bytes, sub_id: int) -> None:
+        """The get for this subscriber's FIRST is about to run: from now until the FIRST goes
+        out, each update published to the source is counted as missed by it.
+
+        Why from here and not from the subscription's registration: what was published
+        before the get handler ran, the FIRST shows (a get reads the current value); what is
+        published while it runs or after it completed, the FIRST may not (a handler may read
+        first and complete later, from another thread)."""
+        with self._lock:
+            sub = self._subscribers.get((peer, sub_id))
+            if sub is not None and not sub.active:
+                sub.missed = 0
 
     def send_first(
         self, peer: bytes, sub_id: int, acquired: AcquiredData | None, error: BaseException | None
@@ -261,10 +279,13 @@ class SubscriptionSource:
                 if sub is None or sub.active or self._closed:
                     return False
                 sub.seq += 1
+                seq = sub.seq
+                # What was published while its get ran is missed: the next update's seq
+                # skips it, so the client counts it as a gap (never a silent loss).
+                sub.seq += max(sub.missed, 0)
                 sub.active = True
                 target = (sub.peer, sub.id, self._header(sub, rtype, UpdateType.FIRST))
                 self._count(rtype, 1)
-                seq = sub.seq
             tail = _tail(bodies, encode_context(context, seq))
             self._publish([target], tail, False)
         return True

@@ -39,8 +39,8 @@ class SimSettings:
     #: draws exactly what it drew before they were added (the regression seeds' world).
     admin: bool = True
     #: Devices complete each ``Acq`` get up to 20 ms after reading the value (as a device
-    #: thread would; ``request.complete`` from elsewhere). Off by default: it reproduces the
-    #: open FIRST-seam loss (docs/testing.md, "Known open"), which no fix has closed yet.
+    #: thread would; ``request.complete`` from elsewhere). Off by default so that recorded
+    #: seeds keep their schedules; it found the FIRST-seam loss (docs/testing.md).
     late_gets: bool = False
 
 
