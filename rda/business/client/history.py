@@ -417,7 +417,6 @@ class Backfill:
         self._sub: Subscription | None = None
         self._limit = HOLD_LIMIT
         self._failed = False
-        self._emitted = 0  # rows the last _emit_rows delivered
 
     def attach(self, sub: Subscription, queue_size: int) -> None:
         self._sub = sub
@@ -470,19 +469,20 @@ class Backfill:
         self._phase = _DONE
         return False
 
-    def _emit_rows(self, start: int, until: int) -> bool:
-        """Deliver the rows of ``[start, until)``; False when the subscription was closed. A
-        failure is delivered as one error notification and ends the backfill (no bridge)."""
+    def _emit_rows(self, start: int, until: int) -> int | None:
+        """Deliver the rows of ``[start, until)``; how many, or None when the subscription was
+        closed. A failure is delivered as one error notification and ends the backfill (no
+        bridge)."""
         sub = self._sub
         assert sub is not None
         failure: RdaError | None = None
-        self._emitted = 0
+        emitted = 0
         try:
             for notification in self._fetch(start, until):
                 if sub.closed:
-                    return False
+                    return None
                 sub.emit((notification, 0, 0))
-                self._emitted += 1
+                emitted += 1
         except RdaError as exc:
             failure = exc
         except Exception as exc:  # a bug, not an rda error: say so, and still go live
@@ -491,7 +491,7 @@ class Backfill:
         if failure is not None:
             self._failed = True
             sub.emit((Notification(error=failure, update_type=UpdateType.HISTORY), 0, 0))
-        return not sub.closed
+        return None if sub.closed else emitted
 
     def _initial(self) -> None:
         with self._lock:
@@ -499,7 +499,7 @@ class Backfill:
             first = self._hold[0]
         seam = _stamp(first)
         self._seam = seam
-        if not self._emit_rows(self._start, seam):
+        if self._emit_rows(self._start, seam) is None:
             return
         self._drain(bridge=not self._failed)
 
@@ -507,19 +507,20 @@ class Backfill:
         with self._lock:
             assert self._hold is not None
             first = self._hold[0]
-        if not self._emit_rows(self._seam + 1, _stamp(first)):
+        rows = self._emit_rows(self._seam + 1, _stamp(first))
+        if rows is None:
             return
-        self._bridged()
+        self._bridged(rows)
         self._drain(bridge=False)
 
-    def _bridged(self) -> None:
+    def _bridged(self, rows: int) -> None:
         """The bridge rows were what the server published while it prepared FIRST, which its
         sequence numbers count as missed in the first live update's gap: they are not."""
         with self._lock:
             hold = self._hold
             if hold:
                 payload, gap, seq = hold[0]
-                hold[0] = (payload, max(0, gap - self._emitted), seq)
+                hold[0] = (payload, max(0, gap - rows), seq)
 
     def _drain(self, bridge: bool) -> None:
         """Deliver what is held, in order, then let the dispatcher deliver directly again.
@@ -545,6 +546,7 @@ class Backfill:
                 hold.pop(0)
             sub.emit(entry)
             after_first = True
-        if self._emit_rows(self._seam + 1, _stamp(entry)):
-            self._bridged()
+        rows = self._emit_rows(self._seam + 1, _stamp(entry))
+        if rows is not None:
+            self._bridged(rows)
             self._drain(bridge=False)
