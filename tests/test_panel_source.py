@@ -131,6 +131,15 @@ def test_the_alarm_watch_lists_errors_alarms_and_disconnections_newest_first() -
             (faulty,) = watch.summary()
             assert faulty["device"] == "FAULTY" and faulty["state"] == "error"
             assert "interlock chain open" in faulty["message"]
+            # Publish only once the watch's MAG subscriber has had its FIRST (is active): an
+            # update published before that is not delivered to it (docs/client.md).
+            wait_until(
+                lambda: any(
+                    s.device == "MAG" and s.notifications_sent >= 1 for s in server.sources()
+                ),
+                "the MAG/Current subscriber's FIRST",
+                timeout=10.0,
+            )
             now = time.time_ns()
             magnet.publish(
                 "Current", rda.AcquiredData(rda.Data(i=9.0), rda.DataContext("", now, now, ""))
