@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rda.business.client.access import AccessPoint
     from rda.business.client.service import ClientService
     from rda.business.client.statistics import ClientStatistics, ServerConnectionStatistics
-    from rda.business.client.subscriptions import Notification, Subscription
+    from rda.business.client.subscriptions import HistoryChunk, Notification, Subscription
     from rda.business.common import AcquiredData
     from rda.business.config import Config, ConfigError
     from rda.business.directory import (
@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "ClientService": "rda.business.client.service",
     "ClientStatistics": "rda.business.client.statistics",
     "ServerConnectionStatistics": "rda.business.client.statistics",
+    "HistoryChunk": "rda.business.client.subscriptions",
     "Notification": "rda.business.client.subscriptions",
     "Subscription": "rda.business.client.subscriptions",
     "AcquiredData": "rda.business.common",
@@ -179,6 +180,7 @@ __all__ = [
     "FileDirectory",
     "GetRequest",
     "GroupTaskScheduler",
+    "HistoryChunk",
     "HistoryUnavailableError",
     "Implementation",
     "LocalDecodeError",

@@ -181,11 +181,15 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         queue_size: int = 1000,
         backfill: float | datetime.timedelta | None = None,
+        backfill_columnar: bool = False,
     ) -> Subscription:
-        """Subscribe from a running event loop; iterate with ``async for``. ``backfill``: as
-        the blocking ``AccessPoint.subscribe`` (the recorded past first, marked HISTORY)."""
+        """Subscribe from a running event loop; iterate with ``async for``. ``backfill`` and
+        ``backfill_columnar``: as the blocking ``AccessPoint.subscribe`` (the recorded past
+        first, marked HISTORY; columnar: as ``rda.HistoryChunk`` s)."""
         loop = asyncio.get_running_loop()
-        core_sub = self.core.subscribe(selector, filters, None, queue_size, backfill)
+        core_sub = self.core.subscribe(
+            selector, filters, None, queue_size, backfill, backfill_columnar
+        )
         return Subscription(core_sub, loop)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import rda.aio
 from rda.business.client.service import ClientService
-from rda.business.client.subscriptions import Notification
+from rda.business.client.subscriptions import HistoryChunk, Notification
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import ChainDirectory, FileDirectory, StaticDirectory
@@ -209,6 +209,92 @@ def test_backfill_with_a_listener(stand: Stand) -> None:
         sub.close()
     _check_one_run(list(got))
     assert sum(n.update_type is UpdateType.HISTORY for n in got) >= 100
+
+
+def _rows_of(got: list[Notification]) -> list[tuple[int, int, str, int]]:
+    """Each delivered value as (counter, stamp, update type, gap): a chunk's rows one by one."""
+    rows: list[tuple[int, int, str, int]] = []
+    for n in got:
+        if isinstance(n, HistoryChunk):
+            stamps = n.table.column("time").cast("int64").to_pylist()
+            counts = n.table.column("n").to_pylist()
+            rows.extend((c, t, "CHUNK", n.gap) for c, t in zip(counts, stamps, strict=True))
+        else:
+            rows.append((int(n.data["n"]), n.context.acq_stamp, n.update_type.name, n.gap))
+    return rows
+
+
+def _check_one_columnar_run(got: list[Notification]) -> int:
+    """The rows of a columnar backfill form one run, as _check_one_run; how many were past."""
+    rows = _rows_of(got)
+    counts = [r[0] for r in rows]
+    assert counts == list(range(counts[0], counts[0] + len(counts))), (
+        "hole or repeat at the seam: "
+        + str([(a, b) for a, b in itertools.pairwise(counts) if b != a + 1][:5])
+    )
+    stamps = [r[1] for r in rows]
+    assert stamps == sorted(stamps)
+    assert all(r[3] == 0 for r in rows)
+    kinds = [r[2] for r in rows]
+    first = kinds.index("FIRST")
+    assert set(kinds[:first]) == {"CHUNK"}
+    assert "FIRST" not in kinds[first + 1 :] and "HISTORY" not in kinds
+    assert all(n.update_type is UpdateType.HISTORY for n in got if isinstance(n, HistoryChunk))
+    return first
+
+
+def test_columnar_backfill_is_one_run_without_hole_or_repeat(stand: Stand) -> None:
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 350, timeout=20.0)
+    got = _collect_backfilled(stand, live_wanted=100, backfill_columnar=True)
+    assert isinstance(got[0], HistoryChunk)
+    assert _check_one_columnar_run(got) >= 300  # ~5 s at 100 Hz, in a few chunks
+    # The rows are those the recorder has (history_table answers the same for the window).
+    chunk = got[0]
+    assert isinstance(chunk, HistoryChunk)
+    assert chunk.table.schema.names[0] == "time" and "n" in chunk.table.schema.names
+
+
+def test_columnar_backfill_with_a_listener(stand: Stand) -> None:
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
+    got: list[Notification] = []
+    enough = threading.Event()
+
+    def listener(notification: Notification) -> None:
+        got.append(notification)
+        if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 50:
+            enough.set()
+
+    sub = stand.client.access_point("CNT", "Count").subscribe(
+        backfill=3, listener=listener, backfill_columnar=True
+    )
+    try:
+        assert enough.wait(20)
+    finally:
+        sub.close()
+    assert _check_one_columnar_run(list(got)) >= 100
+
+
+def test_aio_columnar_backfill(stand: Stand) -> None:
+    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
+
+    async def main() -> list[Notification]:
+        client = rda.aio.ClientService(stand.client.directory, Config(request_timeout=10.0))
+        try:
+            got = []
+            sub = client.access_point("CNT", "Count").subscribe(backfill=2, backfill_columnar=True)
+            try:
+                async for item in sub:
+                    got.append(item)
+                    if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 20:
+                        break
+            finally:
+                sub.close()
+            return got
+        finally:
+            client.close()
+
+    got = asyncio.run(main())
+    assert _check_one_columnar_run(got) >= 50
 
 
 def test_history_of_a_live_recorder_over_the_network(stand: Stand) -> None:

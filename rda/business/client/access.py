@@ -75,7 +75,13 @@ class Requester(Protocol):
     ) -> Subscription: ...
 
     def backfill_rows(
-        self, device: str, prop: str, selector: str | None, start: int, until: int
+        self,
+        device: str,
+        prop: str,
+        selector: str | None,
+        start: int,
+        until: int,
+        columnar: bool = False,
     ) -> Iterator[Notification]: ...
 
 
@@ -206,6 +212,7 @@ class AccessPoint:
         listener: Callable[[Notification], object] | None = None,
         queue_size: int = 1000,
         backfill: float | datetime.timedelta | None = None,
+        backfill_columnar: bool = False,
     ) -> Subscription:
         """Subscribe; the first notification is the server's ``FIRST`` update.
 
@@ -218,6 +225,8 @@ class AccessPoint:
         notifications in acquisition-stamp order, then the live ones, with none twice and none
         missing at the seam (docs/client.md, "Backfill"). Without a reachable recorder, one
         notification whose ``.error`` is a ``HistoryUnavailableError``, then live.
+        ``backfill_columnar``: the past as ``rda.HistoryChunk`` notifications instead (each a
+        ``pyarrow.Table`` of many rows, the columns of ``history_table``), same seam.
         """
         flt = None if filters is None else to_data(filters, "filters")
         hook = None
@@ -235,7 +244,9 @@ class AccessPoint:
             start = driver.wall_time_ns() - round(seconds * 1e9)
 
             def fetch(first: int, until: int) -> Iterator[Notification]:
-                return service.backfill_rows(device, prop, sel or None, first, until)
+                return service.backfill_rows(
+                    device, prop, sel or None, first, until, backfill_columnar
+                )
 
             hook = Backfill(fetch, start)
         return self._service.subscribe(

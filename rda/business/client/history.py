@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rda.business import driver
-from rda.business.client.subscriptions import Entry, Notification, Subscription
+from rda.business.client.subscriptions import Entry, HistoryChunk, Notification, Subscription
 from rda.serialization.data import Data, DataType
 from rda.serialization.errors import (
     DisconnectedError,
@@ -271,10 +271,23 @@ def _empty_chunk() -> pa.Table:
 
 
 def backfill_rows(
-    point_of: PointOf, device: str, prop: str, selector: str | None, start: int, until: int
+    point_of: PointOf,
+    device: str,
+    prop: str,
+    selector: str | None,
+    start: int,
+    until: int,
+    columnar: bool = False,
 ) -> Iterator[Notification]:
     """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
-    (``Backfill`` turns a failure into one error notification)."""
+    (``Backfill`` turns a failure into one error notification); ``columnar``: one
+    :class:`HistoryChunk` per chunk the server sends (as big as it sends them), not a
+    notification per row."""
+    if columnar:
+        chunks = history_chunks(
+            point_of, device, prop, selector, start, until, None, None, until, TABLE_CHUNK_ROWS
+        )
+        return (HistoryChunk(shape_table(chunk)) for chunk in chunks)
     return _notifications(
         history_chunks(
             point_of, device, prop, selector, start, until, None, None, until, CHUNK_ROWS
@@ -400,6 +413,10 @@ class Backfill:
        ``a_first < acq_stamp < s1`` are delivered as HISTORY first. Then the held updates, then
        everything live as usual, the server's per-subscription sequence numbers counting gaps.
 
+    The past comes as HISTORY notifications, one per row, or with ``backfill_columnar`` as
+    :class:`HistoryChunk` s (a ``pyarrow.Table`` each, one per chunk the server sends): the
+    same rows, the same seam, fewer and bigger deliveries.
+
     The history server waits (bounded) until its recorder has acknowledged the signal up to
     the seam's stamp before it answers, so rows still on their way to the recorder are not
     missed. A failed fetch delivers one notification whose ``.error`` says why, and the
@@ -482,7 +499,8 @@ class Backfill:
                 if sub.closed:
                     return None
                 sub.emit((notification, 0, 0))
-                emitted += 1
+                # A columnar backfill's chunk is many rows (the bridge's gap counts rows).
+                emitted += notification.rows if isinstance(notification, HistoryChunk) else 1
         except RdaError as exc:
             failure = exc
         except Exception as exc:  # a bug, not an rda error: say so, and still go live

@@ -415,12 +415,19 @@ class ClientService:
         )
 
     def backfill_rows(
-        self, device: str, prop: str, selector: str | None, start: int, until: int
+        self,
+        device: str,
+        prop: str,
+        selector: str | None,
+        start: int,
+        until: int,
+        columnar: bool = False,
     ) -> Iterator[Notification]:
         """For ``subscribe(backfill=...)``: the rows of ``[start, until)`` with the seam wait
-        (``Backfill`` turns a failure into one error notification)."""
+        (``Backfill`` turns a failure into one error notification); ``columnar``: as
+        ``HistoryChunk`` s."""
         return history_queries.backfill_rows(
-            self.access_point, device, prop, selector, start, until
+            self.access_point, device, prop, selector, start, until, columnar
         )
 
     # -- requests (AccessPoint calls these) ------------------------------------------------

@@ -21,7 +21,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rda.business.client.statistics import ClientCounters
 from rda.business.metadata import NO_ALARM, Alarm, Severity
@@ -36,7 +36,10 @@ from rda.serialization.errors import (
 from rda.serialization.header import DataContext, RequestType, UpdateType
 from rda.serialization.message import Message
 
-__all__ = ["Notification", "Subscription", "alarm_of", "remote_error"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["HistoryChunk", "Notification", "Subscription", "alarm_of", "remote_error"]
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +208,49 @@ class Notification:
         )
 
 
+class HistoryChunk(Notification):
+    """Rows of the past as one ``pyarrow.Table``: what ``subscribe(backfill=...,
+    backfill_columnar=True)`` delivers instead of a HISTORY notification per row
+    (docs/client.md, "Backfill").
+
+    ``.table`` has the columns of ``ClientService.history_table`` (``time``, the meta
+    columns, one column per value field), its rows in acquisition-stamp order, following the
+    rows of the chunk before it; ``.rows`` is their count. ``update_type`` is HISTORY and
+    ``.context`` that of the last row. ``.data`` raises ``TypeError``: a chunk is many values,
+    not one (a recorded error row is a row whose ``error`` column is set, not ``.error``).
+    """
+
+    __slots__ = ("table",)
+
+    table: pa.Table
+
+    def __init__(self, table: pa.Table) -> None:
+        context = DataContext()
+        if table.num_rows:
+            last = table.num_rows - 1
+            context = DataContext(
+                table.column("cycle_name")[last].as_py() or "",
+                table.column("cycle_stamp")[last].as_py() or 0,
+                table.column("time")[last].value,
+                table.column("selector")[last].as_py() or "",
+            )
+        super().__init__(None, context, UpdateType.HISTORY)
+        object.__setattr__(self, "table", table)
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+    @property
+    def data(self) -> Data:
+        raise TypeError(
+            f"a HistoryChunk holds {self.rows} rows in .table (a pyarrow.Table), not one Data"
+        )
+
+    def __repr__(self) -> str:
+        return f"HistoryChunk(rows={self.rows}, update_type=HISTORY)"
+
+
 # Notification.from_message runs once per notification a consumer reads: the slots are set
 # through their descriptors, what object.__setattr__ finds after a lookup in the type
 # (docs/performance.md, "The client's request path").
@@ -233,6 +279,9 @@ def _plain(entry: Entry) -> bool:
     payload = entry[0]
     if isinstance(payload, Message):
         return payload.header.update_type is not UpdateType.FIRST
+    if isinstance(payload, HistoryChunk):
+        # Many rows: dropped, they would count as one missed update. Kept like a marker.
+        return False
     if isinstance(payload, Notification):
         return payload.error is None and payload.update_type is not UpdateType.FIRST
     return False
