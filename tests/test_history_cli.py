@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +258,16 @@ def test_compact_and_record_usage_errors_exit_2(store: Path, no_thread_leak: Non
     assert bad_date.exit_code == 2 and "not a date like 2026-11-20" in bad_date.output
     bad = CliRunner().invoke(build(), ["record", str(store), "PS1/Acq", "--duration", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
+
+
+def test_a_recording_refused_at_start_leaves_the_callers_sigterm_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It once installed its handler before starting and kept it when the start was refused:
+    # a later forked worker of the same process then ignored SIGTERM.
+    monkeypatch.setenv("RDA_DIRECTORY_FILE", str(tmp_path / "directory.json"))
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(build(), ["record", str(tmp_path / "store"), "NONE/Acq"])
+    assert result.exit_code == ExitCode.NO_SUCH_DEVICE, result.output
+    assert "NONE: no such device" in result.output
+    assert signal.getsignal(signal.SIGTERM) is before

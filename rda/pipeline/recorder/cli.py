@@ -214,13 +214,10 @@ def record(
         raise click.BadParameter(str(exc)) from None
     stop = threading.Event()
     limit = None if seconds is None else time.monotonic() + seconds
-    previous = signal.getsignal(signal.SIGTERM)
 
     def terminate(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, terminate)
     endpoint = None
     history_process = None
     try:
@@ -229,6 +226,10 @@ def record(
         if client is not None:
             client.close()
         raise
+    # Installed only once the recorder runs, inside the try whose finally puts the previous
+    # handler back: a recording refused at start must not leave its handler in the caller.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     try:
         if serve_endpoint is not None:
             history_process = _start_history_process(root, recorder, journal, serve_endpoint)
@@ -245,8 +246,9 @@ def record(
             client.close()
         if endpoint is not None:
             endpoint.close()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            # None: a handler not installed from Python, which Python cannot put back.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     stats = recorder.statistics()
     if as_json:
         click.echo(json.dumps(asdict(stats)))
