@@ -18,13 +18,15 @@
    ``rda history serve`` in its own process (also at niceness 10), then paced at
    ``--ingest-rate`` rows/s. CPU seconds per 1,000 rows of each process (recorder with its
    fire-hose, server, puller) say whether the three fit the machine's cores.
-3. ``subscribe(backfill=60)`` to a 1 kHz counter whose last 60 s are recorded: time from the
-   call to the first live (non-HISTORY) update, and how many HISTORY rows came first.
+3. ``subscribe(backfill=60)`` to a 1 kHz counter whose last 60 s are recorded (``--backfill
+   3600``: the issue's hour): time from the call to the first live (non-HISTORY) update, and
+   how many HISTORY rows came first, with the past a notification per row and as
+   ``HistoryChunk`` tables (``backfill_columnar=True``; ``--backfill-forms``).
 
 The load average is recorded before and after each part (the machine may be shared).
 
     .venv/bin/python benchmarks/history_service.py [--scalar-seconds 60] [--array-seconds 60]
-        [--runs 3] [--parts pull,ingest,backfill]
+        [--runs 3] [--parts pull,ingest,backfill] [--backfill 3600] [--backfill-forms columnar]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import zmq
 
 from rda.business.client.history import TABLE_CHUNK_ROWS
 from rda.business.client.service import ClientService
+from rda.business.client.subscriptions import HistoryChunk
 from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.directory import StaticDirectory
@@ -381,7 +384,43 @@ class _Counter(Device):
             self.publish("Count", self.last)
 
 
-def backfill(seconds: int, rate: float) -> dict[str, Any]:
+def _first_live(client: ClientService, seconds: int, columnar: bool) -> dict[str, Any]:
+    """Subscribe with backfill; the time to the first row and to the first live update, and
+    how many HISTORY rows (in how many notifications) came first."""
+    begin = time.perf_counter()
+    sub = client.access_point("CNT", "Count").subscribe(
+        backfill=seconds, queue_size=5000, backfill_columnar=columnar
+    )
+    history = 0
+    notifications = 0
+    first_row = None
+    try:
+        while True:
+            n = sub.poll(120)
+            assert n is not None and n.error is None, n
+            if first_row is None:
+                first_row = time.perf_counter() - begin
+            if n.update_type is not UpdateType.HISTORY:
+                break
+            history += n.rows if isinstance(n, HistoryChunk) else 1
+            notifications += 1
+        live_after = time.perf_counter() - begin
+    finally:
+        sub.close()
+    return {
+        "history_rows": history,
+        "history_notifications": notifications,
+        "time_to_first_row_s": round(first_row or 0.0, 4),
+        "time_to_first_live_update_s": round(live_after, 3),
+    }
+
+
+def backfill(seconds: int, rate: float, columnar: bool) -> dict[str, Any]:
+    """``subscribe(backfill=seconds)`` to a 1 kHz counter whose last ``seconds`` are recorded
+    (synthetic rows offered to the recorder, 90 % converted, then the live ones), from the
+    recorder's own history server (this process: device server, recorder, history server and
+    client share it). ``columnar``: the past as HistoryChunk tables. Twice: the first on a
+    freshly started history server (every file decoded), then again (decoded files kept)."""
     device = _Counter()
     server = ServerBuilder("Counter").device("CNT", device).directory(None).build().start()
     static = {"CNT": server.endpoint}
@@ -394,12 +433,17 @@ def backfill(seconds: int, rate: float) -> dict[str, Any]:
         step = int(1e9 / rate)
         count = int(seconds * rate)
         past = time.time_ns() - count * step
+        converted_at = int(count * 0.9)
+        t0 = time.perf_counter()
         for i in range(count):
             context = DataContext("", 0, past + i * step, "")
             while not recorder.offer("CNT", "Count", None, Sample(Data(n=i - count), context)):
                 time.sleep(0.001)
-        recorder.flush(120)
-        recorder.convert_now()
+            if i + 1 == converted_at:
+                recorder.flush(300)
+                recorder.convert_now()
+        recorder.flush(300)
+        filled = time.perf_counter() - t0
         stop = threading.Event()
 
         def publish() -> None:
@@ -410,22 +454,10 @@ def backfill(seconds: int, rate: float) -> dict[str, Any]:
         ticker.start()
         assert recorder.history_server is not None
         static["history:*"] = recorder.history_server.endpoint
-        client = ClientService(StaticDirectory(static), Config(request_timeout=60.0))
+        client = ClientService(StaticDirectory(static), Config(request_timeout=120.0))
         try:
-            begin = time.perf_counter()
-            sub = client.access_point("CNT", "Count").subscribe(backfill=seconds, queue_size=5000)
-            history = 0
-            first_row = None
-            while True:
-                n = sub.poll(60)
-                assert n is not None and n.error is None, n
-                if first_row is None:
-                    first_row = time.perf_counter() - begin
-                if n.update_type is not UpdateType.HISTORY:
-                    break
-                history += 1
-            live_after = time.perf_counter() - begin
-            sub.close()
+            first = _first_live(client, seconds, columnar)
+            again = _first_live(client, seconds, columnar)
         finally:
             client.close()
             stop.set()
@@ -435,9 +467,11 @@ def backfill(seconds: int, rate: float) -> dict[str, Any]:
             server.stop()
     return {
         "backfill_s": seconds,
-        "history_rows": history,
-        "time_to_first_row_s": round(first_row or 0.0, 4),
-        "time_to_first_live_update_s": round(live_after, 3),
+        "form": "columnar (HistoryChunk)" if columnar else "rows (a Notification per row)",
+        "fill_s": round(filled, 1),
+        "first_subscribe": first,
+        "second_subscribe": again,
+        **first,
     }
 
 
@@ -451,7 +485,10 @@ def main() -> None:
     parser.add_argument("--array-seconds", type=int, default=60, help="issue: 600")
     parser.add_argument("--ingest-seconds", type=float, default=5.0)
     parser.add_argument("--ingest-rate", type=float, default=20_000.0, help="paced rows/s")
-    parser.add_argument("--backfill", type=int, default=60)
+    parser.add_argument("--backfill", type=int, default=60, help="issue: 3600")
+    parser.add_argument(
+        "--backfill-forms", default="rows,columnar", help="rows, columnar or both (comma)"
+    )
     parser.add_argument("--runs", type=int, default=RUNS, help="warm pulls and baselines")
     parser.add_argument("--turns", type=int, default=3, help="rounds of the ingest-turns part")
     parser.add_argument(
@@ -549,11 +586,13 @@ def main() -> None:
         result["ingest_turns"] = {"turns": turns, "median_ratios": ratios}
         result["load_after_ingest_turns"] = _load()
     if "backfill" in parts:
-        backfilled = backfill(args.backfill, 1000.0)
-        met["backfill_first_live_update_s"] = (
-            backfilled["time_to_first_live_update_s"] <= TARGETS["backfill_first_live_update_s"]
-        )
-        result["backfill_1kHz"] = backfilled
+        for form in args.backfill_forms.split(","):
+            backfilled = backfill(args.backfill, 1000.0, form == "columnar")
+            met[f"backfill_first_live_update_s ({form})"] = (
+                backfilled["time_to_first_live_update_s"] <= TARGETS["backfill_first_live_update_s"]
+            )
+            result[f"backfill_1kHz_{form}"] = backfilled
+            result[f"load_after_backfill_{form}"] = _load()
     result["met"] = met
     result["load_after"] = _load()
     print(json.dumps(result, indent=2))

@@ -111,3 +111,45 @@ def test_every_row_once_in_order_within_the_bounds(
         assert table.num_rows <= max_rows
         if uniform and table.num_rows > 1:
             assert table.nbytes <= max_bytes + 2 * row, (table.num_rows, table.nbytes)
+
+
+def test_a_segment_written_between_two_chunks_is_in_the_next(tmp_path: Any) -> None:
+    """The reader lists the journal again only when its directory's names changed (a long
+    answer lists once per chunk): a segment made after the first chunk must be in the next,
+    and the store's text columns come back as plain strings (read through dictionaries)."""
+    recorder = Recorder(tmp_path, recorder_id="r1", convert=False, serve=False, flush_rows=50)
+    recorder.start()
+    try:
+
+        def offer(stamps: range) -> None:
+            for stamp in stamps:
+                value = Data(x=stamp)
+                context = DataContext("cyc", stamp, T0 + stamp, "")
+                assert recorder.offer("DEV", "Acq", None, Sample(value, context))
+            recorder.flush(60)
+
+        offer(range(0, 100))
+        recorder.convert_now()  # 0-99 in Parquet
+        offer(range(100, 200))  # in the journal
+        reader = HistoryReader(
+            Store.open(tmp_path),
+            Journal(tmp_path, "r1"),
+            lambda: Converter(tmp_path, "r1").max_seq,
+            "r1",
+        )
+        first = reader.chunk("DEV", "Acq", T0, T0 + 10**12, max_rows=150)
+        assert first.more and len(first) == 150
+        for name in ("cycle_name", "selector", "recorder_id", "error"):
+            assert first.table.schema.field(name).type == "string", name
+        assert set(first.table.column("cycle_name").to_pylist()) == {"cyc"}
+        offer(range(200, 300))  # new segments after the first chunk
+        last = first.table.slice(149).to_pylist()[0]
+        after = Cursor(last["acq_stamp"], last["recorder_id"], last["seq"])
+        rest = reader.chunk("DEV", "Acq", T0, T0 + 10**12, after=after, max_rows=1000)
+        assert not rest.more
+        got = (
+            first.table.column("acq_stamp").to_pylist() + rest.table.column("acq_stamp").to_pylist()
+        )
+        assert got == [T0 + stamp for stamp in range(300)]
+    finally:
+        recorder.stop(convert=False)

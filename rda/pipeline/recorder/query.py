@@ -31,6 +31,7 @@ import datetime
 import itertools
 import json
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ import pyarrow.parquet as pq
 
 from rda.business.client.arrow_rows import rows_to_data
 from rda.pipeline.recorder.converter import partition_dir
-from rda.pipeline.recorder.journal import Journal, read_segment
+from rda.pipeline.recorder.journal import Journal, Segment, read_segment
 from rda.pipeline.recorder.schema import partition_escape
 from rda.pipeline.recorder.store import Store
 from rda.serialization.data import Data
@@ -61,6 +62,10 @@ _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each
 # every group before it is asked again. Counted in HistoryServerStatistics (cache_*).
 _TABLE_CACHE_BYTES = 512 << 20
 _WHOLE_FILE_BYTES = 64 << 20  # a file up to this is decoded whole; a bigger one by row group
+
+
+_TableKey = tuple[str, int, str, str]
+_SEGMENT_ROWS = -2  # the "row group" of a cached journal segment's rows of one key
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -164,6 +169,22 @@ def _stored_stamps(meta: pa.Table) -> pa.Array:
     return pc.if_else(pc.equal(sent, 0), recv, sent)
 
 
+def _strings(schema: pa.Schema, columns: list[str]) -> list[str]:
+    """The top-level string columns of a Parquet file among ``columns``: read as dictionaries
+    and then cast to plain strings (:func:`_plain_strings`), which decodes the store's
+    mostly-constant text columns (recorder, cycle, selector, update type) several times
+    faster than Parquet's own materialization of each row's string."""
+    return [n for n in columns if pa.types.is_string(schema.field(n).type)]
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns cast back to ``string`` (what the chunk carries)."""
+    for at, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(at, field.name, table.column(at).cast(field.type.value_type))
+    return table
+
+
 def _sorted(stamps: np.ndarray[Any, Any]) -> bool:
     return bool(len(stamps) < 2 or np.all(stamps[1:] >= stamps[:-1]))
 
@@ -243,15 +264,17 @@ class HistoryReader:
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
-        self._tables: collections.OrderedDict[
-            tuple[str, int], tuple[pa.Table, np.ndarray[Any, Any] | None]
-        ] = collections.OrderedDict()
-        self._table_sizes: dict[tuple[str, int], int] = {}
+        # Decoded sources: a Parquet file or row group ``(path, group, "", "")``, a journal
+        # segment's rows of one key ``(path, _SEGMENT_ROWS, device, property)``.
+        self._tables: collections.OrderedDict[_TableKey, Any] = collections.OrderedDict()
+        self._table_sizes: dict[_TableKey, int] = {}
         self._units: dict[tuple[str, str], dict[str, str]] = {}
         self._spans: collections.OrderedDict[tuple[str, int], list[tuple[int, int, int]]] = (
             collections.OrderedDict()
         )
         self._table_bytes = 0
+        self._listed_names: frozenset[str] | None = None
+        self._listed: list[Segment] = []
         self._relists = 0
         self._cache_hits = 0
         self._cache_misses = 0
@@ -318,22 +341,80 @@ class HistoryReader:
         hit, value = self._cached(key)
         if hit:
             return value
-        stamps = [
-            _stored_stamps(meta)
-            for (dev, name, _), meta, _ in read_segment(path)
-            if dev == device and name == prop and len(meta)
-        ]
+        stamps = [table.column("acq_stamp") for table, _ in self._segment_rows(path, device, prop)]
         value = None
         if stamps:
-            joined = pa.concat_arrays(stamps)
-            value = (int(pc.min(joined).as_py()), int(pc.max(joined).as_py()))
+            value = (
+                min(int(pc.min(column).as_py()) for column in stamps),
+                max(int(pc.max(column).as_py()) for column in stamps),
+            )
         self._remember(key, value)
         return value
+
+    def _segment_rows(self, path: Path, device: str, prop: str) -> list[tuple[pa.Table, pa.Array]]:
+        """The rows of ``device/prop`` in a journal segment, the store's stamp rule applied,
+        decoded once and kept like a Parquet file (a segment is immutable once listed): its
+        range and each chunk that reads it use the same decoding."""
+        key = (str(path), _SEGMENT_ROWS, device, prop)
+        entry = self._kept(key)
+        if entry is not None:
+            rows: list[tuple[pa.Table, pa.Array]] = entry
+            return rows
+        rows = []
+        for (dev, name, _), meta, data in read_segment(path):
+            if dev == device and name == prop and len(meta):
+                at = meta.schema.get_field_index("acq_stamp")
+                rows.append((meta.set_column(at, "acq_stamp", _stored_stamps(meta)), data))
+        self._keep(key, rows, sum(table.nbytes + data.nbytes for table, data in rows))
+        return rows
+
+    def _kept(self, key: _TableKey) -> Any:
+        """A decoded source from the cache (None if not there), counted."""
+        with self._lock:
+            entry = self._tables.get(key)
+            if entry is not None:
+                self._tables.move_to_end(key)
+                self._cache_hits += 1
+                return entry
+            self._cache_misses += 1
+        return None
+
+    def _keep(self, key: _TableKey, entry: Any, size: int) -> None:
+        """Keep a decoded source (bounded by bytes, least recent out)."""
+        if size > _TABLE_CACHE_BYTES // 4:
+            return
+        with self._lock:
+            if key in self._tables:  # decoded by two chunks at once: counted once
+                return
+            self._tables[key] = entry
+            self._table_sizes[key] = size
+            self._table_bytes += size
+            while self._table_bytes > _TABLE_CACHE_BYTES:
+                old, _ = self._tables.popitem(last=False)
+                self._table_bytes -= self._table_sizes.pop(old)
+
+    def _journal_segments(self) -> list[Segment]:
+        """``Journal.segments()``, listed again only when the directory's names changed: a
+        long answer lists once per chunk, and building a Segment per file (hundreds for an
+        hour) cost more than the rest of a chunk's listing. A segment's name is its seq range,
+        so the same names are the same segments; a file made or deleted while the journal
+        lists changes the names the next chunk sees, which lists again."""
+        try:
+            names = frozenset(entry.name for entry in os.scandir(self.journal.directory))
+        except FileNotFoundError:
+            names = frozenset()
+        with self._lock:
+            if names == self._listed_names:
+                return self._listed
+        listed = self.journal.segments()
+        with self._lock:
+            self._listed_names, self._listed = names, listed
+        return listed
 
     def _sources(self, device: str, prop: str, low: int, end: int) -> list[_Source]:
         converted = self._converted_seq()  # first: see "Each row once"
         found: list[_Source] = []
-        for segment in self.journal.segments():
+        for segment in self._journal_segments():
             if segment.last_seq <= converted:
                 continue
             try:
@@ -358,11 +439,8 @@ class HistoryReader:
     ) -> list[tuple[pa.Table, pa.Array | pa.ChunkedArray]]:
         if source.journal:
             pieces = []
-            for (dev, name, _), meta, data in read_segment(Path(source.path)):
-                if dev != device or name != prop or not len(meta):
-                    continue
-                acq = _stored_stamps(meta)
-                table = meta.set_column(meta.schema.get_field_index("acq_stamp"), "acq_stamp", acq)
+            for table, data in self._segment_rows(Path(source.path), device, prop):
+                acq = table.column("acq_stamp")
                 mask = pc.and_(pc.greater_equal(acq, low), pc.less(acq, end))
                 pieces.append((table.filter(mask), data.filter(mask)))
             return pieces
@@ -386,34 +464,29 @@ class HistoryReader:
         """A Parquet file (``group`` -1) or one of its row groups, decoded once and kept
         (bounded by bytes, least recent out), with its stamps when they are in order (else
         None): a long answer reads each once, not once per chunk."""
-        key = (path, group)
-        with self._lock:
-            entry = self._tables.get(key)
-            if entry is not None:
-                self._tables.move_to_end(key)
-                self._cache_hits += 1
-                return entry
-            self._cache_misses += 1
+        key = (path, group, "", "")
+        entry = self._kept(key)
+        if entry is not None:
+            kept: tuple[pa.Table, np.ndarray[Any, Any] | None] = entry
+            return kept
         with self.store.fs.open_input_file(path) as source:
             parquet = pq.ParquetFile(source, pre_buffer=True)
             # Only what a chunk carries: the derived and receive stamps are half the bytes of
             # a scalar's row and never sent (_NOT_SENT; the journal's are read for its stamps).
             columns = [n for n in parquet.schema_arrow.names if n not in _NOT_READ]
+            strings = _strings(parquet.schema_arrow, columns)
+            if strings:
+                parquet = pq.ParquetFile(
+                    source, pre_buffer=True, metadata=parquet.metadata, read_dictionary=strings
+                )
             if group < 0:
                 table = parquet.read(columns=columns)
             else:
                 table = parquet.read_row_group(group, columns=columns)
+        table = _plain_strings(table)
         stamps = table.column("acq_stamp").to_numpy()
         entry = (table, stamps if _sorted(stamps) else None)
-        size = int(table.nbytes)
-        if size <= _TABLE_CACHE_BYTES // 4:
-            with self._lock:
-                self._tables[key] = entry
-                self._table_sizes[key] = size
-                self._table_bytes += size
-                while self._table_bytes > _TABLE_CACHE_BYTES:
-                    old, _ = self._tables.popitem(last=False)
-                    self._table_bytes -= self._table_sizes.pop(old)
+        self._keep(key, entry, int(table.nbytes))
         return entry
 
     def chunk(

@@ -34,6 +34,8 @@ Access: a history get is authorized by the server's policy like any get, on the 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import threading
@@ -62,6 +64,7 @@ __all__ = [
     "HistoryHandler",
     "HistoryServerStatistics",
     "encode_chunk",
+    "preload",
     "start_history_server",
 ]
 
@@ -281,6 +284,14 @@ class HistoryHandler(RequestReplyCallback):
         request.fail(DisconnectedError("the client went away before its history was read"))
 
 
+def preload() -> None:
+    """Import now what the first read would: pyarrow's conversions to numpy (the journal's
+    segments, chunk assembly) import pandas when it is installed, a one-time cost a history
+    server pays at start rather than on its first request (docs/performance.md)."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("pandas")
+
+
 def history_devices(patterns: Sequence[tuple[str, str, str | None]]) -> list[str]:
     """The device names (globs allowed) the history server registers: one per device pattern."""
     return list(dict.fromkeys(f"{HISTORY_PREFIX}{glob}" for glob, _, _ in patterns))
@@ -297,6 +308,7 @@ def start_history_server(
 
         builder = ServerBuilder(f"recorder-{recorder.recorder_id}")
         install(builder)
+    preload()
     handler = HistoryHandler(recorder, reader)
     devices = history_devices(recorder.patterns)
     try:
