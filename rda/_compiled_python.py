@@ -42,6 +42,7 @@ MODULES = (
     "rda.business.client.requests",
     "rda.business.scheduler",
     "rda.business.server.dispatch",
+    "rda.business.client.future",
 )
 
 

@@ -303,7 +303,8 @@ def test_a_reply_handled_after_its_deadline_ends_the_request_as_a_timeout(
     # no-reply-after-timeout) and by benchmarks/soak.py (late_values): a paused or starved
     # client handled a reply after the deadline, before its timer ran, and its user got a
     # value after the timeout. Checked to fail before the fix (the future held the value).
-    from rda.business.client.replies import Pending, ReplyFuture, get_result
+    from rda.business.client.future import ReplyFuture
+    from rda.business.client.replies import Pending, get_result
     from rda.business.client.requests import RequestTable
     from rda.serialization.header import Header, RequestType
     from rda.transport.protocol import Incoming, Kind, decode_frames, encode_message

@@ -14,6 +14,9 @@ the machine's load; CPU time and latency swing by 30-100 % on a shared machine.
     grep -h ^totals /tmp/cg_c.out*      # divided by --gets: instructions per get
 
 ``--kind raw``: the raw pyzmq baseline (a DEALER against rpc.py's ROUTER loop).
+``--pattern futures``: instead of blocking gets, docs/client.md's window of 64 ``get_async()``
+futures, the oldest waited with ``result(timeout=10)`` and replaced by a new one (rpc.py's
+``rda_documented`` in flight); raw keeps 64 requests outstanding on its DEALER the same way.
 """
 
 from __future__ import annotations
@@ -22,16 +25,21 @@ import argparse
 import os
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
-RPC = Path(__file__).resolve().parents[2] / "benchmarks" / "rpc.py"
+WINDOW = 64  # requests in flight with --pattern futures (rpc.py's IN_FLIGHT)
+RPC = Path(__file__).resolve().parents[3] / "benchmarks" / "rpc.py"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--side", choices=("server", "client"), required=True)
     parser.add_argument("--kind", choices=("rda", "raw"), default="rda")
+    parser.add_argument("--pattern", choices=("get", "futures"), default="get")
     parser.add_argument("--gets", type=int, default=2000)
     parser.add_argument("--out", default="/tmp/cg_server.out")
     args = parser.parse_args()
@@ -53,11 +61,21 @@ def main() -> None:
         dealer.linger = 0
         dealer.connect(endpoint)
 
+        outstanding = WINDOW if args.pattern == "futures" else 0
+        for _ in range(outstanding):
+            dealer.send_multipart([b"SCALAR", b"1"])
+
         def get() -> object:
+            if outstanding:  # the oldest of the window's replies, then one more request
+                reply = dealer.recv_multipart(copy=False)
+                dealer.send_multipart([b"SCALAR", b"1"])
+                return reply
             dealer.send_multipart([b"SCALAR", b"1"])
             return dealer.recv_multipart(copy=False)
 
         def close() -> None:
+            for _ in range(outstanding):
+                dealer.recv_multipart(copy=False)
             dealer.close()
             ctx.term()
     else:
@@ -68,10 +86,22 @@ def main() -> None:
         service = ClientService(StaticDirectory({"*": endpoint}), Config(workers=2))
         ap = service.access_point("SCALAR", "Acquisition")
 
+        window: deque[Future[Any]] = deque()
+        if args.pattern == "futures":
+            window.extend(ap.get_async() for _ in range(WINDOW))
+
         def get() -> object:
+            if window:  # the oldest future, waited as docs/client.md shows, then a new one
+                value = window.popleft().result(timeout=10).data["current"]
+                window.append(ap.get_async())
+                return value
             return ap.get().data["current"]
 
-        close = service.close
+        def close() -> None:
+            for future in window:
+                future.result(timeout=10)
+            service.close()
+
     for _ in range(300):
         get()
     target = str(child.pid if args.side == "server" else os.getpid())

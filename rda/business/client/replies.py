@@ -4,11 +4,10 @@ The dispatcher completes a request's future with the *undecoded* reply message; 
 (decoding the body, mapping an EXCEPTION frame to its rda error) happens when someone asks for
 the result, in their thread (decode late: a reply nobody reads is never decoded).
 
-Two kinds of completion: :class:`ReplyFuture` (a ``concurrent.futures.Future``, what
-``get_async`` returns) and :class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot: the
-caller waits on its thread's ``Wakeup`` (an eventfd) and the completing thread sets it. A
-Future costs a Condition (an RLock), a Python-level ``notify_all`` and callback bookkeeping on
-the dispatcher, and a fresh waiter lock in the caller. The client dispatcher sets the wake-up
+Three kinds of completion: ``ReplyFuture`` (future.py: a ``concurrent.futures.Future``, what
+``get_async`` returns), :class:`LaneCompletion` (a blocking call on the caller's lane) and
+:class:`ReplyWaiter`, the blocking ``get``/``set``'s one-shot on the shared connection: the
+caller waits on its thread's ``Wakeup`` (an eventfd) and the completing thread sets it. The client dispatcher sets the wake-up
 through the transport's ``wake_later``: right before it polls again, with the GIL released
 for the system call, so the woken caller does not have to wait for the GIL.
 """
@@ -17,9 +16,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import InvalidStateError
 from typing import Any
 
+from rda.business.client.future import ReplyFuture
 from rda.business.client.subscriptions import alarm_of, remote_error
 from rda.business.common import AcquiredData, new_acquired
 from rda.business.metadata import PropertyDescription
@@ -32,7 +32,6 @@ from rda.transport.mailbox import Wakeup
 __all__ = [
     "LaneCompletion",
     "Pending",
-    "ReplyFuture",
     "ReplyWaiter",
     "admin_result",
     "complete",
@@ -41,55 +40,6 @@ __all__ = [
     "op_name",
     "set_result",
 ]
-
-
-class ReplyFuture(Future[Any]):
-    """A future completed with the undecoded reply; ``result()`` converts it in the caller.
-
-    ``concurrent.futures`` and ``asyncio.wrap_future`` read a future only through ``result()``
-    and ``exception()``, so converting there keeps decoding off the dispatcher.
-    """
-
-    def __init__(self, convert: Callable[[Message], Any]) -> None:
-        super().__init__()
-        self._convert = convert
-        self._converted = False
-        self._value: Any = None
-        self._error: BaseException | None = None
-        # Called with ``key`` when cancel() succeeds (the service abandons request ``key``):
-        # two attributes, not a ``partial`` made for every request.
-        self.on_cancel: Callable[[int], None] | None = None
-        self.key = 0
-
-    def _conversion(self, message: Message) -> Any:
-        if not self._converted:
-            try:
-                self._value = self._convert(message)
-            except Exception as exc:
-                self._error = exc
-            self._converted = True
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self._conversion(super().result(timeout))
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        error = super().exception(timeout)
-        if error is not None:
-            return error
-        try:
-            self._conversion(super().result(0))
-        except Exception as exc:
-            return exc
-        return None
-
-    def cancel(self) -> bool:
-        cancelled = super().cancel()
-        if cancelled and self.on_cancel is not None:
-            self.on_cancel(self.key)
-        return cancelled
 
 
 class ReplyWaiter:

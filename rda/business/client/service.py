@@ -36,13 +36,13 @@ from rda.business.client import history as history_queries
 from rda.business.client.access import AccessPoint, build_request_context, to_data
 from rda.business.client.connections import Connections
 from rda.business.client.endpoints import admin_endpoint
+from rda.business.client.future import ReplyFuture
 from rda.business.client.history import TimeLike
 from rda.business.client.lanes import NO_LANE, LaneCaller
 from rda.business.client.reconnect import BackoffPolicy
 from rda.business.client.replies import (
     Completion,
     Pending,
-    ReplyFuture,
     ReplyWaiter,
     admin_result,
     op_name,
