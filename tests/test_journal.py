@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from rda.pipeline.recorder.journal import (
-    MAX_KEYS,
+    MAX_TYPES,
     Journal,
     SegmentBuilder,
     read_segment,
@@ -70,12 +71,86 @@ def test_write_durably_replaces_atomically(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["progress.json"]
 
 
-def test_builder_refuses_a_key_beyond_the_union_limit() -> None:
+def test_builder_refuses_a_type_beyond_the_union_limit() -> None:
     builder = SegmentBuilder()
-    for i in range(MAX_KEYS):
-        assert builder.key_slot((f"D{i}", "Acq", 1), pa.struct([])) == i
-    assert builder.key_slot(("one-too-many", "Acq", 1), pa.struct([])) is None
-    assert builder.key_slot(("D0", "Acq", 1), pa.struct([])) == 0
+    types = [pa.struct([pa.field(f"f{i}", pa.int64())]) for i in range(MAX_TYPES + 1)]
+    for i in range(MAX_TYPES):
+        assert builder.key_slot((f"D{i}", "Acq", 1), types[i]) == i
+    # Another key of a type the segment has is taken; a new type is refused.
+    assert builder.key_slot(("same-type", "Acq", 1), types[0]) == MAX_TYPES
+    assert builder.key_slot(("one-too-many", "Acq", 1), types[MAX_TYPES]) is None
+    assert builder.key_slot(("D0", "Acq", 1), types[MAX_TYPES]) is None  # widened to a new type
+    assert builder.key_slot(("D0", "Acq", 1), types[0]) == 0
+
+
+def test_a_thousand_keys_of_one_type_share_one_segment(tmp_path: Path) -> None:
+    """Keys of one value type share a union child: a segment holds any number of keys (a
+    recorder of 1,000 properties no longer closes a segment every 127 keys), interleaved rows
+    come back per key in seq order, and keys of other types and error rows beside them too."""
+    builder = SegmentBuilder()
+    kind = arrow_type_of(Data(x=1))  # one object per type, as the recorder gives it
+    seq = 0
+    for turn in range(3):
+        for i in range(1000):
+            seq += 1
+            slot = builder.key_slot((f"PS{i}", "Acq", 1), kind)
+            assert slot is not None
+            builder.add(slot, Data(x=turn * 1000 + i), "", seq, 0, "", seq, seq, None)
+        seq += 1
+        slot = builder.key_slot(("SCOPE", "Wave", 2), arrow_type_of(Data(name="a")))
+        assert slot is not None
+        builder.add(slot, Data(name=f"w{turn}"), "", seq, 0, "", seq, seq, None)
+        seq += 1
+        slot = builder.key_slot(("DOWN", "Acq", 0), pa.struct([]))
+        assert slot is not None
+        builder.add(slot, None, "", seq, 0, "", seq, seq, "RemoteError: down")
+    segment = Journal(tmp_path, "r1").write(builder)
+    table = pa.ipc.open_file(pa.memory_map(str(segment.path))).read_all()
+    assert table.column("data").type.num_fields == 3  # one child per type, not per key
+    found = {key: (meta, data) for key, meta, data in read_segment(segment.path)}
+    assert len(found) == 1002
+    meta, data = found[("PS7", "Acq", 1)]
+    assert data.to_pylist() == [{"x": 7}, {"x": 1007}, {"x": 2007}]
+    assert meta.column("seq").to_pylist() == [8, 1010, 2012]
+    meta, data = found[("SCOPE", "Wave", 2)]
+    assert data.to_pylist() == [{"name": "w0"}, {"name": "w1"}, {"name": "w2"}]
+    assert meta.column("seq").to_pylist() == [1001, 2003, 3005]
+    meta, data = found[("DOWN", "Acq", 0)]
+    assert meta.column("error").to_pylist() == ["RemoteError: down"] * 3
+    assert data.to_pylist() == [None] * 3
+    total = sum(len(meta) for meta, _ in found.values())
+    assert total == seq
+
+
+def test_equal_types_given_as_distinct_objects_are_stored_right(tmp_path: Path) -> None:
+    builder = SegmentBuilder()
+    for i in range(3):
+        slot = builder.key_slot((f"PS{i}", "Acq", 1), arrow_type_of(Data(x=1)))
+        assert slot is not None
+        builder.add(slot, Data(x=i), "", i, 0, "", i, i + 1, None)
+    segment = Journal(tmp_path, "r1").write(builder)
+    found = {key[0]: data.to_pylist() for key, _, data in read_segment(segment.path)}
+    assert found == {"PS0": [{"x": 0}], "PS1": [{"x": 1}], "PS2": [{"x": 2}]}
+
+
+def test_a_segment_written_before_the_key_column_reads_as_before(tmp_path: Path) -> None:
+    """The layout before the ``key`` column: one union child per key, the type code being the
+    key's index (segments a recorder wrote before an upgrade, still in its journal)."""
+    keys = [["A", "Acq", 1], ["B", "Acq", 1]]
+    children = [pa.array([{"x": 1}, {"x": 3}]), pa.array([{"x": 2}])]
+    data = pa.UnionArray.from_dense(
+        pa.array([0, 1, 0], pa.int8()), pa.array([0, 0, 1], pa.int32()), children, ["k0", "k1"]
+    )
+    table = pa.table(
+        {"seq": pa.array([1, 2, 3], pa.int64()), "acq_stamp": pa.array([1, 2, 3]), "data": data}
+    ).replace_schema_metadata({"rda.keys": json.dumps(keys), "rda.recorder_id": "r1"})
+    path = tmp_path / f"seg-{1:020d}-{3:020d}.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    found = {key: (meta, data) for key, meta, data in read_segment(path)}
+    assert found[("A", "Acq", 1)][0].column("seq").to_pylist() == [1, 3]
+    assert found[("A", "Acq", 1)][1].to_pylist() == [{"x": 1}, {"x": 3}]
+    assert found[("B", "Acq", 1)][1].to_pylist() == [{"x": 2}]
 
 
 def test_write_failure_leaves_no_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

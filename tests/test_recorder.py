@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rda.pipeline.recorder.journal as journal_module
+from rda.pipeline.recorder.journal import MAX_TYPES
 from rda.pipeline.recorder.metrics import start_recorder_metrics
 from rda.pipeline.recorder.service import Recorder, Sample, parse_pattern
 from rda.serialization.data import Data
@@ -249,16 +250,23 @@ def test_type_change_opens_a_schema_version(tmp_path: Path) -> None:
     assert versions == {b"1": [{"a": 1, "b": None}, {"a": 2, "b": 0.5}], b"2": [{"a": "one"}]}
 
 
-def test_more_keys_than_one_segment_holds(tmp_path: Path) -> None:
+def test_keys_of_one_type_share_a_segment_and_more_types_than_it_holds_start_another(
+    tmp_path: Path,
+) -> None:
     recorder = _recorder(tmp_path, flush_interval=5.0)
-    for i in range(130):
-        recorder.offer(f"D{i}", "Acq", None, Sample(Data(x=i)))
-    recorder.start()
-    assert recorder.flush()
-    assert recorder.acked_seq == 130
-    assert recorder.statistics().segments_written == 2
-    recorder.stop()
-    assert len(_store(tmp_path)) == 130
+    try:
+        for i in range(1000):  # a thousand properties of one type: one segment
+            recorder.offer(f"D{i}", "Acq", None, Sample(Data(x=i)))
+        # MAX_TYPES + 3 value types (one field name each): the segment closes at the 128th.
+        for i in range(MAX_TYPES + 3):
+            recorder.offer(f"T{i}", "Acq", None, Sample(Data(**{f"f{i}": i})))
+        recorder.start()
+        assert recorder.flush()
+        assert recorder.acked_seq == 1000 + MAX_TYPES + 3
+        assert recorder.statistics().segments_written == 2
+    finally:
+        recorder.stop()
+    assert len(_store(tmp_path)) == 1000 + MAX_TYPES + 3
 
 
 class _FakeSubscription:

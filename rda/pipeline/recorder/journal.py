@@ -6,8 +6,13 @@ that rename is durable do its rows count as acknowledged. A crash leaves either 
 segment or only a ``.tmp`` file, which recovery deletes (its rows were never acknowledged).
 
 One segment holds rows of many (device, property, schema version) keys. Arrow IPC needs one
-schema per file, so ``data`` is a dense union with one struct child per key (type code = index
-in the ``rda.keys`` metadata list): each row lives in exactly one child, no per-key padding.
+schema per file, so ``data`` is a dense union with one struct child per distinct Arrow *type*
+of the segment's keys, and the ``key`` column (int32) gives each row's index in the
+``rda.keys`` metadata list: keys of one type (a thousand power supplies publishing the same
+struct) share one child, so a segment holds any number of keys and still one row per row, no
+per-key padding. A union has at most :data:`MAX_TYPES` children; a segment written before the
+``key`` column existed has one child per key (its type code is the key's index) and is read
+the same way.
 """
 
 from __future__ import annotations
@@ -21,24 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from rda.pipeline.recorder.schema import build_array
 from rda.pipeline.recorder.store import fsync_directory, write_durably
 
 __all__ = [
-    "MAX_KEYS",
+    "MAX_TYPES",
     "Journal",
     "Segment",
     "SegmentBuilder",
     "fsync_directory",
     "read_segment",
+    "segment_layout",
     "write_durably",
 ]
 
 log = logging.getLogger("rda.pipeline.recorder.journal")
 
-MAX_KEYS = 127  # dense union type codes are int8
+MAX_TYPES = 127  # distinct value types per segment: dense union type codes are int8
 _SEGMENT = re.compile(r"^seg-(\d{20})-(\d{20})\.arrow$")
 _META_FIELDS = [
     pa.field("selector", pa.string()),
@@ -59,6 +66,7 @@ _META_FIELDS = [
 ]
 
 Key = tuple[str, str, int]  # (device, property, schema version)
+_EMPTY = pa.struct([])
 
 
 class SegmentBuilder:
@@ -68,9 +76,11 @@ class SegmentBuilder:
         self.keys: list[Key] = []
         self.key_types: list[pa.StructType] = []
         self._index: dict[Key, int] = {}
+        self._type_keys: dict[int, int] = {}  # id(type) -> how many keys have it now
+        self._alive: list[pa.StructType] = []
         self.values: list[list[Any]] = []
-        self.codes: list[int] = []
-        self.offsets: list[int] = []
+        self.row_keys: list[int] = []  # each row's key index
+        self.offsets: list[int] = []  # each row's index among its key's values
         self.selector: list[str] = []
         self.acq_stamp: list[int] = []
         self.cycle_stamp: list[int] = []
@@ -85,17 +95,33 @@ class SegmentBuilder:
         return len(self.seq)
 
     def key_slot(self, key: Key, arrow_type: pa.StructType) -> int | None:
-        """The union code for ``key`` (its type widened to ``arrow_type``), None when full."""
+        """The index of ``key`` (its type widened to ``arrow_type``), None when ``arrow_type``
+        would be the segment's ``MAX_TYPES + 1``-th distinct type.
+
+        Keys share a union child when they are given the *same* type object (the recorder
+        hands out one object per distinct type): grouping by identity costs a pointer, where
+        hashing an Arrow struct type costs microseconds, once per key and segment. Equal types
+        given as distinct objects are still stored right, in children of their own."""
         slot = self._index.get(key)
+        current = None if slot is None else self.key_types[slot]
+        if current is arrow_type or (current is not None and current.equals(arrow_type)):
+            return slot
+        counts = self._type_keys
+        if id(arrow_type) not in counts and len(counts) >= MAX_TYPES:
+            return None
+        counts[id(arrow_type)] = counts.get(id(arrow_type), 0) + 1
+        self._alive.append(arrow_type)  # ids stay unique while the builder lives
         if slot is None:
-            if len(self.keys) >= MAX_KEYS:
-                return None
             slot = self._index[key] = len(self.keys)
             self.keys.append(key)
             self.key_types.append(arrow_type)
             self.values.append([])
-        else:
-            self.key_types[slot] = arrow_type
+            return slot
+        assert current is not None
+        counts[id(current)] -= 1
+        if not counts[id(current)]:
+            del counts[id(current)]
+        self.key_types[slot] = arrow_type
         return slot
 
     def add(
@@ -113,7 +139,7 @@ class SegmentBuilder:
         alarm_severity: int | None = None,
     ) -> None:
         values = self.values[slot]
-        self.codes.append(slot)
+        self.row_keys.append(slot)
         self.offsets.append(len(values))
         values.append(value)
         self.selector.append(selector)
@@ -127,13 +153,30 @@ class SegmentBuilder:
         self.alarm_severity.append(alarm_severity)
 
     def build(self, recorder_id: str) -> pa.Table:
-        """The segment's table: meta columns plus the dense-union ``data`` column."""
-        children = [build_array(v, t) for v, t in zip(self.values, self.key_types, strict=True)]
+        """The segment's table: meta columns, ``key``, and the dense-union ``data`` column."""
+        # One union child per distinct type: the keys of a type are laid end to end in it,
+        # so a row's offset is its key's start in the child plus its index among the key's.
+        child_of: dict[int, int] = {}  # id(type) -> child (key_slot: one object per type)
+        child_values: list[list[Any]] = []
+        child_types: list[pa.StructType] = []
+        code = np.empty(len(self.keys), np.int8)
+        start = np.empty(len(self.keys), np.int32)
+        for slot, (kind, values) in enumerate(zip(self.key_types, self.values, strict=True)):
+            child = child_of.get(id(kind))
+            if child is None:
+                child = child_of[id(kind)] = len(child_values)
+                child_values.append([])
+                child_types.append(kind)
+            code[slot] = child
+            start[slot] = len(child_values[child])
+            child_values[child].extend(values)
+        row_keys = np.asarray(self.row_keys, np.int32)
+        children = [build_array(v, t) for v, t in zip(child_values, child_types, strict=True)]
         data = pa.UnionArray.from_dense(
-            pa.array(self.codes, pa.int8()),
-            pa.array(self.offsets, pa.int32()),
+            pa.array(code[row_keys]),
+            pa.array(start[row_keys] + np.asarray(self.offsets, np.int32)),
             children,
-            [f"k{i}" for i in range(len(children))],
+            [f"t{i}" for i in range(len(children))],
         )
         columns = [
             pa.array(self.selector, pa.string()),
@@ -145,11 +188,12 @@ class SegmentBuilder:
             pa.array(self.error, pa.string()),
             pa.array(self.update_type, pa.string()),
             pa.array(self.alarm_severity, pa.int8()),
+            pa.array(row_keys),
             data,
         ]
         metadata = {"rda.keys": json.dumps(self.keys), "rda.recorder_id": recorder_id}
-        schema = pa.schema([*_META_FIELDS, pa.field("data", data.type)], metadata=metadata)
-        return pa.Table.from_arrays(columns, schema=schema)
+        fields = [*_META_FIELDS, pa.field("key", pa.int32()), pa.field("data", data.type)]
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=metadata))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,21 +209,44 @@ class Segment:
         return self.path.name
 
 
+def segment_layout(
+    table: pa.Table,
+) -> tuple[pa.UnionArray, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A segment table's ``data`` union and, per row, its key index (in ``rda.keys``), its
+    union child (type code) and its offset in that child. A segment written before the
+    ``key`` column had one child per key: its type code is the key index."""
+    union = table.column("data").combine_chunks()
+    codes = union.type_codes.to_numpy(zero_copy_only=False)
+    offsets = union.offsets.to_numpy(zero_copy_only=False)
+    if "key" in table.column_names:
+        return union, table.column("key").to_numpy(), codes, offsets
+    return union, codes.astype(np.int32), codes, offsets
+
+
 def read_segment(path: Path) -> Iterator[tuple[Key, pa.Table, pa.Array]]:
     """Yield ``(key, meta rows, data)`` per key of a segment, rows in seq order.
 
-    ``meta rows`` has the meta columns of that key's rows; ``data`` is the key's struct child.
+    ``meta rows`` has the meta columns of that key's rows; ``data`` their values (structs of
+    the key's type). The rows are grouped by key once (one sort, one take), then sliced.
     """
     with pa.memory_map(str(path)) as source:
         table = pa.ipc.open_file(source).read_all()
     keys = [tuple(k) for k in json.loads(table.schema.metadata[b"rda.keys"])]
-    union = table.column("data").combine_chunks()
-    codes = union.type_codes.to_numpy(zero_copy_only=False)
-    meta = table.drop_columns(["data"])
-    for code, key in enumerate(keys):
-        rows = meta.filter(pa.array(codes == code))
-        child = union.field(code)
-        yield (str(key[0]), str(key[1]), int(key[2])), rows, child
+    union, row_keys, codes, offsets = segment_layout(table)
+    order = np.argsort(row_keys, kind="stable")  # stable: seq order within a key
+    bounds = np.searchsorted(row_keys[order], np.arange(len(keys) + 1))
+    meta = table.drop_columns([n for n in ("key", "data") if n in table.column_names])
+    if not np.array_equal(order, np.arange(len(order))):  # one key, or keys in runs: no copy
+        meta = meta.take(pa.array(order))
+    for index, key in enumerate(keys):
+        first, end = int(bounds[index]), int(bounds[index + 1])
+        if first == end:  # a key whose only row was dropped (a repeated FIRST)
+            yield (str(key[0]), str(key[1]), int(key[2])), meta.slice(0, 0), pa.array([], _EMPTY)
+            continue
+        row = int(order[first])
+        # The key's values are one run of its child, in seq order (SegmentBuilder.build).
+        data = union.field(int(codes[row])).slice(int(offsets[row]), end - first)
+        yield (str(key[0]), str(key[1]), int(key[2])), meta.slice(first, end - first), data
 
 
 class Journal:

@@ -157,6 +157,7 @@ class Recorder:
         self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
         self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
         self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
+        self._type_objects: dict[pa.StructType, pa.StructType] = {}  # one per distinct type
         self._subscriptions: list[Closable] = []
         self._writer: threading.Thread | None = None
         self._converter_thread: threading.Thread | None = None
@@ -448,7 +449,7 @@ class Recorder:
                     started = self._clock()
                 item = queue.popleft()
                 if not self._append(builder, *item):
-                    # 127 keys in one segment: close it and go on with a fresh one.
+                    # A 128th value type in one segment (MAX_TYPES): close it, go on with a fresh one.
                     if not self._flush(builder):
                         queue.appendleft(item)
                         break
@@ -597,7 +598,10 @@ class Recorder:
         if number is None:
             version = self.catalog.resolve(device, prop, arrow_type_of(data))
             number = self._versions[(device, prop, sig)] = version.number
-            self._version_types[(device, prop, number)] = version.arrow_type
+            # One object per distinct type: keys given the same object share a union child of
+            # the segment (SegmentBuilder.key_slot), a thousand properties of one type one child.
+            kind = self._type_objects.setdefault(version.arrow_type, version.arrow_type)
+            self._version_types[(device, prop, number)] = kind
         key = (device, prop, number)
         slot = builder.key_slot(key, self._version_types[key])
         if slot is not None:

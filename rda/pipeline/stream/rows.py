@@ -1,7 +1,7 @@
 """Rows of the ``rda-journal`` source: its options, its schema, and reading one segment.
 
-A segment's dense-union ``data`` column (one struct child per key, ``rda.keys`` metadata) is
-flattened into rows of :func:`stream_schema`: the key as ``device``/``property``/
+A segment's dense-union ``data`` column (one struct child per value type, each row's key in the
+``key`` column, ``rda.keys`` metadata: journal.py) is flattened into rows of :func:`stream_schema`: the key as ``device``/``property``/
 ``schema_version`` columns and the value as JSON text, or as the struct of one selected schema
 version (``data=struct``). Plain pyarrow and numpy: this runs inside Spark's Python workers.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rda.pipeline.recorder.journal import segment_layout
 from rda.pipeline.recorder.schema import SchemaCatalog
 
 __all__ = [
@@ -206,35 +207,33 @@ def read_segment_rows(options: JournalOptions, partition: SegmentRef) -> pa.Reco
         report_missing(options, partition.recorder_id, partition.first_seq, partition.last_seq)
         return pa.RecordBatch.from_pylist([], schema=schema)
     keys = [tuple(k) for k in json.loads(table.schema.metadata[b"rda.keys"])]
-    union = table.column("data").combine_chunks()
-    codes = union.type_codes.to_numpy(zero_copy_only=False)
-    offsets = union.offsets.to_numpy(zero_copy_only=False)
+    union, row_keys, codes, offsets = segment_layout(table)
     wanted = np.zeros(len(keys), dtype=bool)
-    for code, (device, prop, version) in enumerate(keys):
-        wanted[code] = (
+    for index, (device, prop, version) in enumerate(keys):
+        wanted[index] = (
             (options.device is None or fnmatch.fnmatchcase(device, options.device))
             and (options.property is None or fnmatch.fnmatchcase(prop, options.property))
             and (options.schema_version is None or version in (options.schema_version, 0))
             and (options.devices is None or device in options.devices)
             and (options.properties is None or prop in options.properties)
         )
-    mask = wanted[codes]
+    mask = wanted[row_keys]
     rows = np.flatnonzero(mask)
-    codes, offsets = codes[rows], offsets[rows]
+    row_keys, codes, offsets = row_keys[rows], codes[rows], offsets[rows]
     take = pa.array(rows)
     acq = table.column("acq_stamp").take(take)
     columns: dict[str, Any] = {
         "recorder_id": pa.array([partition.recorder_id] * len(rows), pa.string()),
         "seq": table.column("seq").take(take),
-        "device": pa.array([k[0] for k in keys], pa.string()).take(pa.array(codes)),
-        "property": pa.array([k[1] for k in keys], pa.string()).take(pa.array(codes)),
-        "schema_version": pa.array([k[2] for k in keys], pa.int32()).take(pa.array(codes)),
+        "device": pa.array([k[0] for k in keys], pa.string()).take(pa.array(row_keys)),
+        "property": pa.array([k[1] for k in keys], pa.string()).take(pa.array(row_keys)),
+        "schema_version": pa.array([k[2] for k in keys], pa.int32()).take(pa.array(row_keys)),
         "acq_stamp": acq,
         "ts": pc.divide(acq, 1000).cast(pa.int64()).cast(pa.timestamp("us", tz="UTC")),
     }
     for name in ("cycle_stamp", "cycle_name", "selector", "recv_stamp", "error"):
         columns[name] = table.column(name).take(take)
-    columns["data"] = _data_column(options, union, keys, codes, offsets)
+    columns["data"] = _data_column(options, union, codes, offsets)
     out = pa.table(columns, schema=schema).combine_chunks()
     batches = out.to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
@@ -243,7 +242,6 @@ def read_segment_rows(options: JournalOptions, partition: SegmentRef) -> pa.Reco
 def _data_column(
     options: JournalOptions,
     union: pa.UnionArray,
-    keys: list[tuple[Any, ...]],
     codes: np.ndarray[Any, Any],
     offsets: np.ndarray[Any, Any],
 ) -> pa.Array:
@@ -259,10 +257,9 @@ def _data_column(
     base = 0
     for code in np.unique(codes):
         selected = codes == code
-        if int(keys[int(code)][2]) == options.schema_version:
-            child = _fit(union.field(int(code)), target)
-        else:  # error rows stored before any value (version 0): data is null
-            child = pa.nulls(len(union.field(int(code))), target)
+        # The rows kept are of the selected version or error rows stored before any value
+        # (version 0, an empty struct type: every field missing, so all null after _fit).
+        child = _fit(union.field(int(code)), target)
         arrays.append(child)
         pieces[selected] = offsets[selected] + base
         base += len(child)
