@@ -43,6 +43,7 @@ MODULES = (
     "rda.business.scheduler",
     "rda.business.server.dispatch",
     "rda.business.client.future",
+    "rda.business.client.replies",
 )
 
 
