@@ -289,3 +289,57 @@ def test_float_arrays_are_stored_plain_and_the_rest_compressed(tmp_path: Path) -
         assert columns.pop("data.x") == ("ZSTD", True)
         assert {kind for kind, _ in columns.values()} == {"ZSTD"}
     assert pq.read_table(outputs[0]).column("data").to_pylist()[2]["wave"] == [1.5] * 300
+
+
+def test_a_group_of_many_keys_over_segments_and_days_converts_each_row_once(
+    tmp_path: Path,
+) -> None:
+    """Keys interleaved in every segment (a recorder of many properties), rows on both sides
+    of midnight, a key whose type widens between segments (its rows come from two value
+    types), error rows before any value: one file per (key, day), its rows that key's, in seq
+    order, every row once, values and stamps as written."""
+    journal = Journal(tmp_path, "r1")
+    narrow, wide, empty = arrow_type_of(Data(x=1)), arrow_type_of(Data(x=1, y=0.5)), pa.struct([])
+    expected: dict[int, tuple[str, int, Any]] = {}
+    seq = 0
+    for part in range(3):
+        builder = SegmentBuilder()
+        for _ in range(4):
+            for i in range(40):
+                seq += 1
+                acq = (DAY1 if part == 0 else DAY2) + seq
+                device = f"PS{i}"
+                if device == "PS0" and part == 2:  # widened (a field added) within day 2
+                    data: Data | None = Data(x=seq, y=0.5)
+                    slot = builder.key_slot((device, "Acq", 1), wide)
+                elif device == "PS1":  # errors only, before any value: version 0
+                    data = None
+                    slot = builder.key_slot((device, "Acq", 0), empty)
+                else:
+                    data = Data(x=seq)
+                    slot = builder.key_slot((device, "Acq", 1), narrow)
+                assert slot is not None
+                error = None if data is not None else "RemoteError: down"
+                builder.add(slot, data, "SEL", acq, acq - 5, "CYC", acq + 7, seq, error)
+                expected[seq] = (device, acq, None if data is None else dict(data.items()))
+        journal.write(builder)
+    converter = Converter(tmp_path, "r1")
+    assert converter.convert_pending() == 3
+    seen: list[int] = []
+    files = sorted(tmp_path.glob("device=*/property=*/date=*/part-*.parquet"))
+    assert len(files) == 2 * 40  # every key on both days
+    for path in files:
+        table = pq.read_table(path)
+        device = path.parts[-4].removeprefix("device=")
+        seqs = table.column("seq").to_pylist()
+        assert seqs == sorted(seqs), path
+        assert path.name == f"part-r1-{seqs[0]}-{seqs[-1]}.parquet"
+        for row in table.to_pylist():
+            want_device, want_acq, want_data = expected[row["seq"]]
+            assert device == want_device and row["acq_stamp"] == want_acq
+            if want_data is None:
+                assert row["data"] is None and row["error"] == "RemoteError: down"
+            else:
+                assert {k: row["data"][k] for k in want_data} == want_data
+            seen.append(row["seq"])
+    assert sorted(seen) == list(range(1, seq + 1))

@@ -14,6 +14,7 @@ seq of the rows of one key and day), never from time or chance.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import threading
@@ -32,7 +33,7 @@ from rda.pipeline.recorder.journal import (
     Journal,
     Segment,
     fsync_directory,
-    read_segment,
+    segment_layout,
     write_durably,
 )
 from rda.pipeline.recorder.schema import SchemaCatalog, merge_types, partition_escape
@@ -52,6 +53,7 @@ __all__ = [
 log = logging.getLogger("rda.pipeline.recorder.converter")
 
 _DAY_NS = 86_400 * 10**9
+_EPOCH = datetime.date(1970, 1, 1).toordinal()
 STORE_COLUMNS = (
     "acq_stamp",
     "ts",
@@ -200,6 +202,73 @@ def _store_table(
     return pa.table(columns).replace_schema_metadata(metadata)
 
 
+Key = tuple[str, str, int]  # (device, property, schema version), as in journal.py
+_Piece = tuple[pa.Table, pa.Array]  # meta rows and their values, in seq order
+
+
+def _split_by_key_and_day(group: list[Segment]) -> dict[tuple[Key, str], list[_Piece]]:
+    """The rows of a group of segments per (key, UTC day of the acquisition stamp).
+
+    Vectorised over keys: a recorder of a thousand properties has a thousand keys in every
+    segment, and a step per key and segment would cost more than the rows. The rows of each
+    value type (a union child, the same in every segment) are gathered from all segments,
+    sorted once by (key, day, seq), and cut into runs. A key whose type changed within the
+    group has one piece per type (the caller merges them)."""
+    keys: dict[Key, int] = {}  # key -> its number in this group
+    names: list[Key] = []
+    kinds: dict[pa.DataType, int] = {}  # value type -> its gathered pieces
+    gathered: list[list[tuple[pa.Table, pa.Array, np.ndarray[Any, Any]]]] = []
+    for segment in group:
+        with pa.memory_map(str(segment.path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        listed = json.loads(table.schema.metadata[b"rda.keys"])
+        for raw in listed:
+            key = (str(raw[0]), str(raw[1]), int(raw[2]))
+            if key not in keys:
+                keys[key] = len(names)
+                names.append(key)
+        number = np.fromiter(
+            (keys[(str(k[0]), str(k[1]), int(k[2]))] for k in listed), np.int64, len(listed)
+        )
+        union, row_keys, codes, offsets = segment_layout(table)
+        meta = table.drop_columns([n for n in ("key", "data") if n in table.column_names])
+        for code in np.unique(codes):
+            rows = np.flatnonzero(codes == code)
+            child = union.field(int(code))
+            kind = kinds.setdefault(child.type, len(gathered))
+            if kind == len(gathered):
+                gathered.append([])
+            whole = len(rows) == len(codes)
+            gathered[kind].append(
+                (
+                    meta if whole else meta.take(pa.array(rows)),
+                    child.take(pa.array(offsets[rows])),
+                    number[row_keys[rows]],
+                )
+            )
+    parts: dict[tuple[Key, str], list[_Piece]] = defaultdict(list)
+    for pieces in gathered:
+        # promote: segments from before the update_type column fill it with nulls.
+        meta = pa.concat_tables([m for m, _, _ in pieces], promote_options="default")
+        data = pa.concat_arrays([d for _, d, _ in pieces])
+        owner = np.concatenate([k for _, _, k in pieces])
+        acq = meta.column("acq_stamp").to_numpy()
+        recv = meta.column("recv_stamp").to_numpy()
+        days = np.where(acq > 0, acq, recv) // _DAY_NS
+        order = np.lexsort((meta.column("seq").to_numpy(), days, owner))
+        owner, days = owner[order], days[order]
+        take = pa.array(order)
+        meta, data = meta.take(take), data.take(take)
+        starts = np.flatnonzero((np.diff(owner) != 0) | (np.diff(days) != 0)) + 1
+        bounds = [0, *starts.tolist(), len(owner)]
+        for first, end in itertools.pairwise(bounds):
+            day = datetime.date.fromordinal(_EPOCH + int(days[first])).isoformat()
+            parts[(names[int(owner[first])], day)].append(
+                (meta.slice(first, end - first), data.slice(first, end - first))
+            )
+    return parts
+
+
 def journal_root(store: Store, journal: Path | str | None) -> Path:
     """Where ``_journal/`` lives: ``journal``, else the store's root when it is local.
 
@@ -310,29 +379,20 @@ class Converter:
         if not group:
             self._progress["planned"] = None
             return 0
-        parts: dict[tuple[tuple[str, str, int], str], list[tuple[pa.Table, pa.Array]]] = (
-            defaultdict(list)
-        )
-        for segment in group:
-            for key, meta, data in read_segment(segment.path):
-                if not len(meta):
-                    continue
-                acq = meta.column("acq_stamp").to_numpy()
-                recv = meta.column("recv_stamp").to_numpy()
-                days = np.where(acq > 0, acq, recv) // _DAY_NS
-                for day in np.unique(days):
-                    day_date = datetime.date.fromordinal(
-                        datetime.date(1970, 1, 1).toordinal() + int(day)
-                    )
-                    mask = pa.array(days == day)
-                    parts[(key, day_date.isoformat())].append(
-                        (meta.filter(mask), data.filter(mask))
-                    )
+        parts = _split_by_key_and_day(group)
         outputs: list[tuple[str, pa.Table]] = []
         for (key, date), pieces in sorted(parts.items()):
-            # promote: segments from before the update_type column fill it with nulls.
-            meta = pa.concat_tables([m for m, _ in pieces], promote_options="default")
-            data = self._unify([d for _, d in pieces], key)
+            empty = pa.types.is_struct(pieces[0][1].type) and not pieces[0][1].type.num_fields
+            if len(pieces) == 1 and not empty:
+                meta, data = pieces[0]
+            elif len(pieces) == 1:  # error rows only, before any value (_unify gives a type)
+                meta, data = pieces[0][0], self._unify([pieces[0][1]], key)
+            else:  # the key's type changed within the group: its rows come in pieces
+                # promote: segments from before the update_type column fill it with nulls.
+                meta = pa.concat_tables([m for m, _ in pieces], promote_options="default")
+                data = self._unify([d for _, d in pieces], key)
+                order = pa.array(np.argsort(meta.column("seq").to_numpy(), kind="stable"))
+                meta, data = meta.take(order), data.take(order)
             seqs = meta.column("seq")
             name = f"part-{self.recorder_id}-{seqs[0].as_py()}-{seqs[-1].as_py()}.parquet"
             outputs.append(
