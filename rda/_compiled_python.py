@@ -44,6 +44,8 @@ MODULES = (
     "rda.business.server.dispatch",
     "rda.business.client.future",
     "rda.business.client.replies",
+    "rda.transport.relay",
+    "rda.transport.zmq_server",
 )
 
 

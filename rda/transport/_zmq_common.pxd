@@ -15,3 +15,22 @@ cdef class Selector:
     cpdef touch(self, object sock)
     cpdef settle(self, object sock)
     cpdef list _ready(self, object socks)
+
+
+# The shell both transports derive from: an extension type so that the server's transport,
+# compiled, is one too (its slots read in C); plain Python classes may still derive from it.
+cdef class DispatcherShell:
+    cdef public object _side
+    cdef public object _settings
+    cdef public bint _own_context
+    cdef public object _context
+    cdef public object _clock
+    cdef public object _log
+    cdef public object _mailbox
+    cdef public Selector _poller
+    cdef public object _thread
+    cdef public object _thread_id
+    cdef public bint _closing
+    cdef public bint _closed
+    cdef public object _close_lock
+    cdef public Py_ssize_t _internal_errors

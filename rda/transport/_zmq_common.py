@@ -383,7 +383,7 @@ def close_socket(sock: zmq.Socket[bytes], linger: int = 0) -> None:
         log.debug("closing a socket failed: %s", exc)
 
 
-class DispatcherShell(abc.ABC):
+class DispatcherShell:
     """The part of a ZeroMQ transport around its dispatcher loop, the same for both sides.
 
     A subclass supplies ``_run`` (the loop, which must set ``_thread_id`` first and call
@@ -470,6 +470,7 @@ class DispatcherShell(abc.ABC):
     @abc.abstractmethod
     def _run(self) -> None:
         """The dispatcher loop (each transport has its own: it is the hot path)."""
+        raise NotImplementedError
 
     def _on_dispatcher(self) -> bool:
         return threading.get_ident() == self._thread_id

@@ -298,7 +298,6 @@ class ZmqServerTransport(common.DispatcherShell):
     def _drain_router(self, router: zmq.Socket[bytes]) -> None:
         now = self._clock()
         table = self._table
-        received = table.received
         relay = self._relay
         curve = self._curve is not None
         # The direct receive keeps the GIL and builds no zmq.Frame (small frames are copied,
@@ -319,7 +318,7 @@ class ZmqServerTransport(common.DispatcherShell):
             if type(got) is tuple:
                 got, fd, user_id = got
             rid = got[0]
-            message = received(rid, None, got[1:], now, fd, user_id if curve else None)
+            message = table.received(rid, None, got[1:], now, fd, user_id if curve else None)
             if message is not None:
                 relay.begin()
                 table.deliver(rid, message)
