@@ -46,6 +46,8 @@ MODULES = (
     "rda.business.client.replies",
     "rda.transport.relay",
     "rda.transport.zmq_server",
+    "rda.transport.lanes",
+    "rda.transport.zmq_lane",
 )
 
 

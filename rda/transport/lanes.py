@@ -55,7 +55,7 @@ class PooledLane(Protocol):
         ...
 
 
-class Lane(abc.ABC):
+class Lane:
     """One thread's own connection to one server: what every transport's lane shares.
 
     Only the thread that made it calls :meth:`call`, which holds the lane's lock for the whole
@@ -63,6 +63,11 @@ class Lane(abc.ABC):
     reply. :meth:`close` (any thread) takes the same lock, so a lane is never closed under a
     call; a close that finds it in use leaves the closing to the owner, on its way out. A
     transport supplies the I/O: ``_send``, ``_wait``, ``_release`` and ``closed``.
+
+    Not an ``abc.ABC``: the compiled build makes this an extension type, which cannot take
+    ABCMeta. The I/O methods are still ``abc.abstractmethod`` s, which is what mypy reads (a
+    subclass that misses one cannot be instantiated: mypy's "abstract" error); at run time
+    they raise NotImplementedError, as ``closed`` does.
     """
 
     __slots__ = ("__weakref__", "_lock", "_orphaned", "connection", "session", "thread")
@@ -77,8 +82,10 @@ class Lane(abc.ABC):
         self.thread = weakref.ref(threading.current_thread())
 
     @property
-    @abc.abstractmethod
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the I/O is closed (the subclass's; a compiled property cannot also be an
+        ``abc.abstractmethod``, so a subclass without it fails here, at its first call)."""
+        raise NotImplementedError
 
     def call(
         self,
@@ -121,15 +128,18 @@ class Lane(abc.ABC):
     def _send(self, frames: Sequence[Buffer], hello: bool) -> None:
         """Send the request, after the session's CONNECT when ``hello``; raise
         ``TransportError`` when that fails."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
         """The reply to ``request_id`` (through ``session.received``), or None once
         ``ended()``; wake at least every ``WAIT_SLICE`` to ask."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _release(self) -> None:
         """Close the I/O (idempotent; under the lane's lock)."""
+        raise NotImplementedError
 
 
 class LanePool:
