@@ -458,6 +458,12 @@ def backfill(seconds: int, rate: float, columnar: bool) -> dict[str, Any]:
         try:
             first = _first_live(client, seconds, columnar)
             again = _first_live(client, seconds, columnar)
+            # The floor of the columnar form: the same window pulled with history_table from
+            # the same (warm) server, without a subscription or a seam.
+            now = time.time_ns()
+            begin = time.perf_counter()
+            pulled = client.history_table("CNT", "Count", now - seconds * 10**9, now).num_rows
+            pull_s = time.perf_counter() - begin
         finally:
             client.close()
             stop.set()
@@ -471,6 +477,11 @@ def backfill(seconds: int, rate: float, columnar: bool) -> dict[str, Any]:
         "fill_s": round(filled, 1),
         "first_subscribe": first,
         "second_subscribe": again,
+        "history_table_same_window_s": round(pull_s, 3),
+        "history_table_same_window_rows": pulled,
+        "second_subscribe_ratio_to_history_table": round(
+            pull_s / again["time_to_first_live_update_s"], 3
+        ),
         **first,
     }
 
