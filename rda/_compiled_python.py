@@ -48,6 +48,8 @@ MODULES = (
     "rda.transport.zmq_server",
     "rda.transport.lanes",
     "rda.transport.zmq_lane",
+    "rda.business.client.access",
+    "rda.business.client.service",
 )
 
 
