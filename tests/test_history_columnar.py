@@ -141,6 +141,24 @@ def test_a_chunk_is_one_arrow_stream_read_without_a_copy(
     assert waves[:32768].tolist() == big.tolist()
 
 
+def test_a_big_chunk_leaves_the_server_as_its_own_frame() -> None:
+    """The reply's Arrow stream is a body frame of its own (out of band), not copied into the
+    DATA frame: a writable view was copied, 16 MiB per chunk."""
+    from rda.pipeline.recorder.query import Chunk
+    from rda.pipeline.recorder.serve import encode_chunk
+    from rda.serialization.binary import OUT_OF_BAND_MIN
+    from rda.serialization.message import BodyKind, encode_data_body
+
+    table = pa.table({"acq_stamp": pa.array(np.arange(OUT_OF_BAND_MIN, dtype=np.int64))})
+    reply = encode_chunk(Chunk(table, False), True)
+    stream = reply.get_array("arrow")
+    bodies = encode_data_body(reply)
+    assert [kind for kind, _ in bodies] == [BodyKind.DATA, BodyKind.ARRAY]
+    assert len(memoryview(bodies[1][1])) == stream.nbytes
+    assert len(memoryview(bodies[0][1])) < 1024
+    assert pa.ipc.open_stream(pa.py_buffer(stream)).read_all().equals(table)
+
+
 def test_history_batches_are_asked_for_one_chunk_at_a_time(
     served: tuple[Recorder, ClientService],
 ) -> None:

@@ -136,8 +136,12 @@ def encode_chunk(chunk: Chunk, complete: bool) -> Data:
     with pa.ipc.new_stream(pa.FixedSizeBufferWriter(stream), table.schema) as writer:
         writer.write_table(table)
     out = Data()
-    # A view of the stream's bytes: big ones travel as their own frame, uncopied.
-    out.append("arrow", np.frombuffer(stream, np.int8), DataType.INT8_ARRAY)
+    # A read-only view of the stream's bytes: a big one travels as its own frame, uncopied
+    # (binary.encode copies a writable array into the DATA frame, as a value that could
+    # still change must be).
+    view = np.frombuffer(stream, np.int8)
+    view.flags.writeable = False
+    out.append("arrow", view, DataType.INT8_ARRAY)
     out.append("rows", len(chunk), DataType.INT64)
     out.append("more", chunk.more, DataType.BOOL)
     out.append("complete", complete, DataType.BOOL)
