@@ -46,6 +46,7 @@ MODULES = (
     "rda.business.client.replies",
     "rda.transport.relay",
     "rda.transport.zmq_server",
+    "rda.business.server.runner",
     "rda.transport.lanes",
     "rda.transport.zmq_lane",
     "rda.business.client.access",

@@ -24,7 +24,11 @@ from rda.business.common import AcquiredData
 from rda.business.config import Config
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device as DeclaredDevice
-from rda.business.server.replies import hand_over
+from rda.business.server.replies import (
+    hand_over,
+    references_a_responder_hides,
+    references_not_in_frames,
+)
 from rda.business.server.requests import GetRequest, RequestReplyCallback
 from rda.serialization import binary
 from rda.serialization import errors as rda_errors
@@ -609,3 +613,31 @@ def test_a_declarative_getter_returning_a_fresh_array_is_sent_without_a_copy() -
         assert scope.trace.flags.writeable
     finally:
         srv.stop()
+
+
+# -- what a compiled responder's call hides ---------------------------------------------------
+
+
+class _Responder:
+    """As the runner's ``respond`` asks about its ``result``; ``keep`` holds it elsewhere too."""
+
+    def __init__(self, keep: list[object] | None = None) -> None:
+        self.keep = keep
+
+    def respond(self, request: object, result: object, error: object) -> int:
+        if self.keep is not None:
+            self.keep.append(result)
+        return references_not_in_frames(result)
+
+
+def test_a_python_responder_hides_no_reference_of_its_result() -> None:
+    """Run as Python, the responder's local holds its argument, and the frames show it."""
+    assert references_a_responder_hides(_Responder().respond) == 0
+
+
+def test_a_reference_held_outside_the_frames_is_counted_as_hidden() -> None:
+    """What the probe reports is what no frame shows: one more holder is one more, so a
+    compiled respond's hidden references are measured, never taken as zero."""
+    kept: list[object] = []
+    assert references_a_responder_hides(_Responder(kept).respond) == 1
+    assert len(kept) == 1

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from inspect import CO_OPTIMIZED
 from types import FrameType
 from typing import Any
@@ -90,6 +91,8 @@ __all__ = [
     "get_reply_frames",
     "hand_over",
     "held_only_by_the_handler",
+    "references_a_responder_hides",
+    "references_not_in_frames",
     "reply_frames",
 ]
 
@@ -157,20 +160,55 @@ _SNAPSHOT_KEPT = _snapshot_references()
 _NO_FRAMES: dict[int, int] = {}
 
 
-def held_only_by_the_handler(acquired: AcquiredData, stop: FrameType) -> bool:
+def held_only_by_the_handler(acquired: AcquiredData, stop: FrameType, hidden: int = 0) -> bool:
     """At ``complete()`` inside the handler: whether every big writable array of the reply is
-    reachable only through the reply and the locals of the frames between here and ``stop``,
-    the frame that called the handler (``RequestRunner.run``'s, ``request.handler_caller``),
-    which all end when the handler returns. Then the reply may wait for that return and be
-    handed over (:func:`hand_over`); else it is encoded now, its arrays copied as they are at
-    ``complete()``. False when ``stop`` is not on this thread's stack (the get was completed
-    from another thread)."""
+    reachable only through the reply and the locals of the frames between here and ``stop``
+    (``request.handler_caller``: the frame below the handler's, ``RequestRunner.run``'s or,
+    the runner compiled, the Python frame that called it), which all end when the handler
+    returns. Then the reply may wait for that return and be handed over (:func:`hand_over`);
+    else it is encoded now, its arrays copied as they are at ``complete()``. False when
+    ``stop`` is not on this thread's stack (the get was completed from another thread).
+    ``hidden``: the references to ``acquired`` that our caller's call (``respond``'s) holds
+    where no frame's locals show them: 0 from Python, measured once by
+    :func:`references_a_responder_hides` for a compiled runner."""
     frames = _frame_references(stop)
     if frames is None:
         return False
-    # ``acquired``: this parameter, and _walk's; the rest is in ``frames`` (_respond's local).
-    handed, left = _walk(acquired, 1, frames, freeze=False)
+    # ``acquired``: this parameter, and _walk's; the rest is in ``frames`` (the responder's
+    # local when it runs as Python) or ``hidden`` (when compiled).
+    handed, left = _walk(acquired, 1 + hidden, frames, freeze=False)
     return handed > 0 and not left
+
+
+def references_a_responder_hides(respond: Callable[[object, object, object], int]) -> int:
+    """The references to its ``result`` argument that a call of ``respond(request, result,
+    error)`` from Python holds where no frame's locals show them: 0 for a Python method (its
+    frame's local holds it), more for a compiled one (the caller's evaluation stack, the
+    extension's own argument handling). ``respond`` must answer what
+    :func:`references_not_in_frames` says of ``result`` from inside itself, as the runner's
+    ``respond`` calls :func:`held_only_by_the_handler` with its ``result``. Measured, not
+    assumed: it depends on the Python and Cython that built it."""
+    value = object()  # held by this local, and counted as such below
+    return _call_as_settle_does(respond, value)
+
+
+def _call_as_settle_does(respond: Callable[[object, object, object], int], result: object) -> int:
+    # ServerRequest.settle's call: the responder, positional (request, result, error).
+    return respond(None, result, None)
+
+
+def references_not_in_frames(value: object) -> int:
+    """Inside a responder called by :func:`references_a_responder_hides`: the references to
+    ``value`` that neither this call, nor the frames' locals between here and there, nor its
+    own local hold."""
+    stop = sys._getframe(1)
+    while stop.f_code is not references_a_responder_hides.__code__:
+        assert stop.f_back is not None, "called outside references_a_responder_hides"
+        stop = stop.f_back
+    frames = _frame_references(stop)
+    assert frames is not None
+    # ``value``: this parameter (in _LOCAL), the frames between, and ``stop``'s own local.
+    return _getrefcount(value) - _LOCAL - frames.get(id(value), 0) - 1
 
 
 def hand_over(acquired: AcquiredData) -> tuple[int, int]:

@@ -175,9 +175,10 @@ class ServerRequest:
         # an answer after it is counted ``timeout`` and not sent (RequestRunner.respond).
         self.deadline = float("inf")
         # The runner's, for a get's zero-copy reply (rda.business.server.replies): the frame
-        # of the runner calling this get's handler while it runs (None otherwise), where the
-        # frames a reply completed inside the handler can be held by end; and the reply held
-        # back until the handler returns.
+        # below this get's handler while it runs (the runner's, or the Python frame that
+        # called the compiled runner; None otherwise), where the frames a reply completed
+        # inside the handler can be held by end; and the reply held back until the handler
+        # returns.
         self.handler_caller: FrameType | None = None
         self.held_reply: AcquiredData | None = None
 

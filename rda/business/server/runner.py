@@ -34,6 +34,8 @@ from rda.business.server.replies import (
     get_reply_frames,
     hand_over,
     held_only_by_the_handler,
+    references_a_responder_hides,
+    references_not_in_frames,
     reply_frames,
 )
 from rda.business.server.requests import (
@@ -197,8 +199,10 @@ class RequestRunner:
         rtype = request.header.request_type
         try:
             if rtype is RequestType.GET:
-                # This frame ends where the frames a reply completed inside the handler may be
-                # held by end (respond: the zero-copy hand-over); set only while it runs.
+                # The frame below the handler's (this one, or when this module is compiled and
+                # has no frame, the Python frame that called into it): where the frames a reply
+                # completed inside the handler may be held by end (respond: the zero-copy
+                # hand-over); set only while the handler runs.
                 request.handler_caller = _getframe()
                 self._rr.get(request)  # type: ignore[arg-type]
             elif rtype is RequestType.SET:
@@ -378,7 +382,7 @@ class RequestRunner:
                 # thread running it, below its runner's frame) and held by nothing its return
                 # does not end (replies.py).
                 caller = request.handler_caller
-                if caller is not None and held_only_by_the_handler(result, caller):
+                if caller is not None and held_only_by_the_handler(result, caller, _HIDDEN):
                     request.held_reply = result
                     return
                 self._counters.array_reply(zero_copy=False)
@@ -450,3 +454,16 @@ class RequestRunner:
             transport.send(peer, frames)
         except Exception:
             self._log.log("unsent replies", "reply to %s not sent", peer.hex(), exc_info=True)
+
+
+class _ResponderProbe:
+    """Called as the requests call :meth:`RequestRunner.respond`, and built the same way (both
+    compiled or both not): what such a call hides of its ``result`` (replies.py)."""
+
+    def respond(self, request: object, result: object, error: object) -> int:
+        return references_not_in_frames(result)
+
+
+# The references to a get's result that ``respond``'s call holds where the zero-copy check
+# sees no frame (0 when this module runs as Python).
+_HIDDEN = references_a_responder_hides(_ResponderProbe().respond)
