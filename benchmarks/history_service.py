@@ -18,6 +18,9 @@
    ``rda history serve`` in its own process (also at niceness 10), then paced at
    ``--ingest-rate`` rows/s. CPU seconds per 1,000 rows of each process (recorder with its
    fire-hose, server, puller) say whether the three fit the machine's cores.
+   ``--parts ingest-alternating``: alone, with a puller of a niced server (``rda record
+   --serve``'s default) and of an un-niced one, ``--turns`` rounds in an order that turns round
+   every round; medians and spreads of the rates and of each round's ratios.
 3. ``subscribe(backfill=60)`` to a 1 kHz counter whose last 60 s are recorded (``--backfill
    3600``: the issue's hour): time from the call to the first live (non-HISTORY) update, and
    how many HISTORY rows came first, with the past a notification per row and as
@@ -365,6 +368,54 @@ def ingest(
     }
 
 
+def ingest_alternating(seconds: float, rounds: int) -> dict[str, Any]:
+    """The ingest cases with ``rda history serve`` in its own process, in an order that turns
+    round every round (alone, niced puller, puller; then puller, niced puller, alone; ...), so
+    that a load swinging over the minutes weighs on every case alike. Each round's ratios are
+    taken against that round's own ``alone``; medians, spreads and CPU per process reported."""
+    cases = {  # name: (a puller pulls, the server's niceness)
+        "alone": (False, 0),
+        "niced_while_serving": (True, 10),
+        "while_serving": (True, 0),
+    }
+    order = list(cases)
+    runs: list[dict[str, Any]] = []
+    for turn in range(rounds):
+        names = order if turn % 2 == 0 else order[::-1]
+        one: dict[str, Any] = {"order": names, "load": _load()}
+        for name in names:
+            pulling, nice = cases[name]
+            one[name] = ingest(seconds, pulling, separate=True, nice=nice)
+        runs.append(one)
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {
+            "median": round(statistics.median(values), 3),
+            "min": round(min(values), 3),
+            "max": round(max(values), 3),
+        }
+
+    rates = {name: [r[name]["rows_per_s"] for r in runs] for name in cases}
+    ratios = {
+        name: [r[name]["rows_per_s"] / max(1, r["alone"]["rows_per_s"]) for r in runs]
+        for name in cases
+        if name != "alone"
+    }
+    return {
+        "seconds_per_run": seconds,
+        "rounds": runs,
+        "rows_per_s": {name: spread([float(v) for v in values]) for name, values in rates.items()},
+        "ratio_to_the_rounds_alone": {name: spread(values) for name, values in ratios.items()},
+        "median_ratios": {name: round(statistics.median(v), 3) for name, v in ratios.items()},
+        "ratio_of_medians": {
+            name: round(
+                statistics.median(rates[name]) / max(1, statistics.median(rates["alone"])), 3
+            )
+            for name in ratios
+        },
+    }
+
+
 class _Counter(Device):
     def __init__(self) -> None:
         super().__init__()
@@ -505,7 +556,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="pull,ingest,backfill",
-        help="which parts to run (comma-separated; also ingest-turns)",
+        help="which parts to run (comma-separated; also ingest-turns, ingest-alternating)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -596,6 +647,13 @@ def main() -> None:
         )
         result["ingest_turns"] = {"turns": turns, "median_ratios": ratios}
         result["load_after_ingest_turns"] = _load()
+    if "ingest-alternating" in parts:
+        result["ingest_alternating"] = ingest_alternating(args.ingest_seconds, args.turns)
+        met["ingest_ratio_separate_niced_median_alternating"] = (
+            result["ingest_alternating"]["median_ratios"]["niced_while_serving"]
+            >= TARGETS["ingest_ratio_while_serving"]
+        )
+        result["load_after_ingest_alternating"] = _load()
     if "backfill" in parts:
         for form in args.backfill_forms.split(","):
             backfilled = backfill(args.backfill, 1000.0, form == "columnar")
