@@ -251,10 +251,20 @@ def _hours(root: Path) -> int:
     return int(answer[0]) if answer else 0
 
 
+def duckdb_rows(root: Path) -> int:
+    import duckdb
+
+    answer = (
+        duckdb.connect()
+        .execute(f"SELECT count(*) FROM read_parquet('{root}/**/*.parquet')")
+        .fetchone()
+    )
+    return int(answer[0]) if answer else 0
+
+
 def compact_and_query(
     root: Path, copy: Path, rows: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    import duckdb
 
     out: dict[str, Any] = {}
     begin = time.perf_counter()
@@ -273,7 +283,23 @@ def compact_and_query(
     assert stats.compaction_errors == 0, stats
     out["after"] = _files(root)
     out["files_per_signal_hour_after"] = round(out["after"]["files"] / signal_hours, 3)
+    return out | query(root, copy, rows, args)
+
+
+def query(root: Path, copy: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
+    """DuckDB and Spark over the uncompacted copy and the compacted store, in turns, over the
+    recorded window (the stamps' first to last: a wider window would make ``History`` list
+    a partition per day of it, for every signal)."""
+    import duckdb
+
+    out: dict[str, Any] = {}
     con = duckdb.connect()
+    bounds = con.execute(
+        f"SELECT min(acq_stamp), max(acq_stamp) FROM read_parquet('{root}/**/*.parquet')"
+    ).fetchone()
+    assert bounds is not None
+    window = (int(bounds[0]), int(bounds[1]) + 1)
+    out["window_ns"] = window
     duck: dict[str, Any] = {}
     for _ in range(2):
         for name, path in (("uncompacted", copy), ("compacted", root)):
@@ -291,7 +317,6 @@ def compact_and_query(
         from rda.pipeline.history.api import History
         from rda.pipeline.spark_session import local_session
 
-        window = (0, time.time_ns() + 10**12)
         spark = local_session(master="local[2]", app_name="rda-recorder-scale")
         times: dict[str, list[float]] = {"uncompacted": [], "compacted": []}
         try:
@@ -323,11 +348,20 @@ def main() -> None:
     parser.add_argument("--no-spark", dest="spark", action="store_false")
     parser.add_argument("--spark-turns", type=int, default=2, help="Spark queries per store")
     parser.add_argument("--store", help="keep the store here (default: a temporary directory)")
+    parser.add_argument(
+        "--query-only", action="store_true", help="only query the stores --store DIR holds"
+    )
     args = parser.parse_args()
     result: dict[str, Any] = {"load_before": _load()}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(args.store) if args.store else Path(tmp)
         root, copy = base / "store", base / "uncompacted"
+        if args.query_only:  # the stores a run with --store left: query them again
+            count = duckdb_rows(root)
+            result["query"] = query(root, copy, count, args) | {"rows": count}
+            result["load_after_query"] = _load()
+            print(json.dumps(result, indent=1))
+            return
         result["ingest"] = record(root, args)
         result["load_after_ingest"] = _load()
         if args.compact:
