@@ -37,6 +37,7 @@ MODULES = (
     "rda.business.histogram",
     "rda.business.server.statistics",
     "rda.transport.client_session",
+    "rda.transport.zmq_client",
     "rda.transport._zmq_common",
     "rda.business.client.lanes",
     "rda.business.client.requests",

@@ -217,7 +217,7 @@ class ZmqClientTransport(common.DispatcherShell):
     def _drain_mailbox(self, mailbox: Mailbox) -> None:
         items = mailbox.items
         take = items.popleft
-        send = self._sessions.send
+        sessions = self._sessions
         try:
             for _ in range(common.BATCH):
                 # Test, then take (we are the only consumer): an emptied deque's IndexError
@@ -226,11 +226,11 @@ class ZmqClientTransport(common.DispatcherShell):
                     return
                 op, conn, payload = take()
                 if op == _SEND:
-                    send(conn, payload)
+                    sessions.send(conn, payload)
                 elif op == _CONNECT:
                     self._open(conn, payload)
                 elif op == _DISCONNECT:
-                    self._sessions.disconnect(conn)
+                    sessions.disconnect(conn)
                 if self._closing or not self._poller.watching_mailbox:
                     return
         finally:
@@ -287,9 +287,10 @@ class ZmqClientTransport(common.DispatcherShell):
         """
         sock = c.io.sock
         sessions = self._sessions
-        received = sessions.received
         now = self._clock()
         bursty = self._bursty
+        # Its methods are called on ``sessions`` itself, not bound once: the compiled build
+        # (zmq_client.pxd types it) then calls ClientSessions' C entry points.
         recv_direct, handle = common.direct_recv, sock.underlying
         frames: list[Any] | int | None = None
         n = 0
@@ -306,7 +307,7 @@ class ZmqClientTransport(common.DispatcherShell):
                     self._poller.settle(sock)
                     break
                 n += 1
-                message = received(c, frames, now)
+                message = sessions.received(c, frames, now)
                 if message is not None:
                     if bursty:
                         sessions.hold(c, message)
