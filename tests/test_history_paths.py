@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -21,6 +23,7 @@ from rda.pipeline.history.paths import (
     parse_time,
 )
 from rda.pipeline.recorder.converter import partition_path
+from rda.pipeline.recorder.store import Store
 
 T = 1_795_305_600_000_000_000  # 2026-11-22T00:00:00Z
 
@@ -122,3 +125,35 @@ def test_files_of_a_compaction_in_progress_are_not_read_twice(tmp_path: Path) ->
     (directory / "_compaction.json").write_text(json.dumps(plan))
     files = StoreIndex(tmp_path).files("PS1", "Acq", ["2026-11-22"])
     assert [Path(f).name for f in files] == ["part-r-1-9.parquet"]
+
+
+class _CountingStore(Store):
+    """A local store that counts the directories whose files are listed."""
+
+    listed = 0
+
+    def files(self, path: str) -> list[Any]:
+        self.listed += 1
+        return super().files(path)
+
+
+def test_a_window_of_many_days_lists_only_the_days_the_property_has(tmp_path: Path) -> None:
+    # A query "since ever" spans 20,000 days: it listed each day's directory, for every
+    # signal, nearly all absent (20.8M listings for 1,000 signals in the scale benchmark).
+    kind = pa.struct([("x", pa.float64())])
+    _file(tmp_path, "PS1", "Acq", "2026-11-21", "part-r-1-5.parquet", kind)
+    _file(tmp_path, "PS1", "Acq", "2026-11-22", "part-r-6-9.parquet", kind)
+    _file(tmp_path, "PS1", "Acq", "2026-11-24", "part-r-10-12.parquet", kind)
+    store = _CountingStore(pafs.LocalFileSystem(), str(tmp_path))
+    index = StoreIndex(store)
+    ever = days_between(0, T + 2 * DAY_NS)
+    assert len(ever) > 20_000
+    names = [Path(f).name for f in index.files("PS1", "Acq", ever)]
+    assert names == ["part-r-1-5.parquet", "part-r-6-9.parquet"]  # 2026-11-24 is past the end
+    assert store.listed == 2
+    # Days not in a run, in the order asked; a short list is read as before.
+    picked = index.files("PS1", "Acq", ["2026-11-24", "2026-11-20", "2026-11-21"])
+    assert [Path(f).name for f in picked] == ["part-r-10-12.parquet", "part-r-1-5.parquet"]
+    assert [Path(f).name for f in index.files("PS1", "Acq", ["2026-11-22"])] == [
+        "part-r-6-9.parquet"
+    ]

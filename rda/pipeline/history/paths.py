@@ -223,7 +223,7 @@ class StoreIndex:
     def files(self, device: str, prop: str, days: Iterable[str]) -> list[str]:
         """The Parquet files of the given days of one property (those that exist)."""
         out: list[str] = []
-        for day in days:
+        for day in self._present(device, prop, list(days)):
             directory = f"{self.key_dir(device, prop)}/date={day}"
             entries = self.store.files(directory)
             names = [
@@ -237,6 +237,24 @@ class StoreIndex:
                 self._seen[entry.path] = (_mtime(entry), int(entry.size))
             out.extend(f"{directory}/{n}" for n in names)
         return out
+
+    def _present(self, device: str, prop: str, days: list[str]) -> list[str]:
+        """The days asked for that the property has a partition for, in the order asked.
+
+        A window of many days (a query "since ever" spans 20,000) would otherwise cost a
+        listing per day, nearly all of directories that do not exist, for every signal: list
+        the property's days once instead when they are fewer."""
+        if len(days) <= 2:
+            return days
+        present = self.days(device, prop)
+        if len(present) >= len(days):
+            return days
+        first, last = days[0], days[-1]
+        span = datetime.date.fromisoformat(last) - datetime.date.fromisoformat(first)
+        if first <= last and span.days + 1 == len(days):  # a run of days (days_between's)
+            return [day for day in present if first <= day <= last]
+        have = set(present)
+        return [day for day in days if day in have]
 
     def _skip_compacted(self, directory: str, names: list[str]) -> list[str]:
         """During a compaction, an output already written replaces its inputs (no duplicates)."""
