@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -155,43 +155,43 @@ def serve_counts_loop(on_line: Callable[[str], None] | None = None) -> None:
             on_line(line.strip())
 
 
-def _strace_total(text: str) -> int | None:
+def strace_total(text: str) -> int | None:
     """Calls on the ``total`` line of ``strace -c`` (the usecs/call column may be blank)."""
     for line in text.splitlines():
         fields = line.split()
         if fields and fields[-1] == "total" and len(fields) >= 4:
-            # % time, seconds, usecs/call, calls, [errors], total (strace >= 5 always prints
-            # usecs/call on this line)
             numbers = fields[2:-1]
             return int(numbers[1] if len(numbers) >= 2 else numbers[0])
     return None
 
 
 @contextlib.contextmanager
-def strace(pids: dict[str, int]) -> Iterator[dict[str, int | None]]:
-    """System calls of every thread of each of ``pids`` while the block runs.
-
-    Yields a dict filled on exit (``None`` where strace is missing or could not attach: the
-    benchmark degrades to the other counts).
-    """
-    result: dict[str, int | None] = dict.fromkeys(pids)
+def strace(pids: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """System calls of every thread of each of ``pids`` while the block runs: a dict filled
+    on exit, per name the total and the four commonest calls, or the reason there is none."""
+    result: dict[str, Any] = dict.fromkeys(pids, "not run: strace missing")
     exe = shutil.which("strace")
     if exe is None:
         yield result
         return
-    procs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    folder = tempfile.mkdtemp(prefix="rda-strace-")
+    folder = tempfile.mkdtemp(prefix="rda-counts-")
+    procs = {}
+    said: dict[str, list[str]] = {}
+    readers = []
     for name, pid in pids.items():
         out = os.path.join(folder, f"{name}.txt")
-        procs[name] = (
-            subprocess.Popen(
-                [exe, "-c", "-f", "-o", out, "-p", str(pid)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            ),
-            out,
-        )
-    time.sleep(0.5)  # attaching to every thread takes a moment; nothing is measured by time
+        cmd = [exe, "-c", "-f", "-o", out, "-p", str(pid)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs[name] = (proc, out)
+        said[name] = []
+        attached = threading.Event()
+        readers.append(attached)
+        threading.Thread(
+            target=_read_stderr, args=(proc, said[name], attached), daemon=True
+        ).start()
+    # strace says "attached" once it holds every thread of the process (or exits refused).
+    for attached in readers:
+        attached.wait(30)
     try:
         yield result
     finally:
@@ -199,16 +199,44 @@ def strace(pids: dict[str, int]) -> Iterator[dict[str, int | None]]:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(10)
+                proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            with contextlib.suppress(OSError):
-                result[name] = _strace_total(Path(out).read_text())
+            try:
+                text = Path(out).read_text()
+            except OSError:
+                text = ""
+            total = strace_total(text)
+            if total is None:
+                reason = said[name][-1:] or ["no output"]
+                result[name] = f"not permitted: {reason[0].strip()}"
+            else:
+                result[name] = {"total": total, "top": strace_top(text)}
             with contextlib.suppress(OSError):
                 os.unlink(out)
         with contextlib.suppress(OSError):
             os.rmdir(folder)
+
+
+def _read_stderr(proc: subprocess.Popen[str], lines: list[str], attached: threading.Event) -> None:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if "attached" in line:
+            attached.set()
+    attached.set()  # strace ended (refused, or stopped): nobody waits any longer
+
+
+def strace_top(text: str) -> dict[str, int]:
+    """The four commonest system calls of an ``strace -c`` table."""
+    calls: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[-1] != "total" and fields[0][0].isdigit():
+            with contextlib.suppress(ValueError):
+                calls[fields[-1]] = int(fields[3])
+    return dict(sorted(calls.items(), key=lambda kv: -kv[1])[:4])
 
 
 class Child:
@@ -252,15 +280,14 @@ def measure(child: Child, run: Callable[[int], None], n: int) -> dict[str, Any]:
     mine1, theirs1 = snapshot(), child.counts()
     with strace({"client": os.getpid(), "server": child.proc.pid}) as syscalls:
         run(n)
+
+    def per_call(side: str) -> float | None:  # None: strace missing or refused
+        traced = syscalls[side]
+        return round(traced["total"] / n, 2) if isinstance(traced, dict) else None
+
     return {
-        "client": {
-            **per_op(mine0, mine1, n),
-            "syscalls": None if syscalls["client"] is None else round(syscalls["client"] / n, 2),
-        },
-        "server": {
-            **per_op(theirs0, theirs1, n),
-            "syscalls": None if syscalls["server"] is None else round(syscalls["server"] / n, 2),
-        },
+        "client": {**per_op(mine0, mine1, n), "syscalls": per_call("client")},
+        "server": {**per_op(theirs0, theirs1, n), "syscalls": per_call("server")},
     }
 
 

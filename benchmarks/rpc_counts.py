@@ -48,14 +48,13 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,90 +203,6 @@ def proc_delta(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[st
     }
 
 
-def strace_total(text: str) -> int | None:
-    """Calls on the ``total`` line of ``strace -c`` (the usecs/call column may be blank)."""
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[-1] == "total" and len(fields) >= 4:
-            numbers = fields[2:-1]
-            return int(numbers[1] if len(numbers) >= 2 else numbers[0])
-    return None
-
-
-@contextlib.contextmanager
-def strace(pids: dict[str, int]) -> Iterator[dict[str, Any]]:
-    """System calls of every thread of each of ``pids`` while the block runs: a dict filled
-    on exit, per name the total and the four commonest calls, or the reason there is none."""
-    result: dict[str, Any] = dict.fromkeys(pids, "not run: strace missing")
-    exe = shutil.which("strace")
-    if exe is None:
-        yield result
-        return
-    folder = tempfile.mkdtemp(prefix="rda-counts-")
-    procs = {}
-    said: dict[str, list[str]] = {}
-    readers = []
-    for name, pid in pids.items():
-        out = os.path.join(folder, f"{name}.txt")
-        cmd = [exe, "-c", "-f", "-o", out, "-p", str(pid)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs[name] = (proc, out)
-        said[name] = []
-        attached = threading.Event()
-        readers.append(attached)
-        threading.Thread(
-            target=_read_stderr, args=(proc, said[name], attached), daemon=True
-        ).start()
-    # strace says "attached" once it holds every thread of the process (or exits refused).
-    for attached in readers:
-        attached.wait(30)
-    try:
-        yield result
-    finally:
-        for name, (proc, out) in procs.items():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            try:
-                text = Path(out).read_text()
-            except OSError:
-                text = ""
-            total = strace_total(text)
-            if total is None:
-                reason = said[name][-1:] or ["no output"]
-                result[name] = f"not permitted: {reason[0].strip()}"
-            else:
-                result[name] = {"total": total, "top": strace_top(text)}
-            with contextlib.suppress(OSError):
-                os.unlink(out)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-
-
-def _read_stderr(proc: subprocess.Popen[str], lines: list[str], attached: threading.Event) -> None:
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        lines.append(line)
-        if "attached" in line:
-            attached.set()
-    attached.set()  # strace ended (refused, or stopped): nobody waits any longer
-
-
-def strace_top(text: str) -> dict[str, int]:
-    """The four commonest system calls of an ``strace -c`` table."""
-    calls: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 5 and fields[-1] != "total" and fields[0][0].isdigit():
-            with contextlib.suppress(ValueError):
-                calls[fields[-1]] = int(fields[3])
-    return dict(sorted(calls.items(), key=lambda kv: -kv[1])[:4])
-
-
 # ---------------------------------------------------------------------------- contestants
 def leaf(pid: int) -> int:
     """The process that runs the program: ``pid`` itself, or its last descendant where a
@@ -375,6 +290,10 @@ def one_pass(pair: Pair, measure: str, n: int, syscalls: bool) -> dict[str, Any]
     after = {side: proc_counts(pid) for side, pid in pair.pids.items()}
     out = {side: proc_delta(before[side], after[side], n) for side in pair.pids}
     if syscalls:
+        # Here, not at the top: the raw and PyTango client processes run this file too, and
+        # _structure imports rda.
+        from _structure import strace
+
         with strace(pair.pids) as traced:
             pair.run(measure, n)
         for side, value in traced.items():
