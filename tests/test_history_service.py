@@ -192,7 +192,8 @@ def test_backfill_while_the_recorder_converts_segments(stand: Stand) -> None:
     assert stand.recorder.statistics().parquet_files > 0
 
 
-def test_backfill_with_a_listener(stand: Stand) -> None:
+def _through_a_listener(stand: Stand, backfill_columnar: bool) -> list[Notification]:
+    """What a listener of ``subscribe(backfill=3)`` got until 50 live updates came."""
     wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
     got: list[Notification] = []
     enough = threading.Event()
@@ -202,12 +203,19 @@ def test_backfill_with_a_listener(stand: Stand) -> None:
         if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 50:
             enough.set()
 
-    sub = stand.client.access_point("CNT", "Count").subscribe(backfill=3, listener=listener)
+    sub = stand.client.access_point("CNT", "Count").subscribe(
+        backfill=3, listener=listener, backfill_columnar=backfill_columnar
+    )
     try:
         assert enough.wait(20)
     finally:
         sub.close()
-    _check_one_run(list(got))
+    return list(got)
+
+
+def test_backfill_with_a_listener(stand: Stand) -> None:
+    got = _through_a_listener(stand, backfill_columnar=False)
+    _check_one_run(got)
     assert sum(n.update_type is UpdateType.HISTORY for n in got) >= 100
 
 
@@ -255,23 +263,8 @@ def test_columnar_backfill_is_one_run_without_hole_or_repeat(stand: Stand) -> No
 
 
 def test_columnar_backfill_with_a_listener(stand: Stand) -> None:
-    wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
-    got: list[Notification] = []
-    enough = threading.Event()
-
-    def listener(notification: Notification) -> None:
-        got.append(notification)
-        if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 50:
-            enough.set()
-
-    sub = stand.client.access_point("CNT", "Count").subscribe(
-        backfill=3, listener=listener, backfill_columnar=True
-    )
-    try:
-        assert enough.wait(20)
-    finally:
-        sub.close()
-    assert _check_one_columnar_run(list(got)) >= 100
+    got = _through_a_listener(stand, backfill_columnar=True)
+    assert _check_one_columnar_run(got) >= 100
 
 
 def test_aio_columnar_backfill(stand: Stand) -> None:
