@@ -267,22 +267,31 @@ def test_columnar_backfill_with_a_listener(stand: Stand) -> None:
     assert _check_one_columnar_run(got) >= 100
 
 
+async def _aio_backfilled(
+    client: rda.aio.ClientService, backfill_columnar: bool
+) -> list[Notification]:
+    """What an rda.aio ``subscribe(backfill=2)`` yields until 20 live updates came."""
+    got = []
+    sub = client.access_point("CNT", "Count").subscribe(
+        backfill=2, backfill_columnar=backfill_columnar
+    )
+    try:
+        async for item in sub:
+            got.append(item)
+            if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 20:
+                break
+    finally:
+        sub.close()
+    return got
+
+
 def test_aio_columnar_backfill(stand: Stand) -> None:
     wait_until(lambda: stand.recorder.statistics().acked_rows >= 150, timeout=20.0)
 
     async def main() -> list[Notification]:
         client = rda.aio.ClientService(stand.client.directory, Config(request_timeout=10.0))
         try:
-            got = []
-            sub = client.access_point("CNT", "Count").subscribe(backfill=2, backfill_columnar=True)
-            try:
-                async for item in sub:
-                    got.append(item)
-                    if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 20:
-                        break
-            finally:
-                sub.close()
-            return got
+            return await _aio_backfilled(client, backfill_columnar=True)
         finally:
             client.close()
 
@@ -526,16 +535,7 @@ def test_aio_history_and_backfill(stand: Stand) -> None:
         client = rda.aio.ClientService(stand.client.directory, Config(request_timeout=10.0))
         try:
             rows = await client.history("CNT", "Count", end - 2 * 10**9, end)
-            got = []
-            sub = client.access_point("CNT", "Count").subscribe(backfill=2)
-            try:
-                async for item in sub:
-                    got.append(item)
-                    if sum(n.update_type is not UpdateType.HISTORY for n in got) >= 20:
-                        break
-            finally:
-                sub.close()
-            return rows, got
+            return rows, await _aio_backfilled(client, backfill_columnar=False)
         finally:
             client.close()
 
