@@ -101,6 +101,11 @@ _weakrefs = weakref.getweakrefcount
 _NDARRAY = np.ndarray
 _NUMERIC = frozenset(range(DataType.INT8_ARRAY, DataType.FLOAT64_ARRAY + 1))
 _DATA_ARRAY = DataType.DATA_ARRAY
+# Enum members read once (each read through the enum class costs a ``__getattr__`` hook on
+# Python 3.11, ten times a module global's): every reply takes several.
+_REPLY_KIND = Kind.REPLY
+_REPLY = RequestType.REPLY
+_DATA_CONTEXT, _REPLY_CONTEXT = BodyKind.DATA_CONTEXT, BodyKind.REPLY_CONTEXT
 
 
 def reply_frames(
@@ -108,7 +113,9 @@ def reply_frames(
 ) -> list[Buffer]:
     """The answer to the request with ``header``: it repeats the request's id and names."""
     h = header
-    return encode_routed(Kind.REPLY, reply_type, h.id, h.device, h.property, h.selector, body or ())
+    return encode_routed(
+        _REPLY_KIND, reply_type, h.id, h.device, h.property, h.selector, body or ()
+    )
 
 
 def error_frames(header: Header, reply_type: RequestType, error: BaseException) -> list[Buffer]:
@@ -123,10 +130,10 @@ def get_reply_frames(
     alarm's REPLY_CONTEXT body when there is one (docs/protocol.md, "Alarms"). Raises what the
     codec refuses (ValueError, TypeError)."""
     body = encode_data_body(result.data)  # DATA, then any ARRAYs
-    body.insert(1, (BodyKind.DATA_CONTEXT, encode_context(result.context, 0)))
+    body.insert(1, (_DATA_CONTEXT, encode_context(result.context, 0)))
     if alarm is not None:
-        body.append((BodyKind.REPLY_CONTEXT, alarm))
-    return reply_frames(header, RequestType.REPLY, body)
+        body.append((_REPLY_CONTEXT, alarm))
+    return reply_frames(header, _REPLY, body)
 
 
 def admin_reply_frames(header: Header, result: Data) -> list[Buffer]:
