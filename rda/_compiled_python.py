@@ -52,6 +52,7 @@ MODULES = (
     "rda.transport.zmq_lane",
     "rda.business.client.access",
     "rda.business.client.service",
+    "rda.serialization.message",
 )
 
 

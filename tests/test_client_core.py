@@ -152,7 +152,22 @@ def exception_body(type_name: str, message: str) -> list[tuple[BodyKind, bytes]]
 # -- requests ---------------------------------------------------------------------------------
 
 
-def test_get_sends_one_request_and_decodes_the_reply_in_the_caller(client: Fixture) -> None:
+def _decodes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The bodies the binary decoder is given from now on (Message decodes through it)."""
+    calls: list[object] = []
+    real = binary.decode
+
+    def counting(buffer: Any, *args: Any) -> Any:
+        calls.append(buffer)
+        return real(buffer, *args)
+
+    monkeypatch.setattr(binary, "decode", counting)
+    return calls
+
+
+def test_get_sends_one_request_and_decodes_the_reply_in_the_caller(
+    client: Fixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     service, transport, _ = client
     fut = service.access_point("PS1", "Acquisition").get_async(selector="CPS.USER.ALL")
     [(conn, request)] = transport.requests()
@@ -161,15 +176,17 @@ def test_get_sends_one_request_and_decodes_the_reply_in_the_caller(client: Fixtu
     assert (request.header.device, request.header.property) == ("PS1", "Acquisition")
     assert request.header.selector == "CPS.USER.ALL"
     assert request.timeout == pytest.approx(5.0)  # the default deadline travels to the server
+    decoded = _decodes(monkeypatch)
     transport.reply(conn, RequestType.REPLY, request.header.id, data_body(Data(current=1.5)))
     assert fut.done()
     raw = Future.result(fut)  # the undecoded message the dispatcher handed over
     assert isinstance(raw, Message)
-    assert "data" not in raw.__dict__  # nothing was decoded on the "dispatcher"
+    assert decoded == []  # nothing was decoded on the "dispatcher"
     acq = fut.result()
     assert acq.data == Data(current=1.5)
     assert (acq.context.cycle_stamp, acq.context.acq_stamp) == (1, 2)
-    assert "data" in raw.__dict__
+    assert len(decoded) == 1  # in the caller
+    assert raw.data is acq.data and len(decoded) == 1  # kept: a second read decodes nothing
 
 
 def test_a_thousand_concurrent_requests_are_matched_by_id(client: Fixture) -> None:
@@ -369,15 +386,19 @@ def test_full_queue_drops_the_oldest_and_reports_it_as_a_gap(client: Fixture) ->
     assert (stats.dropped, stats.gaps, stats.notifications) == (3, 0, 5)
 
 
-def test_notification_is_immutable_and_decodes_late(client: Fixture) -> None:
+def test_notification_is_immutable_and_decodes_late(
+    client: Fixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     service, transport, _ = client
     sub = service.access_point("PS1", "Acquisition").subscribe()
     [(conn, _)] = transport.requests()
+    decoded = _decodes(monkeypatch)
     notify(transport, conn, sub.id, 1, 7, UpdateType.FIRST)
     n = sub.poll(0)
     assert n is not None
-    assert n._message is not None and "data" not in n._message.__dict__
+    assert decoded == []  # delivered and polled, not yet decoded
     assert n.error is None and n.data == Data(v=7)
+    assert len(decoded) == 1
     with pytest.raises(AttributeError):
         n.gap = 3
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rda.serialization import binary
 from rda.serialization.errors import DecodeError, as_remote
@@ -37,36 +37,6 @@ Buffer = bytes | memoryview
 
 _EXC_FIXED = struct.Struct("<H")
 _SEQ = struct.Struct("<Q")  # the first field of a DATA_CONTEXT body (header.CONTEXT_FIXED)
-
-T = TypeVar("T")
-
-
-class _lazy(Generic[T]):
-    """``functools.cached_property`` without its per-class RLock (Python 3.11 takes it on every
-    first access, in Python code; 3.12 dropped it). The value lands in the instance
-    ``__dict__`` under the attribute's name, so later reads never reach this descriptor. Two
-    threads racing on a first access both decode and one result wins: harmless for values
-    decoded from immutable frames."""
-
-    def __init__(self, fn: Callable[[Any], T]) -> None:
-        self._fn = fn
-        self._name = fn.__name__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _lazy[T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-
-    def __get__(self, obj: object | None, owner: type | None = None) -> T | _lazy[T]:
-        if obj is None:
-            return self
-        value = self._fn(obj)
-        obj.__dict__[self._name] = value
-        return value
 
 
 class BodyKind(enum.IntEnum):
@@ -176,8 +146,24 @@ class Message:
     "Body views made on first read").
     """
 
-    # __dict__: the ``_lazy`` attributes below cache their decoded value there.
-    __slots__ = ("__dict__", "_body", "_frame", "_seq", "_spans", "header")
+    # ``_alarm``, ``_context_seq``, ``_data``, ``_exception``, ``_request_context``: each
+    # accessor's decoded value, None until its first read (an accessor whose answer is None,
+    # no such body, finds that again at the cost of one search). Values decoded from
+    # immutable frames: two threads racing on a first read both decode, one result stays.
+    # Plain slots, not a caching descriptor writing an instance ``__dict__``: the compiled
+    # build (message.pxd) makes Message an extension type whose accessors read C slots.
+    __slots__ = (
+        "_alarm",
+        "_body",
+        "_context_seq",
+        "_data",
+        "_exception",
+        "_frame",
+        "_request_context",
+        "_seq",
+        "_spans",
+        "header",
+    )
 
     def __init__(self, header: Header, body: Sequence[tuple[BodyKind, Buffer]] = ()) -> None:
         self.header = header
@@ -186,6 +172,11 @@ class Message:
         # Flat (kind, start, end, kind, start, end, ...) into ``_frame`` while _body is None.
         self._spans: tuple[Any, ...] = ()
         self._seq: int | None = None  # peek_seq, once known (the compiled parser sets it)
+        self._data: Data | None = None
+        self._request_context: Data | None = None
+        self._context_seq: tuple[DataContext, int] | None = None
+        self._alarm: tuple[int, str, str] | None = None
+        self._exception: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         kinds = ",".join(k.name for k, _ in self.body)
@@ -225,30 +216,36 @@ class Message:
         is no such body or it is shorter than 8 bytes."""
         seq = self._seq
         if seq is None:
-            frame = self.frame(BodyKind.DATA_CONTEXT)
+            frame = self.frame(_DATA_CONTEXT)
             seq = 0 if frame is None or len(frame) < _SEQ.size else _SEQ.unpack_from(frame)[0]
             self._seq = seq
         return seq
 
-    @_lazy
+    @property
     def data(self) -> Data | None:
-        frame = self.frame(BodyKind.DATA)
-        if frame is None:
-            return None
-        # A try costs nothing until something is raised (Python 3.11's zero-cost exceptions).
-        try:
-            if self._body is None and BodyKind.ARRAY not in self._spans:
-                return binary.decode(frame)  # the usual message: no out-of-band arrays
-            arrays = self.arrays()
-            return binary.decode(frame, None, arrays) if arrays else binary.decode(frame)
-        except DecodeError as exc:
-            raise as_remote(exc) from None
+        data = self._data
+        if data is None:
+            frame = self.frame(_DATA)
+            if frame is None:
+                return None
+            # A try costs nothing until something is raised (Python 3.11's zero-cost
+            # exceptions).
+            try:
+                if self._body is None and _ARRAY not in self._spans:
+                    data = binary.decode(frame)  # the usual message: no out-of-band arrays
+                else:
+                    arrays = self.arrays()
+                    data = binary.decode(frame, None, arrays) if arrays else binary.decode(frame)
+            except DecodeError as exc:
+                raise as_remote(exc) from None
+            self._data = data
+        return data
 
     def arrays(self) -> list[Buffer]:
         """The ARRAY bodies, in order: the out-of-band arrays of the DATA body."""
         if self._body is None:
             spans = self._spans
-            array = BodyKind.ARRAY
+            array = _ARRAY
             if array not in spans:  # the usual answer (see frame() for why ``in`` is exact)
                 return []
             return [
@@ -256,17 +253,23 @@ class Message:
                 for i in range(0, len(spans), 3)
                 if spans[i] is array
             ]
-        return [frame for kind, frame in self._body if kind is BodyKind.ARRAY]
+        return [frame for kind, frame in self._body if kind is _ARRAY]
 
-    @_lazy
+    @property
     def request_context(self) -> Data | None:
         """The REQUEST_CONTEXT frame: a Data with optional ``filters`` (Data) and
         ``timeout_ms`` (int64, the client's deadline for this request)."""
-        frame = self.frame(BodyKind.REQUEST_CONTEXT)
-        try:
-            return None if frame is None else binary.decode(frame)
-        except DecodeError as exc:
-            raise as_remote(exc) from None
+        context = self._request_context
+        if context is None:
+            frame = self.frame(_REQUEST_CONTEXT)
+            if frame is None:
+                return None
+            try:
+                context = binary.decode(frame)
+            except DecodeError as exc:
+                raise as_remote(exc) from None
+            self._request_context = context
+        return context
 
     @property
     def filters(self) -> Data | None:
@@ -284,39 +287,61 @@ class Message:
             return None
         return int(ctx["timeout_ms"]) / 1000.0
 
-    @_lazy
     def _context_and_seq(self) -> tuple[DataContext, int]:
-        frame = self.frame(BodyKind.DATA_CONTEXT)
-        if frame is None:
-            return DataContext(selector=self.header.selector), 0
-        try:
-            return decode_context(frame, self.header.selector)
-        except DecodeError as exc:
-            raise as_remote(exc) from None
+        context_seq = self._context_seq
+        if context_seq is None:
+            frame = self.frame(_DATA_CONTEXT)
+            if frame is None:
+                context_seq = DataContext(selector=self.header.selector), 0
+            else:
+                try:
+                    context_seq = decode_context(frame, self.header.selector)
+                except DecodeError as exc:
+                    raise as_remote(exc) from None
+            self._context_seq = context_seq
+        return context_seq
 
     @property
     def context(self) -> DataContext:
-        return self._context_and_seq[0]
+        return self._context_and_seq()[0]
 
     @property
     def seq(self) -> int:
         """Per-subscription sequence number of a notification (0 when absent)."""
-        return self._context_and_seq[1]
+        return self._context_and_seq()[1]
 
-    @_lazy
+    @property
     def alarm(self) -> tuple[int, str, str]:
         """``(severity, message, field)`` from the REPLY_CONTEXT body (``decode_alarm``);
         ``(0, "", "")`` when the server sent none (a value in no alarm, or an older server)."""
-        frame = self.frame(BodyKind.REPLY_CONTEXT)
-        try:
-            return (0, "", "") if frame is None else decode_alarm(frame)
-        except DecodeError as exc:
-            raise as_remote(exc) from None
+        alarm = self._alarm
+        if alarm is None:
+            frame = self.frame(_REPLY_CONTEXT)
+            try:
+                alarm = _NO_ALARM if frame is None else decode_alarm(frame)
+            except DecodeError as exc:
+                raise as_remote(exc) from None
+            self._alarm = alarm
+        return alarm
 
-    @_lazy
+    @property
     def exception(self) -> tuple[str, str] | None:
-        frame = self.frame(BodyKind.EXCEPTION)
-        try:
-            return None if frame is None else decode_exception(frame)
-        except DecodeError as exc:
-            raise as_remote(exc) from None
+        exception = self._exception
+        if exception is None:
+            frame = self.frame(_EXCEPTION)
+            if frame is None:
+                return None
+            try:
+                exception = decode_exception(frame)
+            except DecodeError as exc:
+                raise as_remote(exc) from None
+            self._exception = exception
+        return exception
+
+
+# The other kinds Message's accessors look for, read once as _DATA and _ARRAY above.
+_DATA_CONTEXT = BodyKind.DATA_CONTEXT
+_REQUEST_CONTEXT = BodyKind.REQUEST_CONTEXT
+_REPLY_CONTEXT = BodyKind.REPLY_CONTEXT
+_EXCEPTION = BodyKind.EXCEPTION
+_NO_ALARM = (0, "", "")

@@ -57,6 +57,13 @@ cdef int _VERSION = PROTOCOL_VERSION
 cdef object _new = object.__new__
 cdef object _Header = Header
 cdef object _Message = Message
+# Message is an extension type in its compiled build (serialization/message.pxd), which
+# object.__new__ refuses to make and whose tp_new sets every slot to None; as Python (its .py
+# running) it is a class with __slots__ that object.__new__ leaves unset, so the slots of its
+# decoded-on-first-read values are set here to None ("not read yet").
+cdef object _new_message = Message.__new__
+cdef bint _message_is_python = bool(Message.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+cdef tuple _A_UNREAD = ("_data", "_request_context", "_context_seq", "_alarm", "_exception")
 cdef dict _names = _NAMES
 cdef dict _flags = _FLAGS
 cdef dict _request_types = _REQUEST_TYPES
@@ -244,7 +251,10 @@ cdef object _parse(
     if pos != size or next_frame != n_frames or total > max_size:
         return None
 
-    message = _new(_Message)
+    message = _new_message(_Message)
+    if _message_is_python:
+        for name in _A_UNREAD:
+            PyObject_GenericSetAttr(message, name, None)
     PyObject_GenericSetAttr(message, _A_SEQ, seq if have_seq else None)
     PyObject_GenericSetAttr(message, _A_HEADER, _header(p, end, request_type, update_type, header_flags, names))
     if external:
