@@ -67,6 +67,13 @@ SourceKey = tuple[str, str, str, bytes]
 # Looked up at call time (not bound at import) so that tests can count encodings.
 _encode_data = encode_data_body
 
+# Enum members read once: on Python 3.11 each read through the enum class (``BodyKind.X``)
+# goes through its ``__getattr__`` hook, ten times a module global's cost, and every
+# notification took four.
+_DATA_CONTEXT, _REPLY_CONTEXT = BodyKind.DATA_CONTEXT, BodyKind.REPLY_CONTEXT
+_NOTIFICATION_DATA, _NOTIFICATION_EXC = RequestType.NOTIFICATION_DATA, RequestType.NOTIFICATION_EXC
+_NORMAL = UpdateType.NORMAL
+
 # A value's bodies before the DATA_CONTEXT: DATA and its ARRAYs (then an alarm's
 # REPLY_CONTEXT), or one EXCEPTION.
 Bodies = list[tuple[BodyKind, Buffer]]
@@ -86,8 +93,8 @@ def _tail(bodies: Bodies, context: bytes) -> list[Buffer]:
     its DATA (or EXCEPTION) body, the DATA_CONTEXT, then the ARRAY bodies DATA refers to (frames
     of their own, shared by every subscriber)."""
     if len(bodies) == 1:
-        return encode_tail((bodies[0], (BodyKind.DATA_CONTEXT, context)))
-    return encode_tail([bodies[0], (BodyKind.DATA_CONTEXT, context), *bodies[1:]])
+        return encode_tail((bodies[0], (_DATA_CONTEXT, context)))
+    return encode_tail([bodies[0], (_DATA_CONTEXT, context), *bodies[1:]])
 
 
 def filters_key(filters: Data | None) -> bytes:
@@ -174,12 +181,12 @@ class SubscriptionSource:
         if alarm is not None:
             frame = alarm(data)
             if frame is not None:
-                bodies.append((BodyKind.REPLY_CONTEXT, frame))
+                bodies.append((_REPLY_CONTEXT, frame))
         # common.stamped's rule without two new frozen objects per update (a third of a
         # notification's cost on the server: docs/performance.md, "Stamping a notification on
         # the wire"): the stamp goes straight on the wire.
         stamp = context.acq_stamp or driver.wall_time_ns()
-        self._fan_out(RequestType.NOTIFICATION_DATA, update_type, bodies, context, stamp)
+        self._fan_out(_NOTIFICATION_DATA, update_type, bodies, context, stamp)
 
     def notify_error(
         self, error: BaseException | str, update_type: UpdateType = UpdateType.NORMAL
@@ -204,7 +211,7 @@ class SubscriptionSource:
         context: DataContext,
         acq_stamp: int,
     ) -> None:
-        conflatable = update_type is UpdateType.NORMAL
+        conflatable = update_type is _NORMAL
         key = (rtype, update_type)
         with self._send_lock:
             # Subscribers by the seq they are at (usually one group): each group shares a tail.
@@ -306,7 +313,7 @@ class SubscriptionSource:
     def _count(self, rtype: RequestType, sent: int) -> None:
         # Caller holds self._lock.
         self.notifications_sent += sent
-        if rtype is RequestType.NOTIFICATION_EXC:
+        if rtype is _NOTIFICATION_EXC:
             self.errors_sent += sent
         self.last_update = driver.wall_time()
 
