@@ -14,3 +14,6 @@ cdef class AccessPoint:
 cdef dict _CONTEXTS
 cpdef bytes build_request_context(object timeout_ms, object filters)
 cpdef object to_data(object value, str what)
+cdef object _GET
+cdef object _SET
+cdef object _REQUEST_CONTEXT

@@ -90,6 +90,11 @@ class Requester(Protocol):
 # encode per request.
 _CONTEXTS: dict[int | None, bytes] = {}
 
+# Enum members read once: each ``RequestType.X`` (``BodyKind.X``, ``Kind.X``) read goes through
+# the enum class's ``__getattr__`` hook on Python 3.11, ten times a module global's cost.
+_GET, _SET = RequestType.GET, RequestType.SET
+_REQUEST_CONTEXT = BodyKind.REQUEST_CONTEXT
+
 
 def build_request_context(timeout_ms: int | None, filters: Data | None) -> bytes:
     """The REQUEST_CONTEXT frame: a Data with ``timeout_ms`` (int64) and optional ``filters``
@@ -157,9 +162,7 @@ class AccessPoint:
         timeout: float | None = None,
     ) -> AcquiredData:
         """Read the property's value with its acquisition context."""
-        result: AcquiredData = self._call(
-            RequestType.GET, [], selector, filters, timeout, get_result
-        )
+        result: AcquiredData = self._call(_GET, [], selector, filters, timeout, get_result)
         return result
 
     def describe(self, timeout: float | None = None) -> PropertyDescription:
@@ -185,7 +188,7 @@ class AccessPoint:
     ) -> None:
         """Write ``data`` (an ``rda.Data`` or a mapping) to the property."""
         body = encode_data_body(to_data(data, f"set {self.device}/{self.property}"))
-        self._call(RequestType.SET, body, selector, filters, timeout, set_result)
+        self._call(_SET, body, selector, filters, timeout, set_result)
 
     def get_async(
         self,
@@ -193,7 +196,7 @@ class AccessPoint:
         filters: Data | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Future[AcquiredData]:
-        return self._request(RequestType.GET, [], selector, filters, timeout, get_result)
+        return self._request(_GET, [], selector, filters, timeout, get_result)
 
     def set_async(
         self,
@@ -203,7 +206,7 @@ class AccessPoint:
         timeout: float | None = None,
     ) -> Future[None]:
         body = encode_data_body(to_data(data, f"set {self.device}/{self.property}"))
-        return self._request(RequestType.SET, body, selector, filters, timeout, set_result)
+        return self._request(_SET, body, selector, filters, timeout, set_result)
 
     def subscribe(
         self,
@@ -277,7 +280,7 @@ class AccessPoint:
             failed.set_exception(exc)
             return failed
         flt = None if filters is None else to_data(filters, "filters")
-        body.append((BodyKind.REQUEST_CONTEXT, service.request_context(timeout, flt)))
+        body.append((_REQUEST_CONTEXT, service.request_context(timeout, flt)))
         return service.request(
             op, endpoint, self.device, self.property, selector or "", body, timeout, convert
         )
@@ -295,7 +298,7 @@ class AccessPoint:
         service = self._service
         endpoint = self.endpoint
         flt = None if filters is None else to_data(filters, "filters")
-        body.append((BodyKind.REQUEST_CONTEXT, service.request_context(timeout, flt)))
+        body.append((_REQUEST_CONTEXT, service.request_context(timeout, flt)))
         return service.call(
             op, endpoint, self.device, self.property, selector or "", body, timeout, convert
         )

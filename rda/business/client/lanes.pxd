@@ -10,3 +10,5 @@ cdef class LaneCaller:
     cdef object _lane_of
     cdef public object wake_later
     cdef public bint enabled
+
+cdef object _REQUEST

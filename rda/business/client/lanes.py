@@ -41,6 +41,9 @@ __all__ = ["NO_LANE", "LaneCaller"]
 # ``LaneCaller.call``'s answer when the call cannot take a lane (then it goes the shared way).
 NO_LANE: Any = object()
 _LANE_OPS = frozenset({RequestType.GET, RequestType.SET})
+# Enum members read once: each ``RequestType.X`` (``BodyKind.X``, ``Kind.X``) read goes through
+# the enum class's ``__getattr__`` hook on Python 3.11, ten times a module global's cost.
+_REQUEST = Kind.REQUEST
 
 
 class LaneCaller:
@@ -110,7 +113,7 @@ class LaneCaller:
             # of a lost connection may have missed our entry.
             requests.disconnected(rid, ep.address, ep.last_reason or "connection lost")
         else:
-            frames = encode_routed(Kind.REQUEST, op, rid, device, prop, selector, body)
+            frames = encode_routed(_REQUEST, op, rid, device, prop, selector, body)
             try:
                 message = lane.call(frames, rid, ended, now)
             except TransportError as exc:

@@ -26,3 +26,5 @@ cdef class RequestTable:
     cpdef object add_lane(self, object pending)
     cpdef object reply(self, object message)
     cpdef object lane_reply(self, object rid, object message, object done)
+
+cdef object _EXCEPTION

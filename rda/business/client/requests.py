@@ -48,6 +48,10 @@ from rda.transport.reasons import HANDSHAKE_REFUSED, NEVER_CONNECTED, NOT_RDA
 
 __all__ = ["RequestCounts", "RequestTable", "connection_ended", "disconnect_error"]
 
+# Enum members read once: each ``RequestType.X`` (``BodyKind.X``, ``Kind.X``) read goes through
+# the enum class's ``__getattr__`` hook on Python 3.11, ten times a module global's cost.
+_EXCEPTION = RequestType.EXCEPTION
+
 
 @dataclass(frozen=True, slots=True)
 class RequestCounts:
@@ -176,7 +180,7 @@ class RequestTable:
                 late = True
             else:
                 late = False
-                if message.header.request_type is RequestType.EXCEPTION:
+                if message.header.request_type is _EXCEPTION:
                     self._errors += 1
                 else:
                     self._replies += 1
@@ -191,7 +195,7 @@ class RequestTable:
             if p is None:
                 self._late += 1
             else:
-                if message.header.request_type is RequestType.EXCEPTION:
+                if message.header.request_type is _EXCEPTION:
                     self._errors += 1
                 else:
                     self._replies += 1

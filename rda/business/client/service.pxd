@@ -29,3 +29,6 @@ cdef class ClientService:
     cpdef _send_request(self, object fut, object op, str endpoint, str device, str prop, str selector, list body, object timeout)
     cpdef object endpoint_of(self, object device)
     cpdef bytes request_context(self, object timeout, object filters)
+
+cdef object _REQUEST
+cdef object _ADMIN

@@ -76,6 +76,9 @@ TransportFactory = Callable[[ClientHandler, TransportSettings, dict[str, Any]], 
 _NOTIFICATIONS = frozenset(
     {RequestType.NOTIFICATION_DATA, RequestType.NOTIFICATION_EXC, RequestType.SUBSCRIBE_EXCEPTION}
 )
+# Enum members read once: each ``RequestType.X`` (``BodyKind.X``, ``Kind.X``) read goes through
+# the enum class's ``__getattr__`` hook on Python 3.11, ten times a module global's cost.
+_REQUEST, _ADMIN = Kind.REQUEST, RequestType.ADMIN
 
 
 def _zmq_transport(
@@ -499,7 +502,7 @@ class ClientService:
         requests, connections = self._requests, self._connections
         requests.count_request()
         ep = connections.get(endpoint) or connections.endpoint(endpoint)
-        if ep.connection is None and ep.was_connected and op is not RequestType.ADMIN:
+        if ep.connection is None and ep.was_connected and op is not _ADMIN:
             # The connection was lost and nothing is re-opening it yet: the device may have
             # moved, so ask the directory before dialling the old address again.
             connections.follow_moves(ep)
@@ -524,7 +527,7 @@ class ClientService:
             # may have scanned the table before our entry was there.
             requests.disconnected(rid, ep.address, ep.last_reason or "connection lost")
             return
-        frames = encode_routed(Kind.REQUEST, op, rid, device, prop, selector, body)
+        frames = encode_routed(_REQUEST, op, rid, device, prop, selector, body)
         self._transport.send(conn, frames)
 
     def request_context(self, timeout: float | None, filters: Data | None) -> bytes:
