@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ from rda.pipeline.recorder.query import Cursor, HistoryReader
 from rda.pipeline.recorder.service import Recorder, Sample
 from rda.pipeline.recorder.store import Store
 from rda.serialization.data import Data
-from rda.serialization.header import DataContext
+from rda.serialization.header import DataContext, UpdateType
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -189,3 +190,38 @@ def test_a_chunk_of_journal_rows_is_a_slice_of_the_mapped_segment(tmp_path: Any)
     # The first chunk decodes the segment (its layout, kept); the others allocate a few
     # small columns each, far below one row's 64 KiB of values.
     assert max(grown[1:]) < 64 << 10, grown
+
+
+def test_text_columns_read_through_dictionaries_equal_a_plain_read(tmp_path: Any) -> None:
+    """The Parquet text columns are read as dictionaries and made plain again: one-valued
+    columns by repeating the value, others by a cast; with nulls (values without an error),
+    empty strings and several values per column, the chunk equals pyarrow's plain read."""
+    recorder = Recorder(tmp_path, recorder_id="r1", convert=False, serve=False, flush_rows=50)
+    recorder.start()
+    try:
+        for i in range(300):
+            context = DataContext("cyc" if i < 150 else "", i, T0 + i, "")
+            error = RuntimeError("boom") if i % 7 == 0 else None
+            update = UpdateType.FIRST if i == 0 else UpdateType.NORMAL
+            sample = Sample(Data(x=i), context, error, update)
+            assert recorder.offer("DEV", "Acq", "sel" if i % 2 else None, sample)
+        recorder.flush(60)
+        recorder.convert_now()
+    finally:
+        recorder.stop(convert=False)
+    reader = HistoryReader(
+        Store.open(tmp_path),
+        Journal(tmp_path, "r1"),
+        lambda: Converter(tmp_path, "r1").max_seq,
+        "r1",
+    )
+    chunk = reader.chunk("DEV", "Acq", T0, T0 + 10**12, max_rows=1000)
+    assert len(chunk) == 300 and not chunk.more
+    files = sorted(tmp_path.glob("device=DEV/**/*.parquet"))
+    assert files, "the rows were converted"
+    plain = pa.concat_tables(pq.read_table(f) for f in files).sort_by([("acq_stamp", "ascending")])
+    for name in ("cycle_name", "selector", "recorder_id", "error", "update_type"):
+        assert chunk.table.schema.field(name).type == "string", name
+        column = chunk.table.column(name)
+        column.validate(full=True)
+        assert column.to_pylist() == plain.column(name).to_pylist(), name
