@@ -170,6 +170,9 @@ def test_mapping_protocol_and_order() -> None:
     assert "b" in d and "z" not in d and len(d) == 3
     del d["b"]
     assert list(d.items()) == [("a", "replaced"), ("c", 3)]
+    values = d.values()  # a live view, in field order
+    d["d"] = 4.5
+    assert list(values) == ["replaced", 3, 4.5] and len(values) == 3
     assert d.get("zz", 9) == 9
     with pytest.raises(KeyError):
         d["zz"]

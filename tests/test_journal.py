@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -166,3 +167,63 @@ def test_write_failure_leaves_no_segment(tmp_path: Path, monkeypatch: pytest.Mon
     assert journal.segments() == []
     assert journal.recover() == 0
     assert os.listdir(journal.directory) == []
+
+
+def _twin_builders(exact: list[bool]) -> tuple[SegmentBuilder, SegmentBuilder]:
+    """The same rows into two builders: one promised exact values where ``exact`` says
+    (transposed at build), one read field by field by name."""
+    wide = arrow_type_of(Data(a=1, b=0.5, wave=np.arange(3.0), sub=Data(ok=True)))
+    rows: list[tuple[str, Data | None]] = []
+    for i in range(40):
+        rows.append(
+            (
+                f"PS{i % 4}",
+                Data(a=i, b=i / 2, wave=np.arange(float(i % 3)), sub=Data(ok=i % 2 == 0)),
+            )
+        )
+    rows.insert(7, ("PS1", None))  # an error row of a key of that type
+    rows.insert(11, ("PS2", Data(a=-1, b=0.0)))  # a narrower value
+    transposed, by_name = SegmentBuilder(), SegmentBuilder()
+    for seq, (device, data) in enumerate(rows, start=1):
+        for builder, promised in ((transposed, exact[int(device[-1])]), (by_name, False)):
+            promise = promised and data is not None and len(data) == 4
+            slot = builder.key_slot((device, "Acq", 1), wide, promise)
+            assert slot is not None
+            error = None if data is not None else "RemoteError: down"
+            builder.add(slot, data, "", seq, 0, "", seq, seq, error)
+    return transposed, by_name
+
+
+def test_exact_values_build_the_same_segment_as_values_read_by_name() -> None:
+    """``key_slot(..., exact=True)``: the keys' values are transposed into the child's columns
+    in one pass; a key that also got an error row or a narrower value is read by name. Either
+    way the segment equals the one built by name throughout."""
+    transposed, by_name = _twin_builders([True, True, True, True])
+    assert transposed.build("r1").equals(by_name.build("r1"))
+    transposed, by_name = _twin_builders([True, False, True, False])
+    assert transposed.build("r1").equals(by_name.build("r1"))
+
+
+def test_a_broken_exact_promise_is_still_read_by_name() -> None:
+    """Values of another width given as exact (a caller's bug) are not misplaced: the
+    transposed columns would not add up, so the child is read by name."""
+    kind = arrow_type_of(Data(a=1, b=2))
+    builder = SegmentBuilder()
+    slot = builder.key_slot(("PS1", "Acq", 1), kind, True)
+    assert slot is not None
+    builder.add(slot, Data(a=1, b=2), "", 1, 0, "", 1, 1, None)
+    builder.add(slot, Data(a=3), "", 2, 0, "", 2, 2, None)
+    data = builder.build("r1").column("data").combine_chunks().field(0)
+    assert data.to_pylist() == [{"a": 1, "b": 2}, {"a": 3, "b": None}]
+
+
+def test_widening_a_key_in_a_segment_reads_its_earlier_values_by_name(tmp_path: Path) -> None:
+    narrow, wide = arrow_type_of(Data(a=1)), arrow_type_of(Data(a=1, b=2))
+    builder = SegmentBuilder()
+    assert builder.key_slot(("PS1", "Acq", 1), narrow, True) == 0
+    builder.add(0, Data(a=1), "", 1, 0, "", 1, 1, None)
+    assert builder.key_slot(("PS1", "Acq", 1), wide, True) == 0  # widened: no longer exact
+    builder.add(0, Data(a=2, b=3), "", 2, 0, "", 2, 2, None)
+    segment = Journal(tmp_path, "r1").write(builder)
+    found = [data.to_pylist() for _, _, data in read_segment(segment.path)]
+    assert found == [[{"a": 1, "b": None}, {"a": 2, "b": 3}]]

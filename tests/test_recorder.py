@@ -250,6 +250,34 @@ def test_type_change_opens_a_schema_version(tmp_path: Path) -> None:
     assert versions == {b"1": [{"a": 1, "b": None}, {"a": 2, "b": 0.5}], b"2": [{"a": "one"}]}
 
 
+def test_narrower_reordered_and_widened_values_of_one_version_read_back_by_field(
+    tmp_path: Path,
+) -> None:
+    """Values of one schema version in other shapes (fewer fields, another order, a version
+    widened after a shape was first seen), in one segment and across segments: each field
+    lands in its column (the segment transposes only values with exactly its fields)."""
+    shapes = [
+        Data(a=1, b=2),
+        Data(a=3),
+        Data(b=4, a=5),
+        Data(a=6, b=7, c=8),  # widens the version
+        Data(a=9),
+        Data(b=10, a=11),
+        Data(a=12, b=13, c=14),
+    ]
+    recorder = _recorder(tmp_path, flush_interval=5.0)
+    recorder.start()
+    for turn in range(2):
+        for data in shapes:
+            assert recorder.offer("PS1", "Acq", None, Sample(data))
+        if turn == 0:
+            assert recorder.flush()  # the second turn in a segment of its own
+    recorder.stop()
+    assert [v["number"] for v in recorder.catalog.versions("PS1", "Acq")] == [1]
+    expected = [{"a": d["a"], "b": d.get("b"), "c": d.get("c")} for d in shapes] * 2
+    assert [r["data"] for r in _store(tmp_path)] == expected
+
+
 def test_keys_of_one_type_share_a_segment_and_more_types_than_it_holds_start_another(
     tmp_path: Path,
 ) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import struct
 import sys
-from collections.abc import ItemsView, Iterator, Mapping, MutableMapping
+from collections.abc import ItemsView, Iterator, Mapping, MutableMapping, ValuesView
 from typing import Any
 
 import numpy as np
@@ -468,6 +468,10 @@ class Data(MutableMapping[str, Any]):
 
     def items(self) -> ItemsView[str, Any]:
         return self._values.items()
+
+    def values(self) -> ValuesView[Any]:
+        # The dict's own view: Mapping's would look every name up through __getitem__.
+        return self._values.values()
 
     def type_of(self, name: str) -> DataType:
         """The type of field ``name`` (KeyError if absent)."""

@@ -17,11 +17,12 @@ the same way.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 from rda.pipeline.recorder.schema import build_array
 from rda.pipeline.recorder.store import fsync_directory, write_durably
+from rda.serialization.data import Data
 
 __all__ = [
     "MAX_TYPES",
@@ -66,11 +68,25 @@ _META_FIELDS = [
 ]
 
 Key = tuple[str, str, int]  # (device, property, schema version)
+# One row's columns as the writer hands them to ``SegmentBuilder.append_row``: the key's slot,
+# then the meta columns in ``_META_FIELDS`` order (the value goes to ``append_value``).
+Row = tuple[int, str, int, int, str, int, int, str | None, str, int | None]
+ROW_WIDTH = 10
+_SEQ, _RECV_STAMP = 6, 5  # where these are in a Row
 _EMPTY = pa.struct([])
 
 
 class SegmentBuilder:
-    """Columnar accumulation of rows for one segment (lists per column, arrays at ``build``)."""
+    """Rows of one segment: each row's columns (``append_row``, one tuple) and its value
+    (``append_value``, in the same order); Arrow arrays at ``build``.
+
+    The columns of every row go end to end into one flat list (``list.extend`` of the row's
+    tuple): the writer's cost per row is one short-lived tuple and two list calls, not one
+    append per column, and no object per row outlives the call (each one would count towards
+    the garbage collector's next pass, which walks every queued row). ``build`` takes each
+    column as a slice of stride ``ROW_WIDTH``, then lays each union child's values out with
+    numpy index arithmetic. ``add`` does both by name.
+    """
 
     def __init__(self) -> None:
         self.keys: list[Key] = []
@@ -78,33 +94,46 @@ class SegmentBuilder:
         self._index: dict[Key, int] = {}
         self._type_keys: dict[int, int] = {}  # id(type) -> how many keys have it now
         self._alive: list[pa.StructType] = []
-        self.values: list[list[Any]] = []
-        self.row_keys: list[int] = []  # each row's key index
-        self.offsets: list[int] = []  # each row's index among its key's values
-        self.selector: list[str] = []
-        self.acq_stamp: list[int] = []
-        self.cycle_stamp: list[int] = []
-        self.cycle_name: list[str] = []
-        self.recv_stamp: list[int] = []
-        self.seq: list[int] = []
-        self.error: list[str | None] = []
-        self.update_type: list[str] = []
-        self.alarm_severity: list[int | None] = []
+        # Per key: True while every value added to it has exactly its type's fields, in
+        # order (``key_slot``'s ``exact``): its values are transposed into columns directly.
+        self._exact: list[bool] = []
+        self.columns: list[Any] = []  # the rows' columns, row after row (ROW_WIDTH each)
+        self.values: list[Any] = []  # each row's value (None for an error row)
+        self.append_row = self.columns.extend
+        self.append_value = self.values.append
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return len(self.values)
 
-    def key_slot(self, key: Key, arrow_type: pa.StructType) -> int | None:
+    @property
+    def first_seq(self) -> int:
+        return int(self.columns[_SEQ])
+
+    @property
+    def last_seq(self) -> int:
+        return int(self.columns[_SEQ - ROW_WIDTH])
+
+    @property
+    def first_recv_stamp(self) -> int:
+        return int(self.columns[_RECV_STAMP])
+
+    def key_slot(self, key: Key, arrow_type: pa.StructType, exact: bool = False) -> int | None:
         """The index of ``key`` (its type widened to ``arrow_type``), None when ``arrow_type``
         would be the segment's ``MAX_TYPES + 1``-th distinct type.
 
         Keys share a union child when they are given the *same* type object (the recorder
         hands out one object per distinct type): grouping by identity costs a pointer, where
         hashing an Arrow struct type costs microseconds, once per key and segment. Equal types
-        given as distinct objects are still stored right, in children of their own."""
+        given as distinct objects are still stored right, in children of their own.
+
+        ``exact`` promises that every value the caller adds through this slot is a ``Data``
+        whose fields are exactly ``arrow_type``'s, in its order (not None, not narrower):
+        ``build`` then takes its columns by transposing the values instead of by name."""
         slot = self._index.get(key)
         current = None if slot is None else self.key_types[slot]
         if current is arrow_type or (current is not None and current.equals(arrow_type)):
+            assert slot is not None
+            self._exact[slot] = self._exact[slot] and exact
             return slot
         counts = self._type_keys
         if id(arrow_type) not in counts and len(counts) >= MAX_TYPES:
@@ -115,13 +144,14 @@ class SegmentBuilder:
             slot = self._index[key] = len(self.keys)
             self.keys.append(key)
             self.key_types.append(arrow_type)
-            self.values.append([])
+            self._exact.append(exact)
             return slot
         assert current is not None
         counts[id(current)] -= 1
         if not counts[id(current)]:
             del counts[id(current)]
         self.key_types[slot] = arrow_type
+        self._exact[slot] = False  # values of the narrower type are in it already
         return slot
 
     def add(
@@ -138,62 +168,97 @@ class SegmentBuilder:
         update_type: str = "NORMAL",
         alarm_severity: int | None = None,
     ) -> None:
-        values = self.values[slot]
-        self.row_keys.append(slot)
-        self.offsets.append(len(values))
-        values.append(value)
-        self.selector.append(selector)
-        self.acq_stamp.append(acq_stamp)
-        self.cycle_stamp.append(cycle_stamp)
-        self.cycle_name.append(cycle_name)
-        self.recv_stamp.append(recv_stamp)
-        self.seq.append(seq)
-        self.error.append(error)
-        self.update_type.append(update_type)
-        self.alarm_severity.append(alarm_severity)
+        """One row, by name (what ``append_row`` and ``append_value`` take)."""
+        self.values.append(value)
+        self.append_row(
+            (
+                slot,
+                selector,
+                acq_stamp,
+                cycle_stamp,
+                cycle_name,
+                recv_stamp,
+                seq,
+                error,
+                update_type,
+                alarm_severity,
+            )
+        )
 
     def build(self, recorder_id: str) -> pa.Table:
         """The segment's table: meta columns, ``key``, and the dense-union ``data`` column."""
-        # One union child per distinct type: the keys of a type are laid end to end in it,
-        # so a row's offset is its key's start in the child plus its index among the key's.
+        count = len(self.values)
+        if not count:
+            raise ValueError("a segment needs at least one row")
+        flat = self.columns
+        if len(flat) != count * ROW_WIDTH:
+            raise ValueError(f"rows of {len(flat) / count} columns, not {ROW_WIDTH}")
+        slots = flat[0::ROW_WIDTH]
+        meta = [flat[i::ROW_WIDTH] for i in range(1, ROW_WIDTH)]
+        values = self.values
+        row_keys = np.fromiter(slots, np.int32, count)
+        # One union child per distinct type: the keys of a type are laid end to end in it
+        # (in slot order), so a row's offset is its key's start in the child plus its rank
+        # among its key's rows.
+        per_key = np.bincount(row_keys, minlength=len(self.keys))
         child_of: dict[int, int] = {}  # id(type) -> child (key_slot: one object per type)
-        child_values: list[list[Any]] = []
         child_types: list[pa.StructType] = []
+        child_exact: list[bool] = []
+        child_length: list[int] = []
         code = np.empty(len(self.keys), np.int8)
         start = np.empty(len(self.keys), np.int32)
-        for slot, (kind, values) in enumerate(zip(self.key_types, self.values, strict=True)):
+        for slot, kind in enumerate(self.key_types):
             child = child_of.get(id(kind))
             if child is None:
-                child = child_of[id(kind)] = len(child_values)
-                child_values.append([])
+                child = child_of[id(kind)] = len(child_types)
                 child_types.append(kind)
+                child_exact.append(True)
+                child_length.append(0)
             code[slot] = child
-            start[slot] = len(child_values[child])
-            child_values[child].extend(values)
-        row_keys = np.asarray(self.row_keys, np.int32)
-        children = [build_array(v, t) for v, t in zip(child_values, child_types, strict=True)]
+            start[slot] = child_length[child]
+            child_length[child] += int(per_key[slot])
+            child_exact[child] = child_exact[child] and self._exact[slot]
+        order = np.argsort(row_keys, kind="stable")  # by key, in row (seq) order within one
+        first_of_key = np.zeros(len(self.keys), np.int64)
+        np.cumsum(per_key[:-1], out=first_of_key[1:])
+        rank = np.empty(count, np.int64)
+        rank[order] = np.arange(count) - first_of_key[row_keys[order]]
+        row_codes = code[row_keys]
+        children = []
+        for child, kind in enumerate(child_types):
+            rows = order if len(child_types) == 1 else order[row_codes[order] == child]
+            in_order = (
+                values
+                if len(rows) == count and bool((rows[1:] > rows[:-1]).all())
+                else [values[i] for i in rows.tolist()]
+            )
+            children.append(_child_array(in_order, kind, child_exact[child]))
         data = pa.UnionArray.from_dense(
-            pa.array(code[row_keys]),
-            pa.array(start[row_keys] + np.asarray(self.offsets, np.int32)),
+            pa.array(row_codes),
+            pa.array((start[row_keys] + rank).astype(np.int32)),
             children,
             [f"t{i}" for i in range(len(children))],
         )
-        columns = [
-            pa.array(self.selector, pa.string()),
-            pa.array(self.acq_stamp, pa.int64()),
-            pa.array(self.cycle_stamp, pa.int64()),
-            pa.array(self.cycle_name, pa.string()),
-            pa.array(self.recv_stamp, pa.int64()),
-            pa.array(self.seq, pa.int64()),
-            pa.array(self.error, pa.string()),
-            pa.array(self.update_type, pa.string()),
-            pa.array(self.alarm_severity, pa.int8()),
-            pa.array(row_keys),
-            data,
-        ]
+        columns = [pa.array(column, f.type) for column, f in zip(meta, _META_FIELDS, strict=True)]
+        columns += [pa.array(row_keys), data]
         metadata = {"rda.keys": json.dumps(self.keys), "rda.recorder_id": recorder_id}
         fields = [*_META_FIELDS, pa.field("key", pa.int32()), pa.field("data", data.type)]
         return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=metadata))
+
+
+def _child_array(values: Sequence[Any], kind: pa.StructType, exact: bool) -> pa.Array:
+    """One union child: the values of its keys, end to end.
+
+    Exact values (``key_slot``) are read in one pass into one flat list, field after field
+    and row after row, whose every ``num_fields``-th item is one column: no lookup by name
+    per field and row, and no per-row object kept alive for the collector to walk."""
+    width = kind.num_fields
+    if exact and values and width:
+        flat = list(itertools.chain.from_iterable(map(Data.values, values)))
+        if len(flat) == width * len(values):
+            arrays = [build_array(flat[i::width], f.type) for i, f in enumerate(kind)]
+            return pa.StructArray.from_arrays(arrays, fields=list(kind))
+    return build_array(values, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +346,7 @@ class Journal:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        first, last = builder.seq[0], builder.seq[-1]
+        first, last = builder.first_seq, builder.last_seq
         path = self.directory / f"seg-{first:020d}-{last:020d}.arrow"
         write_durably(path, sink.getvalue())
         return Segment(path, first, last)

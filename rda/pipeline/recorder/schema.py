@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from rda.business.client.arrow_rows import ND_NAMES
 from rda.pipeline.recorder.store import Store
+from rda.serialization.data import Data
 
 __all__ = [
     "DataLike",
@@ -138,6 +139,10 @@ def signature(data: DataLike) -> tuple[Any, ...]:
     Called once per recorded row, so scalars (the common case) take the shortest path: the
     type tag itself, no name lookup.
     """
+    if data.__class__ is Data and _PLAIN.issuperset(map(type, data.values())):
+        # Only bools, ints, floats and strings: the (name, type) pairs the loop below makes,
+        # taken from the type table in one step.
+        return tuple(data.types().items())
     type_of = data.type_of
     parts: list[Any] = []
     append = parts.append

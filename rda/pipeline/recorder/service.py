@@ -44,6 +44,7 @@ from rda.pipeline.recorder.query import HistoryReader
 from rda.pipeline.recorder.schema import SchemaCatalog, arrow_type_of, signature
 from rda.pipeline.recorder.serve import HistoryHandler, start_history_server
 from rda.pipeline.recorder.store import Store
+from rda.serialization.data import Data
 from rda.serialization.header import UpdateType
 
 __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
@@ -51,6 +52,7 @@ __all__ = ["Recorder", "RecorderStatistics", "Sample", "parse_pattern"]
 log = logging.getLogger("rda.pipeline.recorder.service")
 
 _EMPTY = pa.struct([])
+_UPDATE_NAMES = {kind: kind.name for kind in UpdateType}  # a dict lookup, not Enum's .name
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -155,8 +157,12 @@ class Recorder:
         self._pending = 0
         self._draining = False
         self._routes: dict[tuple[str, str, tuple[Any, ...]], int] = {}  # per segment
-        self._versions: dict[tuple[str, str, tuple[Any, ...]], int] = {}
-        self._version_types: dict[tuple[str, str, int], pa.StructType] = {}
+        self._versions: dict[
+            tuple[str, str, tuple[Any, ...]], tuple[int, tuple[str, ...] | None]
+        ] = {}
+        # (device, property, version) -> its type (one object per distinct type) and the
+        # type's field names.
+        self._version_types: dict[tuple[str, str, int], tuple[pa.StructType, tuple[str, ...]]] = {}
         self._type_objects: dict[pa.StructType, pa.StructType] = {}  # one per distinct type
         self._subscriptions: list[Closable] = []
         self._writer: threading.Thread | None = None
@@ -461,7 +467,7 @@ class Recorder:
             self._pending = len(builder)
             self._draining = False
             if len(builder) and self._oldest_pending is None:
-                self._oldest_pending = builder.recv_stamp[0]
+                self._oldest_pending = builder.first_recv_stamp
             due = (
                 len(builder) >= self.flush_rows
                 or (len(builder) and self._clock() - started >= self.flush_interval)
@@ -501,6 +507,8 @@ class Recorder:
         notification: Any,
         recv_stamp: int,
     ) -> bool:
+        # Once per recorded row: kept to attribute reads, dict lookups and one tuple for the
+        # builder (SegmentBuilder.append_row), nothing per column.
         context = notification.context
         error = notification.error
         data = None
@@ -535,38 +543,38 @@ class Recorder:
             route = slot
             value = None
         update_type = getattr(notification, "update_type", UpdateType.NORMAL)
-        signal = (device, prop, context.selector or selector or "")
-        if error_text is None and value is not None:
-            last = self._last_values.get(signal)
-            if (
-                update_type is UpdateType.FIRST
-                and last is not None
-                and last[0] == context.acq_stamp
-                and last[1] == value
-            ):
-                # The value a resubscription starts with, already stored (same acquisition
-                # stamp, same value): one acquisition is one row, however often it is resent.
-                self._repeated_first += 1
-                return True
-            self._last_values[signal] = (context.acq_stamp, value)
+        row_selector = context.selector or selector or ""
+        acq_stamp = context.acq_stamp
+        if error_text is None:
+            signal = (device, prop, row_selector)
+            if update_type is UpdateType.FIRST:
+                last = self._last_values.get(signal)
+                if last is not None and last[0] == acq_stamp and last[1] == value:
+                    # The value a resubscription starts with, already stored (same acquisition
+                    # stamp, same value): one acquisition is one row, however often it is resent.
+                    self._repeated_first += 1
+                    return True
+            self._last_values[signal] = (acq_stamp, value)
+            if not acq_stamp:
+                self._missing_stamp(device, prop)
         seq = self._next_seq
         self._next_seq = seq + 1
         self._received += 1
-        if not context.acq_stamp and error_text is None:
-            self._missing_stamp(device, prop)
-        self._pending_stamps[(device, prop)] = context.acq_stamp or recv_stamp
-        builder.add(
-            route,
-            value,
-            context.selector or selector or "",
-            context.acq_stamp,
-            context.cycle_stamp,
-            context.cycle_name,
-            recv_stamp,
-            seq,
-            error_text,
-            update_type.name,
-            _severity(notification),
+        self._pending_stamps[(device, prop)] = acq_stamp or recv_stamp
+        builder.append_value(value)
+        builder.append_row(
+            (
+                route,
+                row_selector,
+                acq_stamp,
+                context.cycle_stamp,
+                context.cycle_name,
+                recv_stamp,
+                seq,
+                error_text,
+                _UPDATE_NAMES[update_type],
+                _severity(notification),
+            )
         )
         return True
 
@@ -594,16 +602,24 @@ class Recorder:
         A signature keeps the schema version it was first given for the recorder's lifetime,
         so a value alternating between two types does not open a new version each time.
         """
-        number = self._versions.get((device, prop, sig))
-        if number is None:
+        known = self._versions.get((device, prop, sig))
+        if known is None:
             version = self.catalog.resolve(device, prop, arrow_type_of(data))
-            number = self._versions[(device, prop, sig)] = version.number
+            # The value's field names in order (None: not a Data), against its version's below.
+            names = tuple(data) if data.__class__ is Data else None
+            known = self._versions[(device, prop, sig)] = (version.number, names)
             # One object per distinct type: keys given the same object share a union child of
             # the segment (SegmentBuilder.key_slot), a thousand properties of one type one child.
             kind = self._type_objects.setdefault(version.arrow_type, version.arrow_type)
-            self._version_types[(device, prop, number)] = kind
+            fields = tuple(field.name for field in kind)
+            self._version_types[(device, prop, version.number)] = (kind, fields)
+        number, names = known
         key = (device, prop, number)
-        slot = builder.key_slot(key, self._version_types[key])
+        kind, fields = self._version_types[key]
+        # A value with exactly its version's fields, in order (not an older, narrower shape:
+        # the version may have widened since): the segment transposes such values into its
+        # columns at once (SegmentBuilder.key_slot's ``exact``).
+        slot = builder.key_slot(key, kind, names == fields)
         if slot is not None:
             self._routes[(device, prop, sig)] = slot
         return slot
