@@ -231,6 +231,35 @@ def test_bad_arguments_raise_value_errors_naming_them(history: History) -> None:
         history.last_before("PS1/Acq", MIDNIGHT, lookback="-1h")
 
 
+def test_many_files_are_listed_in_a_task_per_core(spark: Any, tmp_path: Path) -> None:
+    """Spark stats an explicit list of more than 32 files in a job: one task per core, not one
+    per file (its default: up to 10,000 tasks), and the session's setting is left as it was."""
+    recorder = Recorder(tmp_path, recorder_id="r1", flush_interval=0.02, convert_interval=3_600)
+    recorder.start()
+    try:
+        for i in range(40):  # 40 properties: 40 files
+            context = DataContext("CPS.USER.ALL", MIDNIGHT + i * S, MIDNIGHT + i * S, "")
+            assert recorder.offer(f"M{i:02d}", "Acq", None, Sample(Data(v=float(i)), context))
+        assert recorder.flush(timeout=30)
+    finally:
+        recorder.stop()
+    assert len(list(tmp_path.glob("device=*/property=*/date=*/*.parquet"))) == 40
+    key = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    before = spark.conf.get(key)
+    context = spark.sparkContext
+    context.setJobGroup("rda-listing-test", "listing")
+    try:
+        frame = History(spark, tmp_path).get("M*/Acq", MIDNIGHT, MIDNIGHT + 60 * S)
+    finally:
+        context.setJobGroup("rda-other", "other")
+    tracker = context.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("rda-listing-test")]
+    tasks = [tracker.getStageInfo(s).numTasks for job in jobs for s in job.stageIds]
+    assert tasks and max(tasks) <= context.defaultParallelism, tasks
+    assert spark.conf.get(key) == before
+    assert [r["v"] for r in _rows(frame)] == [float(i) for i in range(40)]
+
+
 # --- last_before, aligned --------------------------------------------------------------------
 
 

@@ -16,10 +16,11 @@ numbers, and otherwise returned as ``string`` (structs and arrays as JSON).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ __all__ = ["BASE_COLUMNS", "History", "col", "to_pandas"]
 BASE_COLUMNS = ("device", "property", "acq_stamp", "ts", "cycle_name", "cycle_stamp", "selector")
 _INTERNAL = ("error", "recorder_id", "seq")
 _HOUR_NS = 3_600 * 10**9
+# Spark stats the explicit file list in a job when it has more paths than a threshold (32), with
+# one task per path up to 10,000: thousands of tasks that each stat a few files.
+_LISTING_TASKS = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 _FILE_FIELDS = [
     T.StructField("acq_stamp", T.LongType()),
     T.StructField("ts", T.TimestampType()),
@@ -382,11 +386,12 @@ class History:
             columns.append(T.StructField("data", spark_type))
         schema = T.StructType(columns + _PARTITION_FIELDS)
         if group.files:
-            frame = (
-                self.spark.read.schema(schema)
-                .option("basePath", self.root)
-                .parquet(*[self.store.spark_path(f) for f in group.files])
-            )
+            with _listing_tasks(self.spark):  # Spark lists the files here, not at the action
+                frame = (
+                    self.spark.read.schema(schema)
+                    .option("basePath", self.root)
+                    .parquet(*[self.store.spark_path(f) for f in group.files])
+                )
         else:
             frame = self.spark.createDataFrame([], schema)
         selected = [F.col(c) for c in (*BASE_COLUMNS, *_INTERNAL)]
@@ -397,6 +402,32 @@ class History:
             else:
                 selected.append(_field_column(name).alias(name))
         return frame.select(*selected)
+
+
+@contextlib.contextmanager
+def _listing_tasks(spark: SparkSession) -> Iterator[None]:
+    """Spark's listing of an explicit file list in one task per core, not one per path.
+
+    The explicit list is already exact (``StoreIndex.files``); Spark still stats every path,
+    in a job of ``min(paths, parallelism)`` tasks (10,000 by default). Lowered to the session's
+    default parallelism for this read only (a value the session set lower is kept), the job
+    keeps the cluster's cores and loses the per-task cost.
+    """
+    try:
+        cores = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # no SparkContext on this side (Spark Connect): Spark's own setting
+        cores = 0
+    before = spark.conf.get(_LISTING_TASKS)
+    lower = cores > 0 and (before is None or cores < int(before))
+    if lower:
+        spark.conf.set(_LISTING_TASKS, str(cores))
+    try:
+        yield
+    finally:
+        if lower and before is None:
+            spark.conf.unset(_LISTING_TASKS)
+        elif lower and before is not None:
+            spark.conf.set(_LISTING_TASKS, before)
 
 
 def _merge_all(kinds: list[pa.DataType]) -> pa.DataType | None:
