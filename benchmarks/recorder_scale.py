@@ -23,12 +23,15 @@ Then (``--compact``): the store is copied, compacted (``Recorder.maintain_store`
 clock past the recorded hours, what ``rda record --compact-every`` does an hour later), and
 the copy and the compacted store are each queried by Spark's ``History.get`` (every signal,
 count and sum collected to the driver; after one untimed warm-up query,
-``--spark-turns`` in turns, the fastest taken) and DuckDB
+``--spark-turns`` in turns whose order turns round, the fastest taken; each timed as its
+``build``, the DataFrame made, and its ``run``, the jobs, with each job's tasks;
+``--spark-unsorted`` adds ``History.frame``, the same rows without ``get``'s sort) and DuckDB
 (``count(*)``, ``sum``). Both must count every row. Targets in
 ``benchmarks/recorder_scale_targets.json``.
 
     .venv/bin/python benchmarks/recorder_scale.py [--properties 1000] [--rate 100]
-        [--seconds 60] [--convert-every 30] [--compact] [--spark-turns 2] [--store DIR]
+        [--seconds 60] [--convert-every 30] [--compact] [--spark-turns 2] [--spark-unsorted]
+        [--store DIR] [--query-only]
 
 (the issue's run: ``--seconds 600 --compact``; the default is a one-minute look.)
 """
@@ -312,27 +315,75 @@ def query(root: Path, copy: Path, rows: int, args: argparse.Namespace) -> dict[s
     out["duckdb_count_sum_s"] = duck
     out["duckdb_speedup"] = round(min(duck["uncompacted"]) / min(duck["compacted"]), 2)
     if args.spark:
-        from pyspark.sql import functions as F
+        out |= spark_query(root, copy, rows, window, args)
+    return out
 
-        from rda.pipeline.history.api import History
-        from rda.pipeline.spark_session import local_session
 
-        spark = local_session(master="local[2]", app_name="rda-recorder-scale")
-        times: dict[str, list[float]] = {"uncompacted": [], "compacted": []}
-        try:
-            # A first query, not timed: the JVM's warm-up would otherwise count for the first.
-            History(spark, root).get("DEV0000/Acq", *window, fields=["current"]).count()
-            for _ in range(args.spark_turns):
-                for name, path in (("uncompacted", copy), ("compacted", root)):
+def _jobs(spark: Any, group: str) -> list[list[int]]:
+    """The tasks of each stage of each job of a job group (status tracker), in job order."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs = []
+    for job in sorted(tracker.getJobIdsForGroup(group)):
+        info = tracker.getJobInfo(job)
+        stages = [tracker.getStageInfo(s) for s in info.stageIds] if info else []
+        jobs.append([s.numTasks for s in stages if s is not None])
+    return jobs
+
+
+def spark_query(
+    root: Path, copy: Path, rows: int, window: tuple[int, int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Spark ``History.get`` of every signal (count and sum collected) on both stores, in turns
+    whose order turns round each time (``History.frame``, the same rows unsorted, too with ``--spark-unsorted``). Each query is
+    timed in two phases: ``build`` (a new ``History``: the planning, the footers, Spark's
+    listing of the files, which happens when the DataFrame is made) and ``run`` (the jobs),
+    with the tasks of each job's stages."""
+    from pyspark.sql import functions as F
+
+    from rda.pipeline.history.api import History
+    from rda.pipeline.spark_session import local_session
+
+    out: dict[str, Any] = {}
+    spark = local_session(master="local[2]", app_name="rda-recorder-scale")
+    kinds = ["get", "frame"] if args.spark_unsorted else ["get"]
+    times: dict[str, dict[str, list[Any]]] = {}
+    try:
+        # A first query, not timed: the JVM's warm-up would otherwise count for the first.
+        History(spark, root).get("DEV0000/Acq", *window, fields=["current"]).count()
+        turn = 0
+        stores = [("uncompacted", copy), ("compacted", root)]
+        for round_ in range(args.spark_turns):  # A B, then B A: the load hits both alike
+            for name, path in stores if round_ % 2 == 0 else stores[::-1]:
+                for kind in kinds:
+                    turn += 1
+                    group = f"rda-scale-{turn}"
+                    spark.sparkContext.setJobGroup(group, f"{kind} {name}")
                     begin = time.perf_counter()
-                    frame = History(spark, path).get("DEV*/Acq", *window, fields=["current"])
+                    history = History(spark, path)
+                    read = history.get if kind == "get" else history.frame
+                    frame = read("DEV*/Acq", *window, fields=["current"])
+                    built = time.perf_counter()
                     row = frame.agg(F.count("*").alias("n"), F.sum("current").alias("s")).collect()
-                    times[name].append(round(time.perf_counter() - begin, 2))
+                    end = time.perf_counter()
                     assert int(row[0]["n"]) == rows, (name, row)
-        finally:
-            spark.stop()
-        out["spark_get_s"] = times
-        out["spark_speedup"] = round(min(times["uncompacted"]) / min(times["compacted"]), 2)
+                    label = name if kind == "get" else f"{name}_unsorted"
+                    entry = times.setdefault(label, {"total": [], "build": [], "run": []})
+                    entry["total"].append(round(end - begin, 2))
+                    entry["build"].append(round(built - begin, 2))
+                    entry["run"].append(round(end - built, 2))
+                    entry.setdefault("jobs_tasks", []).append(_jobs(spark, group))
+                    entry.setdefault("load", []).append(_load()[0])
+    finally:
+        spark.stop()
+    out["spark_get_s"] = times
+    out["spark_speedup"] = round(
+        min(times["uncompacted"]["total"]) / min(times["compacted"]["total"]), 2
+    )
+    if args.spark_unsorted:
+        out["spark_unsorted_speedup"] = round(
+            min(times["uncompacted_unsorted"]["total"]) / min(times["compacted_unsorted"]["total"]),
+            2,
+        )
     return out
 
 
@@ -347,6 +398,9 @@ def main() -> None:
     parser.add_argument("--compact", action="store_true", help="then compact and query")
     parser.add_argument("--no-spark", dest="spark", action="store_false")
     parser.add_argument("--spark-turns", type=int, default=2, help="Spark queries per store")
+    parser.add_argument(
+        "--spark-unsorted", action="store_true", help="also History.frame (no sort) per turn"
+    )
     parser.add_argument("--store", help="keep the store here (default: a temporary directory)")
     parser.add_argument(
         "--query-only", action="store_true", help="only query the stores --store DIR holds"
