@@ -200,7 +200,8 @@ class RequestRunner:
         # Known before the handler runs: a synchronous handler that runs past it answers late
         # (the watcher below is armed only when it returns), and respond must know.
         request.deadline = deadline
-        rtype = request.header.request_type
+        # The message's header, not the request's ``header`` property: a Python call less.
+        rtype = request.message.header.request_type
         try:
             if rtype is _GET:
                 # The frame below the handler's (this one, or when this module is compiled and
@@ -363,7 +364,7 @@ class RequestRunner:
         """The one answer of ``request`` (its responder: ``settle`` calls it once): counted,
         encoded, sent; then an accepted subscription is registered and a set's IMMEDIATE
         updates start."""
-        header = request.header
+        header = request.message.header
         rtype = header.request_type
         now = self._clock()
         if now >= request.deadline and not isinstance(error, TimeoutError):
