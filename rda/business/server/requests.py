@@ -126,6 +126,11 @@ SERVER_CLIENT = ClientInfo(b"", application="rda-server")
 
 _UNSET: Any = object()
 
+# Makes the first answer of a request the only one (settle, watch_deadline). One for every
+# request, not one each: it is held for three attribute operations, never around a call,
+# and a request then costs no lock to make.
+_ANSWER_LOCK = threading.Lock()
+
 # (request, result, error): result is an AcquiredData for get, None otherwise; error None = ok.
 Responder = Callable[["ServerRequest", AcquiredData | None, BaseException | None], None]
 
@@ -140,7 +145,6 @@ class ServerRequest:
 
     __slots__ = (
         "_filters",
-        "_lock",
         "_on_answer",
         "_on_late",
         "_responder",
@@ -166,7 +170,6 @@ class ServerRequest:
         self.received_at = received_at
         self._responder: Responder | None = responder
         self._filters = filters
-        self._lock = threading.Lock()
         # Set by the server when a deadline is registered, so the answer can cancel it.
         self._on_answer: Callable[[], None] | None = None
         # Counts answers that came too late (the server's statistics).
@@ -231,7 +234,7 @@ class ServerRequest:
 
         What ``complete``/``fail`` call, and what the runner calls when the handler raised,
         the queue was full or the deadline passed."""
-        with self._lock:
+        with _ANSWER_LOCK:
             responder = self._responder
             self._responder = None
             on_answer = self._on_answer
@@ -246,7 +249,7 @@ class ServerRequest:
     def watch_deadline(self, cancel: Callable[[], None]) -> bool:
         """Attach a deadline's cancel function (called by the answer); False (the caller
         cancels) if already answered."""
-        with self._lock:
+        with _ANSWER_LOCK:
             if self._responder is None:
                 return False
             self._on_answer = cancel
