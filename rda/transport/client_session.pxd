@@ -65,3 +65,7 @@ cdef class ClientSessions:
     cpdef end_batch(self)
     cpdef double check_timers(self, double now) except? -1.0
     cpdef drop(self, object session, object reason, object event=*)
+
+cdef object _CONNECTING
+cdef object _CONNECTED
+cdef object _REQUEST

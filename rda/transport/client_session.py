@@ -67,6 +67,10 @@ HEARTBEAT_FRAMES = encode_heartbeat(from_server=False)
 
 # Requests a client abandons at its deadline: never sent once abandoned (``_expired``).
 _EXPIRABLE = frozenset({RequestType.GET, RequestType.SET})
+# Enum members read once: each ``ConnState.X`` (``Kind.X``) read goes through the enum class's
+# ``__getattr__`` hook on Python 3.11, ten times a module global's cost.
+_CONNECTING, _CONNECTED = ConnState.CONNECTING, ConnState.CONNECTED
+_REQUEST = Kind.REQUEST
 
 
 @dataclass(slots=True, eq=False)
@@ -212,7 +216,7 @@ class ClientSessions:
         session = self.sessions.get(conn)
         if session is None:
             return
-        if session.state is ConnState.CONNECTING:
+        if session.state is _CONNECTING:
             self.queued += 1
             self._push_backlog(session, frames)
         elif session.backlog or not self._write(session, frames):
@@ -229,7 +233,7 @@ class ClientSessions:
         """Send the backlog while the pipe takes it; before the ACK only the CONNECT may go."""
         backlog = session.backlog
         while backlog:
-            if session.state is ConnState.CONNECTING and session.connect_sent:
+            if session.state is _CONNECTING and session.connect_sent:
                 break  # the queued requests wait for CONNECT_ACK
             frames = backlog[0]
             if self._expired(frames):
@@ -256,7 +260,7 @@ class ClientSessions:
         if awaits is None or not frames:
             return False
         first = frames[0]
-        if len(first) < 1 + HEADER_FIXED.size or first[0] != Kind.REQUEST:
+        if len(first) < 1 + HEADER_FIXED.size or first[0] != _REQUEST:
             return False
         _, rtype, _, _, rid, _, _, _ = HEADER_FIXED.unpack_from(first, 1)
         return rtype in _EXPIRABLE and not awaits(rid)
@@ -303,7 +307,7 @@ class ClientSessions:
             )
             return None
         if type(event) is Incoming:
-            if session.state is ConnState.CONNECTED:
+            if session.state is _CONNECTED:
                 return event.message
             self.decode_errors += 1
             self._peer_log.log(
@@ -312,7 +316,7 @@ class ClientSessions:
         elif type(event) is ConnectAck:
             self._acknowledged(session, event.info)
         elif type(event) is Reconnect:
-            if session.state is ConnState.CONNECTED:
+            if session.state is _CONNECTED:
                 # The server dropped us (we were paused past its heartbeat timeout): report the
                 # connection lost now, so the business layer connects and subscribes again.
                 self.drop(session, FORGOTTEN, ConnEvent.RECONNECT_RECEIVED)
@@ -323,7 +327,7 @@ class ClientSessions:
     def _acknowledged(self, session: ClientSession, info: dict[str, Any]) -> None:
         if self._held:
             self.end_batch()  # replies held back are older than this connection event
-        if session.state is not ConnState.CONNECTING:
+        if session.state is not _CONNECTING:
             # A second ACK changes nothing, but a server that sends one breaks the protocol.
             self.decode_errors += 1
             self._peer_log.log("repeated ACKs", "%s sent CONNECT_ACK twice", session.endpoint)
@@ -393,7 +397,7 @@ class ClientSessions:
         """Connect timeouts and heartbeats; returns (and keeps) the next deadline."""
         next_timer = float("inf")
         for session in list(self.sessions.values()):
-            if session.state is ConnState.CONNECTING:
+            if session.state is _CONNECTING:
                 if now >= session.connect_deadline:
                     self.drop(session, NO_CONNECT_ACK, ConnEvent.HEARTBEAT_TIMEOUT)
                 else:
@@ -435,7 +439,7 @@ class ClientSessions:
             return
         if self._held:
             self.end_batch()  # replies held back arrived before the connection was lost
-        if session.state is ConnState.CONNECTED:
+        if session.state is _CONNECTED:
             self.connected -= 1
         session.state = next_state(session.state, event)
         self._backlog_total -= len(session.backlog)

@@ -10,7 +10,8 @@ cdef class _Inbound:
     cdef object _route
 
 cdef class ClientService:
-    cdef public object config
+    cdef readonly object config
+    cdef double _request_timeout
     cdef public object directory
     cdef object _clock
     cdef bint _closing

@@ -183,6 +183,9 @@ class ClientService:
         principal: str | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
+        # Read per request: a pydantic model's attribute read goes through its ``__getattr__``
+        # hook; the config is immutable (and ``config`` read-only once compiled).
+        self._request_timeout: float = self.config.request_timeout
         self.directory = directory if directory is not None else default_directory(self.config)
         self._clock = clock if clock is not None else time.monotonic
         self._closing = False
@@ -473,7 +476,7 @@ class ClientService:
                 prop,
                 selector,
                 body,
-                self.config.request_timeout if timeout is None else timeout,
+                self._request_timeout if timeout is None else timeout,
                 convert,
             )
             if result is not NO_LANE:
@@ -494,7 +497,7 @@ class ClientService:
         timeout: float | None,
     ) -> None:
         if timeout is None:
-            timeout = self.config.request_timeout
+            timeout = self._request_timeout
         name = op_name(op)
         if self._closing:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
@@ -533,7 +536,7 @@ class ClientService:
     def request_context(self, timeout: float | None, filters: Data | None) -> bytes:
         """The REQUEST_CONTEXT frame for a request with this deadline and filters."""
         if timeout is None:
-            timeout = self.config.request_timeout
+            timeout = self._request_timeout
         return build_request_context(int(timeout * 1000), filters)
 
     # -- subscriptions (subscription_set.py, connections.py) --------------------------------
