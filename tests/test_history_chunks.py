@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rda.pipeline.recorder import converter
+from rda.pipeline.recorder import converter, query
 from rda.pipeline.recorder.converter import Converter
 from rda.pipeline.recorder.journal import Journal
 from rda.pipeline.recorder.query import Cursor, HistoryReader
@@ -225,3 +225,46 @@ def test_text_columns_read_through_dictionaries_equal_a_plain_read(tmp_path: Any
         column = chunk.table.column(name)
         column.validate(full=True)
         assert column.to_pylist() == plain.column(name).to_pylist(), name
+
+
+def test_a_window_larger_than_the_cache_read_again_is_mostly_kept(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row groups read in order, more of them than the cache holds: read again while the
+    kept ones are hot, the window decodes only what did not fit (an LRU evicted each group
+    before it was asked again, and decoded all of them every time); the rows are the same."""
+    monkeypatch.setattr(converter, "ROW_GROUP_BYTES", 20_000)
+    recorder = Recorder(tmp_path, recorder_id="r1", convert=False, serve=False, flush_rows=100)
+    recorder.start()
+    try:
+        for i in range(2000):
+            value = Data(x=i, wave=np.full(64, float(i)))
+            assert recorder.offer("DEV", "Acq", None, Sample(value, DataContext("", 0, T0 + i)))
+        recorder.flush(60)
+        recorder.convert_now()
+    finally:
+        recorder.stop(convert=False)
+    monkeypatch.setattr(query, "_WHOLE_FILE_BYTES", 0)  # every file read by row group
+    monkeypatch.setattr(query, "_TABLE_CACHE_BYTES", 1_000_000)  # two thirds of the window
+    monkeypatch.setattr(query, "_HOT", 1e9)  # "recently used": whatever the machine's speed
+    reader = HistoryReader(
+        Store.open(tmp_path),
+        Journal(tmp_path, "r1"),
+        lambda: Converter(tmp_path, "r1").max_seq,
+        "r1",
+    )
+
+    def pull() -> tuple[list[tuple[int, int]], int]:
+        misses = reader.cache()[1]
+        keys = [key for table in _read(reader, 100, 1 << 30) for key in _keys(table)]
+        return keys, reader.cache()[1] - misses
+
+    first, decoded = pull()
+    again, decoded_again = pull()
+    assert first == again and len(first) == 2000
+    groups = decoded  # the first pull decoded each row group once (then kept or aside)
+    assert groups > 10
+    held = reader.cache()[2]
+    assert held <= 1_000_000 + 1_000_000 // 4
+    # Kept: what fitted (about two thirds here); decoded again: only the rest.
+    assert decoded_again <= groups // 2, (decoded_again, groups)

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,10 @@ _CACHE = 4096  # stamp ranges of files and segments kept (a few dozen bytes each
 # every group before it is asked again. Counted in HistoryServerStatistics (cache_*).
 _TABLE_CACHE_BYTES = 512 << 20
 _WHOLE_FILE_BYTES = 64 << 20  # a file up to this is decoded whole; a bigger one by row group
+# A kept source used this recently (seconds) is not evicted for a new one: a window larger than
+# the cache, read again, then finds all but its last sources kept (an LRU, read in order,
+# would have evicted each before it was asked again, and decoded the whole window each time).
+_HOT = 10.0
 
 
 _TableKey = tuple[str, int, str, str]
@@ -305,6 +310,10 @@ class HistoryReader:
             collections.OrderedDict()
         )
         self._table_bytes = 0
+        self._used: dict[_TableKey, float] = {}  # when each kept source was last used
+        # The one source decoded last that the cache had no room for (all it held being hot),
+        # kept aside for the next chunk, which usually reads it again: (key, entry, size).
+        self._spare: tuple[_TableKey, Any, int] | None = None
         self._listed_names: frozenset[str] | None = None
         self._listed: list[Segment] = []
         # Per key, its journal sources for one listing and converted seq (the listing it was
@@ -416,24 +425,37 @@ class HistoryReader:
             entry = self._tables.get(key)
             if entry is not None:
                 self._tables.move_to_end(key)
+                self._used[key] = time.monotonic()
                 self._cache_hits += 1
                 return entry
+            if self._spare is not None and self._spare[0] == key:
+                self._cache_hits += 1
+                return self._spare[1]
             self._cache_misses += 1
         return None
 
     def _keep(self, key: _TableKey, entry: Any, size: int) -> None:
-        """Keep a decoded source (bounded by bytes, least recent out)."""
+        """Keep a decoded source (bounded by bytes, least recent out, unless everything kept
+        is hot: then the new source goes aside, alone, see :data:`_HOT`)."""
         if size > _TABLE_CACHE_BYTES // 4:
             return
         with self._lock:
             if key in self._tables:  # decoded by two chunks at once: counted once
                 return
+            now = time.monotonic()
+            while self._tables and self._table_bytes + size > _TABLE_CACHE_BYTES:
+                old = next(iter(self._tables))
+                if now - self._used[old] < _HOT:
+                    self._spare = (key, entry, size)
+                    return
+                del self._tables[old], self._used[old]
+                self._table_bytes -= self._table_sizes.pop(old)
             self._tables[key] = entry
             self._table_sizes[key] = size
+            self._used[key] = now
+            if self._spare is not None and self._spare[0] == key:
+                self._spare = None
             self._table_bytes += size
-            while self._table_bytes > _TABLE_CACHE_BYTES:
-                old, _ = self._tables.popitem(last=False)
-                self._table_bytes -= self._table_sizes.pop(old)
 
     def _journal_segments(self) -> list[Segment]:
         """``Journal.segments()``, listed again only when the directory's names changed: a
@@ -591,9 +613,11 @@ class HistoryReader:
         )
 
     def cache(self) -> tuple[int, int, int]:
-        """The decoded-file cache: ``(hits, misses, bytes held)``; at most 512 MiB held."""
+        """The decoded-file cache: ``(hits, misses, bytes held)``; at most 512 MiB held, and
+        one source aside (at most a quarter of that)."""
         with self._lock:
-            return self._cache_hits, self._cache_misses, self._table_bytes
+            spare = self._spare[2] if self._spare is not None else 0
+            return self._cache_hits, self._cache_misses, self._table_bytes + spare
 
     def relists(self) -> int:
         """How many times a chunk listed its sources again because a listed file was gone."""
