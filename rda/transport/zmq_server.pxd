@@ -23,6 +23,7 @@ cdef class ZmqServerTransport(common.DispatcherShell):
     @cython.locals(table=PeerTable, relay=Relay)
     cpdef bint _lead(self) except -1
     cpdef int _poll_timeout_ms(self) except? -2
+    cpdef bint _on_dispatcher(self) except -1
     @cython.locals(table=PeerTable)
     cpdef _drain_mailbox(self, object mailbox)
     @cython.locals(table=PeerTable, relay=Relay, now=double, curve=bint)
