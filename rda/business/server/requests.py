@@ -162,8 +162,8 @@ class ServerRequest:
         client: ClientInfo,
         received_at: float,
         responder: Responder,
-        filters: Data | None = _UNSET,
         on_late: Callable[[], None] | None = None,
+        filters: Data | None = _UNSET,
     ) -> None:
         self.message = message
         self.client = client

@@ -155,9 +155,8 @@ class RequestRunner:
         overflow is answered ``OverloadError``, its body never decoded)."""
         header = message.header
         rtype = header.request_type
-        request = _REQUEST_CLASSES[rtype](
-            message, client, received_at, self._respond, on_late=self._late
-        )
+        # Positional: a keyword argument makes the class call build a dict for __init__.
+        request = _REQUEST_CLASSES[rtype](message, client, received_at, self._respond, self._late)
         run = partial(self._run_task, request)
         inline = self.inline
         if (
