@@ -133,7 +133,8 @@ def get_reply_frames(
     body.insert(1, (_DATA_CONTEXT, encode_context(result.context, 0)))
     if alarm is not None:
         body.append((_REPLY_CONTEXT, alarm))
-    return reply_frames(header, _REPLY, body)
+    h = header  # reply_frames' frames, without its call: one per get
+    return encode_routed(_REPLY_KIND, _REPLY, h.id, h.device, h.property, h.selector, body)
 
 
 def admin_reply_frames(header: Header, result: Data) -> list[Buffer]:
