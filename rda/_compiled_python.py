@@ -53,6 +53,7 @@ MODULES = (
     "rda.business.client.access",
     "rda.business.client.service",
     "rda.serialization.message",
+    "rda.serialization.header",
     "rda.business.common",
 )
 

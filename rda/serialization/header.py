@@ -258,21 +258,19 @@ def encode_context(context: DataContext, seq: int = 0, acq_stamp: int | None = N
 def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataContext, int]:
     """Parse a DATA_CONTEXT frame into ``(context, seq)``."""
     size = len(frame)
-    if size < CONTEXT_FIXED.size:
-        raise DecodeError(f"data context is {size} bytes, shorter than {CONTEXT_FIXED.size}", 0)
-    seq, acq_stamp, cycle_stamp, ln = CONTEXT_FIXED.unpack_from(frame)
-    if CONTEXT_FIXED.size + ln != size:
+    if size < _CONTEXT_SIZE:
+        raise DecodeError(f"data context is {size} bytes, shorter than {_CONTEXT_SIZE}", 0)
+    seq, acq_stamp, cycle_stamp, ln = _unpack_context(frame)
+    if _CONTEXT_SIZE + ln != size:
         raise DecodeError(
-            f"data context declares a {ln}-byte cycle name but carries {size - CONTEXT_FIXED.size}",
-            CONTEXT_FIXED.size - 2,
+            f"data context declares a {ln}-byte cycle name but carries {size - _CONTEXT_SIZE}",
+            _CONTEXT_SIZE - 2,
         )
     if ln:
         try:
-            name = str(frame[CONTEXT_FIXED.size :], "utf-8")
+            name = str(frame[_CONTEXT_SIZE:], "utf-8")
         except UnicodeDecodeError as exc:
-            raise DecodeError(
-                "cycle name is not valid UTF-8", CONTEXT_FIXED.size + exc.start
-            ) from exc
+            raise DecodeError("cycle name is not valid UTF-8", _CONTEXT_SIZE + exc.start) from exc
     else:
         name = ""
     # Once per reply and notification read: filled through the slots, as decode_header does.
@@ -284,6 +282,9 @@ def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataC
     return context, seq
 
 
+# Read once per reply and notification: bound once.
+_CONTEXT_SIZE = CONTEXT_FIXED.size
+_unpack_context = CONTEXT_FIXED.unpack_from
 _set_name, _set_cycle_stamp, _set_acq_stamp, _set_selector = (
     getattr(DataContext, field).__set__
     for field in ("cycle_name", "cycle_stamp", "acq_stamp", "selector")
