@@ -54,6 +54,10 @@ _HOUR_NS = 3_600 * 10**9
 # Spark stats the explicit file list in a job when it has more paths than a threshold (32), with
 # one task per path up to 10,000: thousands of tasks that each stat a few files.
 _LISTING_TASKS = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+# get's order by ranges of signals (``_ranges``) on sessions of at most this many cores; a
+# bigger cluster keeps orderBy, whose sampling scans run on all its cores, rather than one
+# read (and listing) per range.
+_RANGES_MAX = 16
 _FILE_FIELDS = [
     T.StructField("acq_stamp", T.LongType()),
     T.StructField("ts", T.TimestampType()),
@@ -163,11 +167,9 @@ class History:
         a signal's ``#field``, else ``fields``, else every top-level field of ``data``.
         ``selector`` keeps rows of that selector (a glob is allowed).
         """
-        frame = self.frame(signals, start, end, fields, selector, errors)
+        frame = self._sorted(signals, start, end, fields, selector, errors)
         keep = [c for c in frame.columns if c not in _INTERNAL or (errors and c == "error")]
-        return frame.orderBy("device", "property", "acq_stamp", "recorder_id", "seq").select(
-            *[col(c) for c in keep]
-        )
+        return frame.select(*[col(c) for c in keep])
 
     def last_before(
         self,
@@ -310,16 +312,64 @@ class History:
         """``get`` unsorted, with ``error``, ``recorder_id`` and ``seq``: the base of every query."""
         parsed = parse_signals(signals)
         start_ns, end_ns = parse_time(start, "start"), parse_time(end, "end")
+        self._check(fields, selector)
+        days = days_between(start_ns, end_ns)
+        wanted, _ = self._plan(parsed, fields, days, errors)
+        frame = union_frames([self._read(group, names) for group, names in wanted])
+        return frame.where(self._condition(start_ns, end_ns, selector, errors))
+
+    def _sorted(
+        self,
+        signals: str | Sequence[str],
+        start: Any,
+        end: Any,
+        fields: Sequence[str] | None,
+        selector: str | None,
+        errors: bool,
+    ) -> DataFrame:
+        """``frame`` sorted by device, property, acq_stamp, recorder_id and seq.
+
+        With at least as many signals as the session has cores (at most ``_RANGES_MAX``), the
+        signals are cut into ranges (in order, of about equal bytes) and each range is read
+        and sorted by one task, the ranges following each other: the rows come out in the
+        global order without the range partitioner's sampling jobs (each a scan of the whole
+        window: Spark runs two under adaptive execution) nor a shuffle. Otherwise (few
+        signals: a range would be one big task; a big cluster), ``orderBy``.
+        """
+        order = ("device", "property", "acq_stamp", "recorder_id", "seq")
+        parsed = parse_signals(signals)
+        start_ns, end_ns = parse_time(start, "start"), parse_time(end, "end")
+        self._check(fields, selector)
+        condition = self._condition(start_ns, end_ns, selector, errors)
+        days = days_between(start_ns, end_ns)
+        cores = _cores(self.spark)
+        parts = cores if cores <= _RANGES_MAX else 1
+        whole, cut = self._plan(parsed, fields, days, errors, parts)
+        if len(cut) < 2:
+            frame = union_frames([self._read(group, names) for group, names in whole])
+            return frame.where(condition).orderBy(*order)
+        names: list[str] = []  # the field columns in frame's order
+        for _, columns in whole:
+            names.extend(c for c in columns if c not in names)
+        ranges = []
+        for plan in cut:
+            part = union_frames([self._read(group, columns) for group, columns in plan])
+            ranges.append(part.where(condition).coalesce(1).sortWithinPartitions(*order))
+        frame = union_frames(ranges)  # a union keeps its inputs' partitions in order
+        head = [c for c in frame.columns if c not in names]
+        return frame.select(*[col(c) for c in (*head, *[n for n in names if n in frame.columns])])
+
+    @staticmethod
+    def _check(fields: Sequence[str] | None, selector: str | None) -> None:
         if fields is not None and (
             isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields)
         ):
             raise ValueError(f"fields: {fields!r} is not a list of field names")
         if selector is not None and not isinstance(selector, str):
             raise ValueError(f"selector: {selector!r} is not a string")
-        days = days_between(start_ns, end_ns)
-        wanted = self._plan(parsed, fields, days, errors)
-        frames = [self._read(group, names) for group, names in wanted]
-        frame = union_frames(frames)
+
+    @staticmethod
+    def _condition(start_ns: int, end_ns: int, selector: str | None, errors: bool) -> Column:
         condition = (F.col("acq_stamp") >= F.lit(start_ns)) & (F.col("acq_stamp") < F.lit(end_ns))
         if not errors:
             condition = condition & F.col("error").isNull()
@@ -328,7 +378,7 @@ class History:
                 condition = condition & F.col("selector").rlike(fnmatch.translate(selector))
             else:
                 condition = condition & (F.col("selector") == F.lit(selector))
-        return frame.where(condition)
+        return condition
 
     def _plan(
         self,
@@ -336,8 +386,11 @@ class History:
         fields: Sequence[str] | None,
         days: list[str],
         errors: bool,
-    ) -> list[tuple[FileGroup, list[str]]]:
-        """The file groups to read and, for each, its field columns (in first-seen order)."""
+        parts: int = 1,
+    ) -> tuple[list[tuple[FileGroup, list[str]]], list[list[tuple[FileGroup, list[str]]]]]:
+        """The file groups to read and, for each, its field columns (in first-seen order);
+        then, with ``parts`` > 1, the same cut into ranges of signals (``_ranges``), in order
+        (none when not cut)."""
         chosen: dict[tuple[str, str], list[Signal]] = {}
         files: list[tuple[tuple[str, str], str]] = []
         types: dict[tuple[str, str], list[pa.DataType]] = {}
@@ -361,6 +414,21 @@ class History:
             chosen[key] = selecting
             types[key] = known
             files.extend((key, p) for p in paths)
+        whole = self._groups(files, chosen, types, fields)
+        ranges = _ranges(chosen, files, self.index, parts) if parts > 1 else []
+        cut = []
+        for keys in ranges if len(ranges) > 1 else []:
+            part = [(key, path) for key, path in files if key in keys]
+            cut.append(self._groups(part, {k: chosen[k] for k in keys}, types, fields))
+        return whole, cut
+
+    def _groups(
+        self,
+        files: list[tuple[tuple[str, str], str]],
+        chosen: dict[tuple[str, str], list[Signal]],
+        types: dict[tuple[str, str], list[pa.DataType]],
+        fields: Sequence[str] | None,
+    ) -> list[tuple[FileGroup, list[str]]]:
         groups = self.index.group(files)
         grouped = {k for g in groups for k in g.keys}
         for key in chosen:
@@ -404,6 +472,43 @@ class History:
         return frame.select(*selected)
 
 
+def _cores(spark: SparkSession) -> int:
+    """The session's default parallelism (0 where there is no SparkContext: Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        return 0
+
+
+def _ranges(
+    chosen: dict[tuple[str, str], list[Signal]],
+    files: list[tuple[tuple[str, str], str]],
+    index: StoreIndex,
+    parts: int,
+) -> list[set[tuple[str, str]]]:
+    """The signals cut into ``parts`` runs of consecutive keys (sorted as Spark sorts
+    device, property: by code point, which is UTF-8's byte order) of about equal bytes.
+
+    One range (no cut) when there are fewer signals than parts, or when one signal holds more
+    than one and a half parts' share: one task would read and sort most of the rows alone."""
+    keys = sorted(chosen)
+    size = dict.fromkeys(keys, 0)
+    for key, path in files:
+        size[key] += index.size(path)
+    total = sum(size.values())
+    if len(keys) < parts or total == 0 or max(size.values()) * parts > 1.5 * total:
+        return [set(keys)]
+    ranges: list[set[tuple[str, str]]] = [set()]
+    filled = 0
+    for key in keys:
+        # a new range once this one holds its share (the last takes the rest)
+        if filled >= total * len(ranges) / parts and len(ranges) < parts:
+            ranges.append(set())
+        ranges[-1].add(key)
+        filled += size[key]
+    return ranges
+
+
 @contextlib.contextmanager
 def _listing_tasks(spark: SparkSession) -> Iterator[None]:
     """Spark's listing of an explicit file list in one task per core, not one per path.
@@ -413,10 +518,7 @@ def _listing_tasks(spark: SparkSession) -> Iterator[None]:
     default parallelism for this read only (a value the session set lower is kept), the job
     keeps the cluster's cores and loses the per-task cost.
     """
-    try:
-        cores = int(spark.sparkContext.defaultParallelism)
-    except Exception:  # no SparkContext on this side (Spark Connect): Spark's own setting
-        cores = 0
+    cores = _cores(spark)  # 0 on Spark Connect: Spark's own setting
     before = spark.conf.get(_LISTING_TASKS)
     lower = cores > 0 and (before is None or cores < int(before))
     if lower:

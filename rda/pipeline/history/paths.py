@@ -288,6 +288,14 @@ class StoreIndex:
         self._footers[path] = (*seen, kind)
         return kind
 
+    def size(self, path: str) -> int:
+        """A file's size in bytes, as its last listing or footer read saw it."""
+        cached = self._footers.get(path)
+        if cached is not None:
+            return cached[1]
+        seen = self._seen.get(path)
+        return seen[1] if seen is not None else int(self.store.info(path).size or 0)
+
     def group(self, files: Sequence[tuple[tuple[str, str], str]]) -> list[FileGroup]:
         """Group files so that each group's ``data`` types merge (schema versions kept apart).
 
