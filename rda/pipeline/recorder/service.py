@@ -59,12 +59,6 @@ _GLOB = re.compile(r"[*?\[]")
 DESCRIBE_TIMEOUT = 5.0  # seconds to ask a recorded property's description at start
 
 
-def _severity(notification: Any) -> int | None:
-    """The alarm severity a notification carries (``Notification.alarm``), None without one."""
-    alarm = getattr(notification, "alarm", None)
-    return None if alarm is None else int(alarm.severity)
-
-
 class Recorder:
     """Records notifications into ``root`` (journal, then Parquet); see the module docstring."""
 
@@ -450,11 +444,14 @@ class Recorder:
             self._draining = True
             room = (backlog_limit if self._state == "error" else self.flush_rows) - len(builder)
             taken = 0
+            if queue and not len(builder):
+                # (Once per batch, not per row: a row dropped as a repeated FIRST leaves the
+                # builder empty and its deadline merely a little early.)
+                started = self._clock()
+            append = self._append
             while queue and taken < room:
-                if not len(builder):
-                    started = self._clock()
                 item = queue.popleft()
-                if not self._append(builder, *item):
+                if not append(builder, *item):
                     # A 128th value type in one segment (MAX_TYPES): close it, go on with a fresh one.
                     if not self._flush(builder):
                         queue.appendleft(item)
@@ -462,7 +459,7 @@ class Recorder:
                     builder = SegmentBuilder()
                     self._routes.clear()
                     started = self._clock()
-                    self._append(builder, *item)
+                    append(builder, *item)
                 taken += 1
             self._pending = len(builder)
             self._draining = False
@@ -543,6 +540,7 @@ class Recorder:
             route = slot
             value = None
         update_type = getattr(notification, "update_type", UpdateType.NORMAL)
+        alarm = getattr(notification, "alarm", None)  # the severity the server computed
         row_selector = context.selector or selector or ""
         acq_stamp = context.acq_stamp
         if error_text is None:
@@ -573,7 +571,7 @@ class Recorder:
                 seq,
                 error_text,
                 _UPDATE_NAMES[update_type],
-                _severity(notification),
+                None if alarm is None else int(alarm.severity),
             )
         )
         return True
