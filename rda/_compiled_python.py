@@ -54,6 +54,7 @@ MODULES = (
     "rda.business.client.service",
     "rda.serialization.message",
     "rda.serialization.header",
+    "rda.business.client.timer",
     "rda.business.common",
 )
 

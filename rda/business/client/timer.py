@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # The heap is rebuilt from its live entries when it grows past this, or past twice the live
 # entries it kept last time.
 _PRUNE_MIN = 1024
+_heappush = heapq.heappush  # once per request (deadline): a global, not a module attribute
 
 
 class TimerHandle:
@@ -123,7 +124,7 @@ class Timer:
                 return
             heap = self._heap
             order = next(self._order)
-            heapq.heappush(heap, (at, order, key))
+            _heappush(heap, (at, order, key))
             if heap[0][1] == order:
                 self._cond.notify()
             if len(heap) > self._prune_at:
