@@ -1,8 +1,9 @@
 """The 64-in-flight measure of ``benchmarks/rpc.py`` alone, for the futures (issue 38, item 4's
 lighter ``get_async()`` future): raw pyzmq, ``rda_documented`` (docs/client.md's window of 64
 ``get_async()`` futures, each waited with ``result(timeout=10)``, against the documented
-callback server) and ``rda_user`` (the same window with ``result()``, against rpc.py's rda
-server), in separate server processes, taking turns chunk by chunk as rpc.py does. Prints one
+callback server), ``rda_user`` (the same window with ``result()``, against rpc.py's rda
+server) and ``rda`` (rpc.py's own in-flight pattern, against the same server), in separate
+server processes, taking turns chunk by chunk as rpc.py does. Prints one
 JSON line: per contestant the rate of each round, each round's ratio to raw, and the load.
 
 Run it alternately from two trees (PYTHONPATH) to compare them: the ratio to raw of one run
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 
 import rpc
 import zmq
-from _contestants import Raw, RdaDocumented, RdaUser
+from _contestants import Raw, Rda, RdaDocumented, RdaUser
 
 
 def main() -> None:
@@ -41,6 +42,7 @@ def main() -> None:
         contestants.append(Raw(ctx, children[0].endpoint))
         contestants.append(RdaDocumented("rda_documented", children[2].endpoint))
         contestants.append(RdaUser("rda_user", children[1].endpoint))
+        contestants.append(Rda("rda", children[1].endpoint, subscriptions=False))
         for c in contestants:
             c.in_flight(0.3)  # warm up (and connected)
         rates: dict[str, list[float]] = {c.name: [] for c in contestants}
@@ -61,7 +63,7 @@ def main() -> None:
         "load_after": os.getloadavg(),
         "rates_per_s": rates,
     }
-    for name in ("rda_documented", "rda_user"):
+    for name in ("rda", "rda_documented", "rda_user"):
         ratios = [r / b for r, b in zip(rates[name], raw, strict=True)]
         report[f"ratio_{name}_per_round"] = ratios
         report[f"ratio_{name}_median"] = statistics.median(ratios)
