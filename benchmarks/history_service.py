@@ -11,7 +11,9 @@
    the same run, on the same bytes (the Arrow IPC streams of the same query as the server
    encodes them): raw pyzmq DEALER/ROUTER shipping them chunk after chunk (request, reply),
    and the same with each received frame opened by pyarrow's IPC reader (raw pyarrow IPC
-   over raw pyzmq). ``client.history`` (a Notification per row) is timed on the first rows.
+   over raw pyzmq), with sender and receiver as threads of one process; and both again with
+   the sender in a process of its own (``*_processes``: rda's server and client are two
+   processes). The targets are checked against the one-process baselines. ``client.history`` (a Notification per row) is timed on the first rows.
 2. The recorder's own ingest rate (a local fire-hose, rows acknowledged per second) with and
    without a client (another process) pulling history from it meanwhile; the goal is >= 95 %.
    At the fire-hose's maximum with the history server beside the recorder, then as
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -123,6 +126,59 @@ def _raw_pyzmq(chunks: list[Any], decode: bool) -> float:
     router.close(0)
     context.term()
     return elapsed
+
+
+_RAW_SERVER = """
+import sys, zmq
+paths, rounds = sys.argv[2:], int(sys.argv[1])
+frames = [zmq.Frame(open(path, 'rb').read()) for path in paths]
+context = zmq.Context()
+router = context.socket(zmq.ROUTER)
+print(router.bind_to_random_port('tcp://127.0.0.1'), flush=True)
+for _ in range(rounds):
+    for frame in frames:
+        peer, _ = router.recv_multipart()
+        router.send_multipart([peer, frame], copy=False)
+router.close()  # lingers until the last reply is out (close(0) would drop it)
+context.term()
+"""
+
+
+def _raw_pyzmq_processes(chunks: list[Any], runs: int) -> tuple[float, float]:
+    """Best seconds of ``runs`` for raw pyzmq to ship ``chunks`` from a ROUTER in a process
+    of its own to a DEALER in this one (as rda's server and client are), one request/reply
+    at a time: the bytes alone, then each frame opened as an Arrow IPC stream."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for number, chunk in enumerate(chunks):
+            path = Path(folder) / f"{number}.arrow"
+            path.write_bytes(memoryview(chunk).cast("B"))
+            paths.append(str(path))
+        server = subprocess.Popen(
+            [sys.executable, "-c", _RAW_SERVER, str(2 * runs), *paths],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        best = {False: math.inf, True: math.inf}
+        for decode in (False, True):
+            for _ in range(runs):
+                start = time.perf_counter()
+                for _ in chunks:
+                    dealer.send(b"next")
+                    frame = dealer.recv(copy=False)
+                    if decode:
+                        pa.ipc.open_stream(pa.py_buffer(frame.buffer)).read_all()
+                best[decode] = min(best[decode], time.perf_counter() - start)
+        dealer.close(0)
+        context.term()
+        server.wait(60)
+        server.stdout.close()
+    return best[False], best[True]
 
 
 def _chunks(reader: HistoryReader, start: int, end: int, chunk_rows: int) -> list[Any]:
@@ -239,6 +295,7 @@ def history_pull(
         payloads = _chunks(_disk_reader(root), start, end, TABLE_CHUNK_ROWS)
         raw = min(_raw_pyzmq(payloads, decode=False) for _ in range(runs))
         raw_ipc = min(_raw_pyzmq(payloads, decode=True) for _ in range(runs))
+        apart, apart_ipc = _raw_pyzmq_processes(payloads, runs)
         wire = sum(p.nbytes for p in payloads)
         chunks = len(payloads)
         del payloads
@@ -253,6 +310,8 @@ def history_pull(
             "mib_per_s": round(mib / elapsed, 1),
             "ratio_vs_raw_pyzmq": round(raw / elapsed, 3),
             "ratio_vs_raw_pyarrow_ipc": round(raw_ipc / elapsed, 3),
+            "ratio_vs_raw_pyzmq_processes": round(apart / elapsed, 3),
+            "ratio_vs_raw_pyarrow_ipc_processes": round(apart_ipc / elapsed, 3),
             "server_cpu_s": round(server_cpu, 3),
             "client_cpu_s": round(client_cpu, 3),
             "server_cpu_s_per_million_rows": round(server_cpu * per_million, 3),
@@ -274,6 +333,10 @@ def history_pull(
         "raw_pyzmq_mib_per_s": round(mib / raw, 1),
         "raw_pyarrow_ipc_s": round(raw_ipc, 4),
         "raw_pyarrow_ipc_rows_per_s": round(count / raw_ipc),
+        # The same, the sender in a process of its own (rda's server and client are two).
+        "raw_pyzmq_processes_s": round(apart, 4),
+        "raw_pyzmq_processes_mib_per_s": round(mib / apart, 1),
+        "raw_pyarrow_ipc_processes_s": round(apart_ipc, 4),
         "history_notifications_rows": listed,
         "history_notifications_rows_per_s": round(listed / per_row),
     }
