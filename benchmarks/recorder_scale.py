@@ -25,12 +25,13 @@ the copy and the compacted store are each queried by Spark's ``History.get`` (ev
 count and sum collected to the driver; after one untimed warm-up query,
 ``--spark-turns`` in turns whose order turns round, the fastest taken; each timed as its
 ``build``, the DataFrame made, and its ``run``, the jobs, with each job's tasks;
-``--spark-unsorted`` adds ``History.frame``, the same rows without ``get``'s sort) and DuckDB
+``--spark-queries get,frame,stats`` adds ``History.frame``, the same rows without ``get``'s
+sort, and ``History.stats``, each signal's statistics) and DuckDB
 (``count(*)``, ``sum``). Both must count every row. Targets in
 ``benchmarks/recorder_scale_targets.json``.
 
     .venv/bin/python benchmarks/recorder_scale.py [--properties 1000] [--rate 100]
-        [--seconds 60] [--convert-every 30] [--compact] [--spark-turns 2] [--spark-unsorted]
+        [--seconds 60] [--convert-every 30] [--compact] [--spark-turns 2] [--spark-queries get]
         [--store DIR] [--query-only]
 
 (the issue's run: ``--seconds 600 --compact``; the default is a one-minute look.)
@@ -334,10 +335,11 @@ def spark_query(
     root: Path, copy: Path, rows: int, window: tuple[int, int], args: argparse.Namespace
 ) -> dict[str, Any]:
     """Spark ``History.get`` of every signal (count and sum collected) on both stores, in turns
-    whose order turns round each time (``History.frame``, the same rows unsorted, too with ``--spark-unsorted``). Each query is
-    timed in two phases: ``build`` (a new ``History``: the planning, the footers, Spark's
-    listing of the files, which happens when the DataFrame is made) and ``run`` (the jobs),
-    with the tasks of each job's stages."""
+    whose order turns round each time (``--spark-queries``: also ``History.frame``, the same
+    rows unsorted, and ``History.stats`` per signal). Each query is timed in two phases:
+    ``build`` (a new ``History``: the planning, the footers, Spark's listing of the files,
+    which happens when the DataFrame is made) and ``run`` (the jobs), with the tasks of each
+    job's stages."""
     from pyspark.sql import functions as F
 
     from rda.pipeline.history.api import History
@@ -345,7 +347,7 @@ def spark_query(
 
     out: dict[str, Any] = {}
     spark = local_session(master="local[2]", app_name="rda-recorder-scale")
-    kinds = ["get", "frame"] if args.spark_unsorted else ["get"]
+    kinds = args.spark_queries.split(",")
     times: dict[str, dict[str, list[Any]]] = {}
     try:
         # A first query, not timed: the JVM's warm-up would otherwise count for the first.
@@ -360,13 +362,21 @@ def spark_query(
                     spark.sparkContext.setJobGroup(group, f"{kind} {name}")
                     begin = time.perf_counter()
                     history = History(spark, path)
-                    read = history.get if kind == "get" else history.frame
-                    frame = read("DEV*/Acq", *window, fields=["current"])
+                    if kind == "stats":  # per signal: count, min, max, mean, std, first, last
+                        frame = history.stats("DEV*/Acq", *window)
+                    else:
+                        read = history.get if kind == "get" else history.frame
+                        frame = read("DEV*/Acq", *window, fields=["current"])
                     built = time.perf_counter()
-                    row = frame.agg(F.count("*").alias("n"), F.sum("current").alias("s")).collect()
+                    if kind == "stats":
+                        got = frame.where(F.col("field") == "current").collect()
+                        counted = sum(int(r["count"]) for r in got)
+                    else:
+                        got = frame.agg(F.count("*").alias("n"), F.sum("current")).collect()
+                        counted = int(got[0]["n"])
                     end = time.perf_counter()
-                    assert int(row[0]["n"]) == rows, (name, row)
-                    label = name if kind == "get" else f"{name}_unsorted"
+                    assert counted == rows, (name, kind, counted)
+                    label = {"get": name, "frame": f"{name}_unsorted"}.get(kind, f"{name}_{kind}")
                     entry = times.setdefault(label, {"total": [], "build": [], "run": []})
                     entry["total"].append(round(end - begin, 2))
                     entry["build"].append(round(built - begin, 2))
@@ -379,11 +389,13 @@ def spark_query(
     out["spark_speedup"] = round(
         min(times["uncompacted"]["total"]) / min(times["compacted"]["total"]), 2
     )
-    if args.spark_unsorted:
-        out["spark_unsorted_speedup"] = round(
-            min(times["uncompacted_unsorted"]["total"]) / min(times["compacted_unsorted"]["total"]),
-            2,
-        )
+    for kind, label in (("frame", "unsorted"), ("stats", "stats")):
+        if kind in kinds:
+            out[f"spark_{label}_speedup"] = round(
+                min(times[f"uncompacted_{label}"]["total"])
+                / min(times[f"compacted_{label}"]["total"]),
+                2,
+            )
     return out
 
 
@@ -399,7 +411,9 @@ def main() -> None:
     parser.add_argument("--no-spark", dest="spark", action="store_false")
     parser.add_argument("--spark-turns", type=int, default=2, help="Spark queries per store")
     parser.add_argument(
-        "--spark-unsorted", action="store_true", help="also History.frame (no sort) per turn"
+        "--spark-queries",
+        default="get",
+        help="History queries per turn, of get (count + sum), frame (get unsorted), stats",
     )
     parser.add_argument("--store", help="keep the store here (default: a temporary directory)")
     parser.add_argument(
