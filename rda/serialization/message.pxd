@@ -5,6 +5,8 @@
 # call, no instance __dict__). The slots the compiled frame parser (transport/_cframe.pyx)
 # fills by name are public.
 
+cimport cython
+
 cdef class Message:
     cdef public object header
     cdef public object _body
@@ -17,6 +19,7 @@ cdef class Message:
     cdef object _alarm
     cdef object _exception
 
+    @cython.locals(i=Py_ssize_t, spans=tuple)
     cpdef object frame(self, object kind)
     cpdef object peek_seq(self)
     cpdef list arrays(self)
