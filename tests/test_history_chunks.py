@@ -32,6 +32,15 @@ from rda.serialization.header import DataContext, UpdateType
 
 pytestmark = pytest.mark.timeout(300)
 
+
+def _reader(root: Any) -> HistoryReader:
+    """A reader of recorder "r1"'s store and journal under ``root``, with its converter's
+    current progress."""
+    return HistoryReader(
+        Store.open(root), Journal(root, "r1"), lambda: Converter(root, "r1").max_seq, "r1"
+    )
+
+
 T0 = 1_700_000_000 * 10**9
 ROWS = 600
 WAVE = 64  # float64 values per row: rows of about half a KiB
@@ -133,12 +142,7 @@ def test_a_segment_written_between_two_chunks_is_in_the_next(tmp_path: Any) -> N
         offer(range(0, 100))
         recorder.convert_now()  # 0-99 in Parquet
         offer(range(100, 200))  # in the journal
-        reader = HistoryReader(
-            Store.open(tmp_path),
-            Journal(tmp_path, "r1"),
-            lambda: Converter(tmp_path, "r1").max_seq,
-            "r1",
-        )
+        reader = _reader(tmp_path)
         first = reader.chunk("DEV", "Acq", T0, T0 + 10**12, max_rows=150)
         assert first.more and len(first) == 150
         for name in ("cycle_name", "selector", "recorder_id", "error"):
@@ -209,12 +213,7 @@ def test_text_columns_read_through_dictionaries_equal_a_plain_read(tmp_path: Any
         recorder.convert_now()
     finally:
         recorder.stop(convert=False)
-    reader = HistoryReader(
-        Store.open(tmp_path),
-        Journal(tmp_path, "r1"),
-        lambda: Converter(tmp_path, "r1").max_seq,
-        "r1",
-    )
+    reader = _reader(tmp_path)
     chunk = reader.chunk("DEV", "Acq", T0, T0 + 10**12, max_rows=1000)
     assert len(chunk) == 300 and not chunk.more
     files = sorted(tmp_path.glob("device=DEV/**/*.parquet"))
@@ -247,12 +246,7 @@ def test_a_window_larger_than_the_cache_read_again_is_mostly_kept(
     monkeypatch.setattr(query, "_WHOLE_FILE_BYTES", 0)  # every file read by row group
     monkeypatch.setattr(query, "_TABLE_CACHE_BYTES", 1_000_000)  # two thirds of the window
     monkeypatch.setattr(query, "_HOT", 1e9)  # "recently used": whatever the machine's speed
-    reader = HistoryReader(
-        Store.open(tmp_path),
-        Journal(tmp_path, "r1"),
-        lambda: Converter(tmp_path, "r1").max_seq,
-        "r1",
-    )
+    reader = _reader(tmp_path)
 
     def pull() -> tuple[list[tuple[int, int]], int]:
         misses = reader.cache()[1]
