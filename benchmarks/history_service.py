@@ -160,24 +160,30 @@ def _raw_pyzmq_processes(chunks: list[Any], runs: int) -> tuple[float, float]:
             text=True,
         )
         assert server.stdout is not None
-        port = int(server.stdout.readline())
         context = zmq.Context()
         dealer = context.socket(zmq.DEALER)
-        dealer.connect(f"tcp://127.0.0.1:{port}")
         best = {False: math.inf, True: math.inf}
-        for decode in (False, True):
-            for _ in range(runs):
-                start = time.perf_counter()
-                for _ in chunks:
-                    dealer.send(b"next")
-                    frame = dealer.recv(copy=False)
-                    if decode:
-                        pa.ipc.open_stream(pa.py_buffer(frame.buffer)).read_all()
-                best[decode] = min(best[decode], time.perf_counter() - start)
-        dealer.close(0)
-        context.term()
-        server.wait(60)
-        server.stdout.close()
+        try:
+            port = int(server.stdout.readline())
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            for decode in (False, True):
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    for _ in chunks:
+                        dealer.send(b"next")
+                        frame = dealer.recv(copy=False)
+                        if decode:
+                            pa.ipc.open_stream(pa.py_buffer(frame.buffer)).read_all()
+                    best[decode] = min(best[decode], time.perf_counter() - start)
+            server.wait(60)
+        finally:
+            # A failed run leaves the child waiting for a request that will not come.
+            if server.poll() is None:
+                server.kill()
+                server.wait(10)
+            dealer.close(0)
+            context.term()
+            server.stdout.close()
     return best[False], best[True]
 
 
