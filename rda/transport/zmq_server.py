@@ -276,8 +276,10 @@ class ZmqServerTransport(common.DispatcherShell):
 
     def _drain_mailbox(self, mailbox: Mailbox) -> None:
         take = mailbox.items.popleft
+        # ``table.send`` is called in place, never bound to a local first: compiled, the table
+        # is typed and the call is a C call, while Cython's wrapper for a bound cpdef method
+        # leaves out the method's override-check argument (a gcc incompatible-pointer warning).
         table = self._table
-        send = table.send
         try:
             for _ in range(common.BATCH):
                 try:
@@ -285,7 +287,7 @@ class ZmqServerTransport(common.DispatcherShell):
                 except IndexError:
                     return
                 if op == _SEND:
-                    send(target, frames, key)
+                    table.send(target, frames, key)
                 elif op == _PUBLISH:
                     table.publish(target, frames, key)
                 elif op == _DISCONNECT:
