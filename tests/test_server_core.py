@@ -14,6 +14,7 @@ import pytest
 
 from rda.business import driver
 from rda.business.common import AcquiredData
+from rda.business.server import runner as runner_module
 from rda.business.server import subscriptions as subscriptions_module
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.requests import (
@@ -923,6 +924,28 @@ def test_a_reply_that_cannot_be_encoded_is_an_error_reply(make: Factory) -> None
     assert reply.exception is not None and reply.exception[0] == "ValueError"
     assert "cycle name" in reply.exception[1]
     assert counted(h.server.statistics().requests) == {("get", "handler_error"): 1}
+
+
+def test_a_failure_in_rdas_own_code_still_answers_the_client(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the runner before the handler (seen: a stale build whose Message lacked a
+    slot) used to leave the client waiting for its timeout: it gets an error now, counted as
+    the server's fault, and the server goes on answering."""
+    h = make(request_reply=Echo())
+
+    def broken(message: Message) -> float | None:
+        raise AttributeError("'Message' object has no attribute '_request_context'")
+
+    monkeypatch.setattr(runner_module, "client_timeout", broken)
+    reply = h.call(request(RequestType.GET, 1))
+    assert reply.header.request_type is RequestType.EXCEPTION
+    assert reply.exception is not None
+    assert reply.exception[0] == "ServerError"
+    assert "DEV/Prop: the server failed before answering (AttributeError:" in reply.exception[1]
+    assert counted(h.server.statistics().requests) == {("get", "handler_error"): 1}
+    monkeypatch.undo()
+    assert h.call(request(RequestType.GET, 2)).data == Data(value=1.0)
 
 
 def test_a_first_update_that_cannot_be_encoded_arrives_as_an_error(make: Factory) -> None:

@@ -30,6 +30,7 @@ cdef class RequestRunner:
     cpdef start(self, object message, object client, double received_at)
     @cython.locals(deadline=double)
     cpdef run(self, object request)
+    cpdef run_answered(self, object request)
     cpdef _send_held(self, object request)
     cpdef _arm(self, object request, double deadline, double timeout)
     @cython.locals(now=double, took=double)

@@ -44,6 +44,7 @@ from rda.business.server.requests import (
     DeadlineWatcher,
     GetRequest,
     RequestReplyCallback,
+    ServerError,
     ServerRequest,
     SetRequest,
     SubscriptionRequest,
@@ -141,7 +142,7 @@ class RequestRunner:
         # Bound once: each request carries them.
         self._respond = self.respond
         self._late = counters.late_completion
-        self._run_task = self.run
+        self._run_task = self.run_answered
 
     def attach(self, transport: ServerTransport) -> None:
         """The transport the answers go to (it exists only once its handler does)."""
@@ -223,6 +224,27 @@ class RequestRunner:
         if request.held_reply is not None:
             self._send_held(request)
         self._arm(request, deadline, timeout)
+
+    def run_answered(self, request: ServerRequest) -> None:
+        """``run``, and if rda's own code on the way raises (not the handler's: ``run`` answers
+        that), the client still gets an answer instead of waiting for its timeout: an error
+        naming the failure, counted as the server's fault (``handler_error``), the traceback
+        logged (at most one line a second)."""
+        try:
+            self.run(request)
+        except Exception as exc:
+            self._log.log(
+                "internal errors",
+                "%r: the server failed before answering",
+                request,
+                exc_info=True,
+                level=logging.ERROR,
+            )
+            failure = ServerError(
+                f"{request.device}/{request.property}: the server failed before answering "
+                f"({type(exc).__name__}: {exc}); its log has the traceback"
+            )
+            request.settle(None, failure)
 
     def _send_held(self, request: ServerRequest) -> None:
         """The reply held back while its handler ran: its arrays nobody else can reach now go
