@@ -85,6 +85,7 @@ def pct(samples: list[float]) -> dict[str, float]:
 
 class RawServer:
     """ROUTER thread: a request ``[name]`` gets the pre-encoded payload ``name``; a request
+    ``[b"SET", value, id]`` gets ``[id, b"OK"]`` (a set's round trip); a request
     ``[b"PUB", n]`` makes it send n notifications to every DEALER that said hello."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
@@ -117,6 +118,8 @@ class RawServer:
                     seq = str(i).encode()
                     for sub in subscribers:
                         sock.send_multipart([sub, seq, payload])
+            elif head == b"SET":  # a set: the value in, a short acknowledgement out
+                sock.send_multipart([peer, frames[-1], b"OK"])
             elif head == b"MIBFRESH":  # the work rda's handler does, sent at raw's best
                 sock.send_multipart(
                     [peer, frames[-1], fresh_mib(int(frames[-1].bytes)).data], copy=False
@@ -195,9 +198,19 @@ class Raw:
         self._i = 0
 
     def round_trip(self, what: str) -> Callable[[], object]:
-        # raw has no set: its set is the same small round trip as a scalar get.
-        name = b"OBJECT" if what == "get_object" else b"SCALAR"
         dealer = self.dealer
+        if what == "set":
+            # A set's round trip: the encoded value out (what rda's set carries), an
+            # acknowledgement back.
+            value = RAW_PAYLOADS["SCALAR"]
+
+            def set_call() -> object:
+                self._i += 1
+                dealer.send_multipart([b"SET", value, str(self._i).encode()])
+                return dealer.recv_multipart(copy=False)
+
+            return set_call
+        name = b"OBJECT" if what == "get_object" else b"SCALAR"
 
         def call() -> object:
             self._i += 1
