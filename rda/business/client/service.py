@@ -98,13 +98,14 @@ class _Inbound:
     go to the connections, replies to the request table, notifications to the subscriptions.
     Made before the transport and given the parts before the transport starts (``attach``)."""
 
-    __slots__ = ("_awaits", "_connections", "_reply", "_route")
+    __slots__ = ("_awaits", "_connections", "_requests", "_route")
 
     def attach(
         self, connections: Connections, requests: RequestTable, subscriptions: Subscriptions
     ) -> None:
         self._connections = connections
-        self._reply = requests.reply
+        # The table itself, not its bound ``reply``: compiled, ``reply`` is then a C call.
+        self._requests = requests
         self._awaits = requests.waiting
         self._route = subscriptions.route
 
@@ -123,7 +124,7 @@ class _Inbound:
         if message.header.request_type in _NOTIFICATIONS:
             self._route(message, None, connection)
         else:
-            self._reply(message)
+            self._requests.reply(message)
 
     def on_messages(self, connection: int, messages: Sequence[Message]) -> None:
         """A drained batch (api.BatchClientHandler): notifications are staged per
@@ -133,13 +134,14 @@ class _Inbound:
         logged."""
         staged: list[Subscription] = []
         failed: Exception | None = None
-        reply, route = self._reply, self._route
+        route = self._route
         for message in messages:
             try:
                 if message.header.request_type in _NOTIFICATIONS:
                     route(message, staged, connection)
                 else:
-                    reply(message)
+                    # Through the typed slot: compiled, a C call into the table.
+                    self._requests.reply(message)
             except Exception as exc:
                 failed = _batch_failure(failed, exc)
         for sub in staged:
@@ -505,17 +507,20 @@ class ClientService:
         requests, connections = self._requests, self._connections
         requests.count_request()
         ep = connections.get(endpoint) or connections.endpoint(endpoint)
-        if ep.connection is None and ep.was_connected and op is not _ADMIN:
-            # The connection was lost and nothing is re-opening it yet: the device may have
-            # moved, so ask the directory before dialling the old address again.
-            connections.follow_moves(ep)
-            ep = connections.endpoint(connections.current(device, endpoint))
-        try:
-            conn = connections.connection(ep)
-        except TransportError:
-            if not self._closing:
-                raise
-            conn = None  # closed while we were connecting
+        # The usual request: its endpoint connected, no call into the connections.
+        conn = ep.connection
+        if conn is None:
+            if ep.was_connected and op is not _ADMIN:
+                # The connection was lost and nothing is re-opening it yet: the device may
+                # have moved, so ask the directory before dialling the old address again.
+                connections.follow_moves(ep)
+                ep = connections.endpoint(connections.current(device, endpoint))
+            try:
+                conn = connections.connection(ep)
+            except TransportError:
+                if not self._closing:
+                    raise
+                conn = None  # closed while we were connecting
         if conn is None:
             fut.set_exception(DisconnectedError(f"{name} {device}/{prop}: client closed"))
             return
