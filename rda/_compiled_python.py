@@ -56,6 +56,7 @@ MODULES = (
     "rda.serialization.header",
     "rda.business.client.timer",
     "rda.business.common",
+    "rda.business.server.requests",
 )
 
 

@@ -19,17 +19,20 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rda import implementation
 from rda.business.client.service import ClientService
 from rda.business.common import AcquiredData
 from rda.business.config import Config
+from rda.business.server import runner
 from rda.business.server.builder import Server, ServerBuilder
 from rda.business.server.devices import Device as DeclaredDevice
 from rda.business.server.replies import (
+    Hidden,
     hand_over,
-    references_a_responder_hides,
+    references_a_completion_hides,
     references_not_in_frames,
 )
-from rda.business.server.requests import GetRequest, RequestReplyCallback
+from rda.business.server.requests import GetRequest, RequestReplyCallback, completed_with
 from rda.serialization import binary
 from rda.serialization import errors as rda_errors
 from rda.serialization.data import Data
@@ -66,6 +69,9 @@ class Device(RequestReplyCallback):
         self.pending: list[GetRequest] = []
         self.requests: list[GetRequest] = []
         self.unstamped: AcquiredData | None = None
+        self.written = Data(wave=np.arange(N, dtype=np.float64) * 4)
+        self.unstamped_written: AcquiredData | None = None
+        self.stamped_written: AcquiredData | None = None
         self.waiting = threading.Event()
         wave = np.arange(N, dtype=np.float64) * 3
         self.closure: Callable[[], Array] = lambda: wave
@@ -102,6 +108,8 @@ class Device(RequestReplyCallback):
         elif p == "AcquiredLocal":  # the handler's AcquiredData in a local of its own
             acquired = AcquiredData(Data(wave=self.fresh(p, 15.0)))
             request.complete(acquired)
+        elif p == "Stamped":  # the handler's own stamp: complete() sends this AcquiredData
+            request.complete(AcquiredData(Data(wave=self.fresh(p, 16.0)), DataContext(acq_stamp=1)))
         elif p == "Raises":
             request.complete(Data(wave=self.fresh(p, 8.0)))
             raise RuntimeError("the handler fails after completing")
@@ -136,6 +144,21 @@ class Device(RequestReplyCallback):
         elif p == "KeptUnstamped":  # stamped() makes a new AcquiredData sharing the Data
             self.unstamped = AcquiredData(Data(wave=self.fresh(p, 12.0)))
             request.complete(self.unstamped)
+        # The device keeps the Data, the AcquiredData it passes, or the one complete() sends,
+        # and writes after complete(): the client must not see it.
+        elif p == "CachedWritten":
+            request.complete(self.written)
+            self.written["wave"][:] = -4.0
+        elif p == "KeptUnstampedWritten":
+            self.unstamped_written = AcquiredData(Data(wave=self.fresh(p, 17.0)))
+            request.complete(self.unstamped_written)
+            self.unstamped_written.data["wave"][:] = -4.0
+        elif p == "KeptAcquiredWritten":
+            self.stamped_written = AcquiredData(
+                Data(wave=self.fresh(p, 18.0)), DataContext(acq_stamp=1)
+            )
+            request.complete(self.stamped_written)
+            self.stamped_written.data["wave"][:] = -4.0
         elif p == "Bytearray":  # memory a bytearray owns, not the array
             request.complete(Data(wave=np.frombuffer(bytearray(N * 8), dtype=np.float64)))
         elif p == "StoredAfter":  # kept only after complete(): copied when the handler returns
@@ -190,6 +213,7 @@ ZERO_COPY = {
     "KeepsRequest": ("wave", full(11.0)),
     "Acquired": ("wave", full(14.0)),
     "AcquiredLocal": ("wave", full(15.0)),
+    "Stamped": ("wave", full(16.0)),
 }
 
 
@@ -210,6 +234,9 @@ def copied_cases() -> dict[str, Array]:
         "KeptUnstamped": full(12.0),
         "Bytearray": np.zeros(N),
         "StoredAfter": full(9.0),
+        "CachedWritten": base * 4,
+        "KeptUnstampedWritten": full(17.0),
+        "KeptAcquiredWritten": full(18.0),
     }
 
 
@@ -615,29 +642,85 @@ def test_a_declarative_getter_returning_a_fresh_array_is_sent_without_a_copy() -
         srv.stop()
 
 
-# -- what a compiled responder's call hides ---------------------------------------------------
+# -- what the calls from complete() to respond hide ---------------------------------------------
 
 
 class _Responder:
-    """As the runner's ``respond`` asks about its ``result``; ``keep`` holds it elsewhere too."""
+    """As the runner's ``respond`` asks about its result and what the handler passed
+    ``complete``; ``keep`` holds the result elsewhere too."""
 
     def __init__(self, keep: list[object] | None = None) -> None:
         self.keep = keep
 
-    def respond(self, request: object, result: object, error: object) -> int:
+    def respond(self, request: GetRequest, result: object, error: object) -> None:
         if self.keep is not None:
             self.keep.append(result)
-        return references_not_in_frames(result)
+        references_not_in_frames(result, completed_with(request))
 
 
-def test_a_python_responder_hides_no_reference_of_its_result() -> None:
-    """Run as Python, the responder's local holds its argument, and the frames show it."""
-    assert references_a_responder_hides(_Responder().respond) == 0
+def test_python_calls_hide_only_the_requests_own_hold_on_the_argument() -> None:
+    """Run as Python, every call's locals hold its arguments and the frames show them; what
+    is left is the request's note of what complete() was given (completed_with). Compiled,
+    complete and settle have no frame: more is hidden (measured, see below)."""
+    hidden = references_a_completion_hides(_Responder().respond)
+    if implementation().python_modules == "python":
+        assert hidden == Hidden(result=0, same=1, argument=1)
+    else:
+        assert hidden.result >= 0 and hidden.same >= 1 and hidden.argument >= 1
 
 
 def test_a_reference_held_outside_the_frames_is_counted_as_hidden() -> None:
-    """What the probe reports is what no frame shows: one more holder is one more, so a
-    compiled respond's hidden references are measured, never taken as zero."""
+    """What the probe reports is what no frame shows: one more holder is one more, so the
+    compiled calls' hidden references are measured, never taken as zero."""
     kept: list[object] = []
-    assert references_a_responder_hides(_Responder(kept).respond) == 1
-    assert len(kept) == 1
+    plain = references_a_completion_hides(_Responder().respond)
+    assert references_a_completion_hides(_Responder(kept).respond) == Hidden(
+        plain.result + 1, plain.same + 1, plain.argument
+    )
+    assert len(kept) == 3
+
+
+def test_the_server_measured_what_its_own_calls_hide() -> None:
+    """The runner's count is its probe's, built like its respond (compiled or not with it)."""
+    assert references_a_completion_hides(runner._ResponderProbe().respond) == runner._HIDDEN
+    assert min(runner._HIDDEN) >= 0
+
+
+# For each count: a property answered zero-copy only when the count is not too low, and one
+# whose write after complete() reaches the client when the count is too high.
+BOUNDARIES = {
+    "argument (a Data)": ("argument", "Fresh", "CachedWritten"),
+    "argument (an AcquiredData stamped anew)": ("argument", "Acquired", "KeptUnstampedWritten"),
+    "same (the AcquiredData sent)": ("same", "Stamped", "KeptAcquiredWritten"),
+    "result (only the calls can hold it)": ("result", "Fresh", None),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDARIES)
+def test_the_hidden_counts_are_exact_both_ways(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """With the measured counts a fresh array goes zero-copy and a kept one is copied as it was
+    at complete(); one less and the fresh one is copied, one more and the kept one waits for
+    the handler's return, the device's later write with it: the tests above fail if the count
+    were wrong either way."""
+    field, fresh, kept = BOUNDARIES[case]
+    measured = runner._HIDDEN
+
+    def run(hidden: Hidden) -> tuple[bool, bool | None]:
+        monkeypatch.setattr(runner, "_HIDDEN", hidden)
+        s = Stand()
+        try:
+            got = first_array(s.get(fresh))
+            zero_copy = bool(array_frames(s.reply(fresh))) and not got.flags.writeable
+            as_at_complete = None
+            if kept is not None:
+                as_at_complete = bool(np.array_equal(s.get(kept)["wave"], copied_cases()[kept]))
+            return zero_copy, as_at_complete
+        finally:
+            s.close()
+
+    assert run(measured) == (True, None if kept is None else True)
+    fewer = measured._replace(**{field: getattr(measured, field) - 1})
+    assert run(fewer)[0] is False
+    if kept is not None:
+        more = measured._replace(**{field: getattr(measured, field) + 1})
+        assert run(more)[1] is False

@@ -62,6 +62,14 @@ write); the reply leaves when the handler returns, not at ``complete()``.
 ``sys.getrefcount`` is exact in CPython (the GIL build); every count is taken of a local of
 the function that checks it, so it sees the holders, that local and the call's argument
 (:data:`_LOCAL`, measured at import, as is what reading ``f_locals`` adds).
+
+The request objects and the runner are compiled (when built): ``complete``, ``settle`` and
+``respond`` then have no frame, and the handler's evaluation stack holds what it passed
+``complete`` while they run. So the request notes that argument (``requests.completed_with``)
+and :func:`references_a_completion_hides` measures, once at import, through a real
+``GetRequest``, a Python handler and a responder built like the runner's, the references
+those calls hold where no frame shows them (:class:`Hidden`); the first question adds them to
+the frames' count. They matter to the first question only: the second counts no frame.
 """
 
 from __future__ import annotations
@@ -71,27 +79,28 @@ import weakref
 from collections.abc import Callable
 from inspect import CO_OPTIMIZED
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from rda.business.common import AcquiredData
-from rda.business.server.requests import describe_error
+from rda.business.server.requests import SERVER_CLIENT, GetRequest, describe_error
 from rda.serialization import binary
 from rda.serialization.binary import DEFAULT_LIMITS, OUT_OF_BAND_MIN
 from rda.serialization.data import Data, DataType
-from rda.serialization.header import Header, RequestType, encode_context
-from rda.serialization.message import BodyKind, encode_data_body, encode_exception
+from rda.serialization.header import DataContext, Header, RequestType, encode_context
+from rda.serialization.message import BodyKind, Message, encode_data_body, encode_exception
 from rda.transport.api import Buffer
 from rda.transport.protocol import Kind, encode_routed
 
 __all__ = [
+    "Hidden",
     "admin_reply_frames",
     "error_frames",
     "get_reply_frames",
     "hand_over",
     "held_only_by_the_handler",
-    "references_a_responder_hides",
+    "references_a_completion_hides",
     "references_not_in_frames",
     "reply_frames",
 ]
@@ -105,6 +114,7 @@ _DATA_ARRAY = DataType.DATA_ARRAY
 # Python 3.11, ten times a module global's): every reply takes several.
 _REPLY_KIND = Kind.REPLY
 _REPLY = RequestType.REPLY
+_GET = RequestType.GET
 _DATA_CONTEXT, _REPLY_CONTEXT = BodyKind.DATA_CONTEXT, BodyKind.REPLY_CONTEXT
 
 
@@ -168,7 +178,24 @@ _SNAPSHOT_KEPT = _snapshot_references()
 _NO_FRAMES: dict[int, int] = {}
 
 
-def held_only_by_the_handler(acquired: AcquiredData, stop: FrameType, hidden: int = 0) -> bool:
+class Hidden(NamedTuple):
+    """The references that the calls from a get's handler to its responder (``complete``,
+    ``settle``, the runner's ``respond``, each compiled or not) hold where no frame's locals
+    show them, by what they hold (:func:`references_a_completion_hides` measures them).
+
+    ``result``: to the AcquiredData the responder gets, when ``complete`` made it (stamped a
+    copy); ``same``: to it when it is what the handler passed; ``argument``: to what the
+    handler passed (a ``Data``, or an AcquiredData ``complete`` stamped a copy of), e.g. the
+    handler's evaluation stack, which holds a call's argument while a compiled method runs."""
+
+    result: int
+    same: int
+    argument: int
+
+
+def held_only_by_the_handler(
+    acquired: AcquiredData, stop: FrameType, hidden: Hidden, argument: object = None
+) -> bool:
     """At ``complete()`` inside the handler: whether every big writable array of the reply is
     reachable only through the reply and the locals of the frames between here and ``stop``
     (``request.handler_caller``: the frame below the handler's, ``RequestRunner.run``'s or,
@@ -176,47 +203,108 @@ def held_only_by_the_handler(acquired: AcquiredData, stop: FrameType, hidden: in
     returns. Then the reply may wait for that return and be handed over (:func:`hand_over`);
     else it is encoded now, its arrays copied as they are at ``complete()``. False when
     ``stop`` is not on this thread's stack (the get was completed from another thread).
-    ``hidden``: the references to ``acquired`` that our caller's call (``respond``'s) holds
-    where no frame's locals show them: 0 from Python, measured once by
-    :func:`references_a_responder_hides` for a compiled runner."""
-    frames = _frame_references(stop)
-    if frames is None:
+    ``argument``: what the handler passed ``complete`` (``requests.completed_with``);
+    ``hidden``: what the calls between hold where no frame shows it, measured once by
+    :func:`references_a_completion_hides` for the runner and request classes as built.
+
+    Only this first question depends on ``hidden``: were it too high, a reply the device can
+    still reach would wait for the handler's return and be copied then (:func:`hand_over`
+    counts without frames or ``hidden``), never sent zero-copy while someone else holds it."""
+    found = _frame_references(stop)
+    if found is None:
         return False
-    # ``acquired``: this parameter, and _walk's; the rest is in ``frames`` (the responder's
-    # local when it runs as Python) or ``hidden`` (when compiled).
-    handed, left = _walk(acquired, 1 + hidden, frames, freeze=False)
+    frames, wrappers = found
+    _count_hidden(acquired, argument, hidden, frames, wrappers)
+    _count_dying_wrappers(wrappers, frames)
+    # ``acquired``: this parameter, and _walk's; the rest is in ``frames``.
+    handed, left = _walk(acquired, 1, frames, freeze=False)
     return handed > 0 and not left
 
 
-def references_a_responder_hides(respond: Callable[[object, object, object], int]) -> int:
-    """The references to its ``result`` argument that a call of ``respond(request, result,
-    error)`` from Python holds where no frame's locals show them: 0 for a Python method (its
-    frame's local holds it), more for a compiled one (the caller's evaluation stack, the
-    extension's own argument handling). ``respond`` must answer what
-    :func:`references_not_in_frames` says of ``result`` from inside itself, as the runner's
-    ``respond`` calls :func:`held_only_by_the_handler` with its ``result``. Measured, not
-    assumed: it depends on the Python and Cython that built it."""
-    value = object()  # held by this local, and counted as such below
-    return _call_as_settle_does(respond, value)
+def _count_hidden(
+    acquired: AcquiredData,
+    argument: object,
+    hidden: Hidden,
+    frames: dict[int, int],
+    wrappers: dict[int, AcquiredData],
+) -> None:
+    """Adds to ``frames`` the references to the reply and to ``argument`` that end when the
+    handler returns without a frame showing them: ``hidden``'s, and our caller's parameter
+    ``argument`` (:func:`held_only_by_the_handler`'s or :func:`references_not_in_frames`')."""
+    key = id(acquired)
+    if argument is acquired:
+        frames[key] = frames.get(key, 0) + hidden.same + 1
+        return
+    frames[key] = frames.get(key, 0) + hidden.result
+    if argument is None:
+        return
+    key = id(argument)
+    frames[key] = frames.get(key, 0) + hidden.argument + 1
+    if type(argument) is AcquiredData:
+        wrappers[key] = argument  # stamped() copied it: it may die with the handler's call
 
 
-def _call_as_settle_does(respond: Callable[[object, object, object], int], result: object) -> int:
-    # ServerRequest.settle's call: the responder, positional (request, result, error).
-    return respond(None, result, None)
+def references_a_completion_hides(respond: Callable[[Any, Any, Any], None]) -> Hidden:
+    """The references that the calls from a get handler's ``request.complete(x)`` to the
+    responder ``respond(request, result, error)`` hold where no frame's locals show them
+    (:class:`Hidden`): 0 for Python methods (their locals hold their arguments), more when
+    compiled (a caller's evaluation stack, an extension's own argument handling). Measured
+    through a real ``GetRequest`` and a Python handler, with ``respond`` built as the runner's
+    (compiled or not with it) and answering what :func:`references_not_in_frames` says of
+    ``result`` and ``requests.completed_with(request)`` from inside itself, as the runner's
+    ``respond`` calls :func:`held_only_by_the_handler`. Never assumed: it depends on the
+    Python and Cython that built them. Each count is the least over the ways a handler
+    passes a value (a Data, an unstamped and a stamped AcquiredData): a count too low only
+    copies a reply that could have gone zero-copy."""
+    measured = _MEASURED
+    measured.clear()
+    request = GetRequest(Message(Header(_GET, 0, "", "", "")), SERVER_CLIENT, 0.0, respond)
+    _complete_as_a_handler_does(request, Data(x=1))
+    request = GetRequest(Message(Header(_GET, 0, "", "", "")), SERVER_CLIENT, 0.0, respond)
+    _complete_as_a_handler_does(request, AcquiredData(Data(x=1)))
+    request = GetRequest(Message(Header(_GET, 0, "", "", "")), SERVER_CLIENT, 0.0, respond)
+    _complete_as_a_handler_does(request, AcquiredData(Data(x=1), DataContext(acq_stamp=1)))
+    assert len(measured) == 3, "the responder did not measure every completion"
+    (data_result, data_arg), (wrapper_result, wrapper_arg), (same, _) = measured
+    measured.clear()
+    return Hidden(min(data_result, wrapper_result), same, min(data_arg, wrapper_arg))
 
 
-def references_not_in_frames(value: object) -> int:
-    """Inside a responder called by :func:`references_a_responder_hides`: the references to
-    ``value`` that neither this call, nor the frames' locals between here and there, nor its
-    own local hold."""
+def _complete_as_a_handler_does(request: GetRequest, value: Any) -> None:
+    # A get handler's call (Python, as user code is): the value a parameter of its frame.
+    request.complete(value)
+
+
+# (result, argument) per completion references_not_in_frames measured (import time only).
+_MEASURED: list[tuple[int, int]] = []
+
+
+def references_not_in_frames(result: object, argument: object) -> None:
+    """Inside a responder that :func:`references_a_completion_hides` calls: records the
+    references to ``result`` and to ``argument`` (``completed_with``) that neither the frames'
+    locals between here and there, nor these parameters, nor the reply's own holds show."""
     stop = sys._getframe(1)
-    while stop.f_code is not references_a_responder_hides.__code__:
-        assert stop.f_back is not None, "called outside references_a_responder_hides"
+    while stop.f_code is not references_a_completion_hides.__code__:
+        assert stop.f_back is not None, "called outside references_a_completion_hides"
         stop = stop.f_back
-    frames = _frame_references(stop)
-    assert frames is not None
-    # ``value``: this parameter (in _LOCAL), the frames between, and ``stop``'s own local.
-    return _getrefcount(value) - _LOCAL - frames.get(id(value), 0) - 1
+    found = _frame_references(stop)
+    assert found is not None
+    frames, wrappers = found
+    del found
+    wrappers.clear()  # it holds the frames' AcquiredData: counted here as if it did not
+    nothing = Hidden(0, 0, 0)
+    # The wrappers' rule is not applied: what the argument holds is not asked here.
+    _count_hidden(result, argument, nothing, frames, {})  # type: ignore[arg-type]
+    held_by_result = 1 if argument is getattr(result, "data", None) else 0
+    # Each: a parameter of _residue, and its getrefcount's argument (_LOCAL); ``result``
+    # also our parameter (``argument`` is counted in ``frames`` by _count_hidden).
+    result_left = _residue(result, frames, 1)
+    argument_left = 0 if argument is result else _residue(argument, frames, held_by_result)
+    _MEASURED.append((result_left, argument_left))
+
+
+def _residue(value: object, frames: dict[int, int], known: int) -> int:
+    return _getrefcount(value) - _LOCAL - frames.get(id(value), 0) - known
 
 
 def hand_over(acquired: AcquiredData) -> tuple[int, int]:
@@ -228,9 +316,12 @@ def hand_over(acquired: AcquiredData) -> tuple[int, int]:
     return _walk(acquired, 2, _NO_FRAMES, freeze=True)
 
 
-def _frame_references(stop: FrameType) -> dict[int, int] | None:
+def _frame_references(
+    stop: FrameType,
+) -> tuple[dict[int, int], dict[int, AcquiredData]] | None:
     """By ``id``, the references the locals of the frames from our caller's caller up to
-    ``stop`` (excluded) hold; None when ``stop`` is not on this thread's stack.
+    ``stop`` (excluded) hold, and the AcquiredData among those locals (for
+    :func:`_count_dying_wrappers`); None when ``stop`` is not on this thread's stack.
 
     A plain local dies with its frame; a closure's cell may outlive it, so cells are not
     counted. Reading ``f_locals`` (a snapshot dict kept on the frame until Python 3.13) adds
@@ -264,8 +355,7 @@ def _frame_references(stop: FrameType) -> dict[int, int] | None:
         frame = frame.f_back
     if frame is None:
         return None
-    _count_dying_wrappers(wrappers, counts)
-    return counts
+    return counts, wrappers
 
 
 def _count_dying_wrappers(wrappers: dict[int, AcquiredData], counts: dict[int, int]) -> None:

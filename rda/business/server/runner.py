@@ -34,7 +34,7 @@ from rda.business.server.replies import (
     get_reply_frames,
     hand_over,
     held_only_by_the_handler,
-    references_a_responder_hides,
+    references_a_completion_hides,
     references_not_in_frames,
     reply_frames,
 )
@@ -49,6 +49,7 @@ from rda.business.server.requests import (
     SetRequest,
     SubscriptionRequest,
     client_timeout,
+    completed_with,
     timeout_error,
 )
 from rda.business.server.statistics import RequestCounters
@@ -404,7 +405,9 @@ class RequestRunner:
                 # thread running it, below its runner's frame) and held by nothing its return
                 # does not end (replies.py).
                 caller = request.handler_caller
-                if caller is not None and held_only_by_the_handler(result, caller, _HIDDEN):
+                if caller is not None and held_only_by_the_handler(
+                    result, caller, _HIDDEN, completed_with(request)
+                ):
                     request.held_reply = result
                     return
                 self._counters.array_reply(zero_copy=False)
@@ -479,13 +482,14 @@ class RequestRunner:
 
 
 class _ResponderProbe:
-    """Called as the requests call :meth:`RequestRunner.respond`, and built the same way (both
-    compiled or both not): what such a call hides of its ``result`` (replies.py)."""
+    """Called as the requests call :meth:`RequestRunner.respond`, built the same way (both
+    compiled or both not), and asking as it asks: what the calls from a handler's
+    ``complete()`` to ``respond`` hide of its result and argument (replies.py)."""
 
-    def respond(self, request: object, result: object, error: object) -> int:
-        return references_not_in_frames(result)
+    def respond(self, request: object, result: object, error: object) -> None:
+        references_not_in_frames(result, completed_with(request))  # type: ignore[arg-type]
 
 
-# The references to a get's result that ``respond``'s call holds where the zero-copy check
-# sees no frame (0 when this module runs as Python).
-_HIDDEN = references_a_responder_hides(_ResponderProbe().respond)
+# The references to a get's result and to what its handler passed ``complete`` that the calls
+# from the handler to ``respond`` hold where the zero-copy check sees no frame (replies.Hidden).
+_HIDDEN = references_a_completion_hides(_ResponderProbe().respond)
