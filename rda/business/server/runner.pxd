@@ -4,6 +4,9 @@
 cimport cython
 from rda.business.scheduler cimport GroupTaskScheduler, InlineRule
 from rda.business.server.statistics cimport RequestCounters
+# The request objects' slots read and written in C, settle and completed_with called in C
+# (requests.pxd; client_timeout stays a module global: tests replace it).
+from rda.business.server.requests cimport ServerRequest, completed_with
 
 cdef class RequestRunner:
     cdef GroupTaskScheduler _scheduler
@@ -29,14 +32,14 @@ cdef class RequestRunner:
     @cython.locals(inline=InlineRule)
     cpdef start(self, object message, object client, double received_at)
     @cython.locals(deadline=double)
-    cpdef run(self, object request)
-    cpdef run_answered(self, object request)
-    cpdef _send_held(self, object request)
-    cpdef _arm(self, object request, double deadline, double timeout)
+    cpdef run(self, ServerRequest request)
+    cpdef run_answered(self, ServerRequest request)
+    cpdef _send_held(self, ServerRequest request)
+    cpdef _arm(self, ServerRequest request, double deadline, double timeout)
     @cython.locals(now=double, took=double)
-    cpdef respond(self, object request, object result, object error)
+    cpdef respond(self, ServerRequest request, object result, object error)
     cpdef _send(self, object peer, object frames)
 
 
 cdef class _ResponderProbe:
-    cpdef respond(self, object request, object result, object error)
+    cpdef respond(self, ServerRequest request, object result, object error)

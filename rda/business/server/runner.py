@@ -486,8 +486,8 @@ class _ResponderProbe:
     compiled or both not), and asking as it asks: what the calls from a handler's
     ``complete()`` to ``respond`` hide of its result and argument (replies.py)."""
 
-    def respond(self, request: object, result: object, error: object) -> None:
-        references_not_in_frames(result, completed_with(request))  # type: ignore[arg-type]
+    def respond(self, request: ServerRequest, result: object, error: object) -> None:
+        references_not_in_frames(result, completed_with(request))
 
 
 # The references to a get's result and to what its handler passed ``complete`` that the calls
