@@ -33,6 +33,10 @@ __all__ = ["Subscriptions"]
 # (OverloadError), the server answered past its deadline (TimeoutError, after a pause).
 _PASSING = (OverloadError, TimeoutError)
 
+# Read once (an enum member read through its class is a ``__getattr__`` hook call on
+# Python 3.11): ``route`` compares every notification's request type with it.
+_SUBSCRIBE_EXCEPTION = RequestType.SUBSCRIBE_EXCEPTION
+
 
 class Subscriptions:
     """The live subscriptions of a client service (see the module docstring).
@@ -115,7 +119,7 @@ class Subscriptions:
         if sub is None or sub.connection != connection:
             self._requests.count_late()
             return
-        if message.header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+        if message.header.request_type is _SUBSCRIBE_EXCEPTION:
             retry = self._retry
             if retry is not None:
                 error = Notification.from_message(message, sub.device, sub.property, 0, 0).error

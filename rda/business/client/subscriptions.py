@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
 
+# Enum members read once: on Python 3.11 each read through the enum class (``UpdateType.X``)
+# goes through its ``__getattr__`` hook, ten times a module global's cost, and every
+# notification took three on the dispatcher (and one more for ``.data``).
+_FIRST, _NOTIFICATION_DATA = UpdateType.FIRST, RequestType.NOTIFICATION_DATA
+_SUBSCRIBE_EXCEPTION = RequestType.SUBSCRIBE_EXCEPTION
+
 # What the queue and the scheduler carry: the undecoded message (or a locally made error), the
 # gap the server's sequence numbers show, and the sequence number.
 Payload = Message | RdaError  # or a Notification made locally (HISTORY, see history.py)
@@ -155,7 +161,7 @@ class Notification:
             message = self._message
             assert message is not None
             error = None
-            if message.header.request_type is not RequestType.NOTIFICATION_DATA:
+            if message.header.request_type is not _NOTIFICATION_DATA:
                 error = _error_of(message, *self._name)
             object.__setattr__(self, "_error", error)
         return error  # type: ignore[no-any-return]
@@ -278,12 +284,12 @@ def _plain(entry: Entry) -> bool:
     """A value or a published error, not a FIRST nor a locally reported error (an outage)."""
     payload = entry[0]
     if isinstance(payload, Message):
-        return payload.header.update_type is not UpdateType.FIRST
+        return payload.header.update_type is not _FIRST
     if isinstance(payload, HistoryChunk):
         # Many rows: dropped, they would count as one missed update. Kept like a marker.
         return False
     if isinstance(payload, Notification):
-        return payload.error is None and payload.update_type is not UpdateType.FIRST
+        return payload.error is None and payload.update_type is not _FIRST
     return False
 
 
@@ -601,7 +607,7 @@ class Subscription:
         header = message.header
         seq = message.peek_seq()
         gap = 0
-        if header.update_type is UpdateType.FIRST or self._expected == 0:
+        if header.update_type is _FIRST or self._expected == 0:
             pass  # a (re)started sequence: nothing to compare with
         elif seq > self._expected:
             gap = seq - self._expected
@@ -620,7 +626,7 @@ class Subscription:
                 self._batch = batch = []
                 staged.append(self)
             batch.append((message, gap, seq))
-        if header.request_type is RequestType.SUBSCRIBE_EXCEPTION:
+        if header.request_type is _SUBSCRIBE_EXCEPTION:
             self.flush()  # what came before the end is delivered before it
             self.end()
 
