@@ -57,6 +57,7 @@ MODULES = (
     "rda.business.client.timer",
     "rda.business.common",
     "rda.business.server.requests",
+    "rda.business.server.subscriptions",
 )
 
 
