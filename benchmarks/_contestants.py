@@ -11,7 +11,9 @@ each ratio compares passes made within seconds of each other on this shared mach
 * :class:`Rda`: a ``ClientService`` against an rda ``Server`` (:func:`rda_server`), whose
   handlers start on the dispatcher (the default, handed over when long) or run on workers
   (``inline_handlers(False)``); 64 in flight through ``get_async`` with completion callbacks,
-  subscriptions read by one consumer thread woken through ``set_wakeup``;
+  subscriptions read by one consumer thread woken through ``set_wakeup``; the one named
+  ``rda`` sets ``Config.lane_spin`` (:data:`LANE_SPIN`: its blocking calls poll for their
+  reply before sleeping), the others keep its default (off);
 * :class:`RdaUser`: the same client written the way docs/client.md shows a user: 64 in flight
   as a window of ``get_async()`` futures waited on with ``result()``, subscriptions through
   ``subscribe(listener=...)`` (the harness of issue 28, kept measured here);
@@ -60,6 +62,9 @@ MIB = Data(values=np.zeros(131072, dtype=np.float64))  # 1 MiB of float64
 _FROZEN = np.zeros(131072, dtype=np.float64)
 _FROZEN.flags.writeable = False
 MIB_READ_ONLY = Data(values=_FROZEN)
+
+# The ``rda`` contestant's Config.lane_spin, seconds (its fastest settings; off by default).
+LANE_SPIN = 0.0001
 
 PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
 RAW_PAYLOADS = {name: binary.encode(d) for name, d in PAYLOADS.items()}
@@ -315,7 +320,10 @@ class Rda:
         # False: no subscription passes (a server whose handlers differ, not its notifications)
         self.subscriptions = subscriptions
         self.server = server
-        self.client = ClientService(StaticDirectory({"*": endpoint}), Config(workers=2))
+        # lane_spin: its blocking calls poll for their reply for 100 us before sleeping (a
+        # Config setting, off by default; rda_user and rda_documented keep every default).
+        config = Config(workers=2, lane_spin=LANE_SPIN if name == "rda" else 0.0)
+        self.client = ClientService(StaticDirectory({"*": endpoint}), config)
         self._publisher = self.client.access_point("SCALAR", "Publish")
         self._stats0 = self.client.statistics()
 

@@ -112,6 +112,30 @@ def test_blocking_get_and_set_take_the_callers_lane(server: Server, handler: Rec
         assert len(server.clients()) == 1
 
 
+def test_a_lane_that_polls_for_its_reply_gets_it(server: Server, handler: Recorder) -> None:
+    """``Config.lane_spin``: the lane polls before it sleeps; the calls are answered as ever
+    (on the lane), and a call past its deadline still ends with TimeoutError."""
+    with client_of(server, lane_spin=0.002) as client:
+        ap = client.access_point("PS1", "Acquisition")
+        first = ap.get()  # connects: the first call goes the shared way
+        for i in range(1, 4):
+            assert ap.get().data["n"] == first.data["n"] + i
+        client.access_point("PS1", "Setting").set(Data(x=1.0))
+        assert client.statistics().transport.lanes == 1
+        assert handler.lane_flags == [False, True, True, True, True]
+        with pytest.raises(TimeoutError, match="HOLD/Acquisition"):
+            client.access_point("HOLD", "Acquisition").get(timeout=0.3)
+        assert handler.lane_flags[-1] is True
+        assert client.statistics().pending == 0
+
+
+def test_lane_spin_is_bounded() -> None:
+    with pytest.raises(ValueError):
+        Config(lane_spin=0.5)
+    with pytest.raises(ValueError):
+        Config(lane_spin=-0.001)
+
+
 def test_direct_calls_off_keeps_every_request_on_the_shared_connection(
     server: Server, handler: Recorder
 ) -> None:

@@ -83,6 +83,50 @@ def test_a_waiting_receive_releases_the_gil(pair: tuple[zmq.Socket[bytes], ...])
     assert isinstance(frames, list) and frames[0] == b"pong" and len(frames[1]) == BIG
 
 
+def test_a_polling_receive_takes_the_reply_without_sleeping_and_releases_the_gil(
+    pair: tuple[zmq.Socket[bytes], ...],
+) -> None:
+    """``spin`` (Config.lane_spin): the receive polls for the reply with the GIL released.
+    RCVTIMEO 0 leaves no sleeping wait after the polling, so the reply, sent by a Python
+    thread that needs the GIL to send it, can only have been taken while polling."""
+    router, dealer = pair
+    recv = _direct_zmq.recv
+    assert recv is not None
+    dealer.setsockopt(zmq.RCVTIMEO, 0)
+    dealer.send(b"ping")
+    wait_readable(router)
+    rid, _ = router.recv_multipart()
+    go = threading.Event()
+
+    def answer() -> None:
+        go.wait(20)
+        router.send_multipart([rid, b"pong"])
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    go.set()
+    frames = recv(dealer.underlying, BIG, True, 20.0)
+    thread.join()
+    assert frames == [b"pong"]
+
+
+def test_polling_that_finds_nothing_then_waits_until_rcvtimeo(
+    pair: tuple[zmq.Socket[bytes], ...],
+) -> None:
+    router, dealer = pair
+    recv = _direct_zmq.recv
+    assert recv is not None
+    dealer.setsockopt(zmq.RCVTIMEO, 30)
+    assert recv(dealer.underlying, BIG, True, 0.001) is None
+    # And a reply already there is taken by the first poll.
+    dealer.send(b"ping")
+    wait_readable(router)
+    rid, _ = router.recv_multipart()
+    router.send_multipart([rid, b"pong"])
+    wait_readable(dealer)
+    assert recv(dealer.underlying, BIG, True, 0.001) == [b"pong"]
+
+
 def test_a_waiting_receive_ends_empty_at_rcvtimeo(pair: tuple[zmq.Socket[bytes], ...]) -> None:
     _, dealer = pair
     recv = _direct_zmq.recv

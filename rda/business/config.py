@@ -127,6 +127,13 @@ class Config(BaseSettings):
         description="Blocking get/set go out on the calling thread's own connection (a "
         "lane), not through the client's dispatcher thread.",
     )
+    lane_spin: float = Field(
+        0.0,
+        ge=0,
+        le=0.01,
+        description="Client: seconds a blocking get/set on its lane (direct_calls) polls for "
+        "its reply before sleeping: lower latency for that much CPU per call; 0: no polling.",
+    )
     max_message_size: int = Field(
         DEFAULT_MAX_MESSAGE_SIZE, ge=1024, description="Largest accepted message, bytes."
     )
@@ -255,6 +262,7 @@ class Config(BaseSettings):
             heartbeat_timeout=self.heartbeat_timeout,
             max_message_size=self.max_message_size,
             handover_after=self.handover_after,
+            lane_spin=self.lane_spin,
         )
 
 

@@ -3,7 +3,7 @@ from collections.abc import Sequence
 # Receives and sends straight into pyzmq's libzmq (_czmq.pyx).
 def bind(loaded_module: str) -> bool: ...
 def recv(
-    handle: int, copy_below: int, block: bool = False
+    handle: int, copy_below: int, block: bool = False, spin: float = 0.0
 ) -> list[bytes | memoryview] | int | None: ...
 def recv_routed(
     handle: int, copy_below: int, handshake_kind: int

@@ -33,6 +33,7 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, EINTR
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
 cdef extern from "<dlfcn.h>" nogil:
@@ -152,21 +153,48 @@ cdef object _frame(rda_zmq_msg_t* msg, Py_ssize_t copy_below):
     return memoryview(kept)
 
 
-def recv(size_t handle, Py_ssize_t copy_below, bint block=False):
+cdef inline double _monotonic() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return now.tv_sec + now.tv_nsec * 1e-9
+
+
+cdef int _spin_recv(rda_zmq_msg_t* msg, void* sock, double spin) noexcept nogil:
+    """Receive without waiting, again and again, for up to ``spin`` seconds: libzmq's result
+    (-1 with errno ``EAGAIN`` when nothing came). Each try lets the socket read its command
+    mailbox (a non-blocking receive processes the pipe's activation), so a reply is taken
+    as soon as libzmq's I/O thread hands it over, without this thread going to sleep and
+    being woken."""
+    cdef double end = _monotonic() + spin
+    cdef int rc
+    while True:
+        rc = _msg_recv(msg, sock, DONTWAIT)
+        if rc >= 0 or _errno() != EAGAIN or _monotonic() >= end:
+            return rc
+
+
+def recv(size_t handle, Py_ssize_t copy_below, bint block=False, double spin=0.0):
     """One whole message from the socket at ``handle`` (``zmq.Socket.underlying``): a list of
     frames (``bytes`` below ``copy_below``, otherwise a read-only ``memoryview`` over the
     libzmq message); ``None`` when no message is waiting; an ``int`` (libzmq's errno) on any
     other failure. Without ``block`` it neither waits nor releases the GIL; with ``block`` it
     waits for the first frame up to the socket's ``RCVTIMEO`` with the GIL released (``None``
-    when that passes, or when a signal interrupted the wait and its handler did not raise)."""
+    when that passes, or when a signal interrupted the wait and its handler did not raise),
+    after polling for it without sleeping for up to ``spin`` seconds (GIL released too)."""
     cdef rda_zmq_msg_t msg
     cdef void* sock = <void*>handle
     cdef int more, rc, err
     _msg_init(&msg)
     if block:
         with nogil:
-            rc = _msg_recv(&msg, sock, 0)
-            err = _errno() if rc < 0 else 0
+            rc = -1
+            err = EAGAIN
+            if spin > 0.0:
+                rc = _spin_recv(&msg, sock, spin)
+                err = _errno() if rc < 0 else 0
+            if rc < 0 and err == EAGAIN:
+                rc = _msg_recv(&msg, sock, 0)
+                err = _errno() if rc < 0 else 0
     else:
         rc = _msg_recv(&msg, sock, DONTWAIT)
         err = _errno() if rc < 0 else 0

@@ -52,10 +52,11 @@ def _load() -> Any:
 _bound = _load()
 
 recv: Callable[..., Any] | None = None if _bound is None else _bound.recv
-"""``recv(socket.underlying, copy_below, block=False)``: a list of frames (``bytes`` below
-``copy_below``, else a read-only ``memoryview`` over libzmq's message, no copy), ``None`` when
-no message is waiting, or libzmq's errno (an ``int``) on another failure. With ``block`` it
-waits up to the socket's ``RCVTIMEO``, the GIL released. None when not available."""
+"""``recv(socket.underlying, copy_below, block=False, spin=0.0)``: a list of frames (``bytes``
+below ``copy_below``, else a read-only ``memoryview`` over libzmq's message, no copy), ``None``
+when no message is waiting, or libzmq's errno (an ``int``) on another failure. With ``block``
+it waits up to the socket's ``RCVTIMEO``, the GIL released, after polling without sleeping for
+up to ``spin`` seconds (a lane's ``Config.lane_spin``). None when not available."""
 
 recv_routed: Callable[[int, int, int], Any] | None = None if _bound is None else _bound.recv_routed
 """``recv_routed(socket.underlying, copy_below, handshake_kind)``: ``recv`` for a ROUTER; a

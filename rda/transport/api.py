@@ -60,6 +60,9 @@ class TransportSettings:
     handover_after: float = 0.002
     # Client: a connection still without CONNECT_ACK after this long is reported disconnected.
     connect_timeout: float = 5.0
+    # Client: how long a blocking call on its lane polls for the reply before it sleeps
+    # (``Config.lane_spin``; 0: it sleeps at once).
+    lane_spin: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

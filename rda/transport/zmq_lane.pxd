@@ -6,3 +6,4 @@ from rda.transport.lanes cimport Lane
 
 cdef class ZmqLane(Lane):
     cdef object _sock
+    cdef double _spin

@@ -22,7 +22,9 @@ module is the socket. Waiting: the caller sleeps in libzmq's blocking receive, w
 ``WAIT_SLICE`` seconds
 (only while a reply is overdue) to ask ``ended()`` whether its owner ended the request
 (deadline, disconnection, close). Nothing else can interrupt it: no other thread may touch
-the socket.
+the socket. With ``TransportSettings.lane_spin`` (``Config.lane_spin``) the first wait polls
+for the reply that long, the GIL released, before it sleeps: a reply that comes meanwhile is
+taken without this thread being put to sleep and woken by libzmq's I/O thread.
 """
 
 from __future__ import annotations
@@ -54,11 +56,20 @@ _peer_log = RateLimitedLog(log)
 class ZmqLane(Lane):
     """One thread's DEALER to one server (see ``lanes.Lane``)."""
 
-    __slots__ = ("_sock",)
+    __slots__ = ("_sock", "_spin")
 
-    def __init__(self, sock: zmq.Socket[bytes], connection: int, session: LaneSession) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        connection: int,
+        session: LaneSession,
+        spin: float = 0.0,
+    ) -> None:
         super().__init__(connection, session)
         self._sock: zmq.Socket[bytes] | None = sock
+        # TransportSettings.lane_spin: how long the first wait for a reply polls before
+        # sleeping (the direct receive only; through pyzmq the wait just sleeps).
+        self._spin = spin
 
     @property
     def closed(self) -> bool:
@@ -80,11 +91,13 @@ class ZmqLane(Lane):
         received = self.session.received
         recv_direct, handle = common.direct_recv, sock.underlying
         frames: list[Any] | int | None = None
+        spin = self._spin  # the first wait only: a reply already overdue is not polled for
         while True:
             # Waits up to RCVTIMEO with the GIL released, the reply's small frames as bytes
             # (_direct_zmq); on an error (an errno) pyzmq receives again and raises its own.
             if recv_direct is not None:
-                frames = recv_direct(handle, common.COPY_BELOW, True)
+                frames = recv_direct(handle, common.COPY_BELOW, True, spin)
+                spin = 0.0
             if recv_direct is None or isinstance(frames, int):
                 try:
                     frames = common.recv_copied(sock, 0)  # waits up to RCVTIMEO
@@ -114,6 +127,7 @@ def open_lanes(
     """The lane pool of a ZeroMQ client transport: each lane a DEALER of ``context``."""
     hello = encode_connect({**info, "lane": True})
     max_size = settings.max_message_size
+    spin = settings.lane_spin
 
     def open_lane(address: str, connection: int, refresh_after: float) -> ZmqLane | None:
         sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
@@ -134,6 +148,7 @@ def open_lanes(
         except BaseException:
             common.close_socket(sock)
             raise
-        return ZmqLane(sock, connection, LaneSession(address, hello, refresh_after, max_size))
+        session = LaneSession(address, hello, refresh_after, max_size)
+        return ZmqLane(sock, connection, session, spin)
 
     return LanePool(open_lane)
