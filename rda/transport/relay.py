@@ -94,13 +94,19 @@ class Relay:
     def end(self) -> bool:
         """The leader is back from the business layer; False when it lost the lead meanwhile
         (it must then return to :meth:`_serve` without touching any socket)."""
-        with self.lock:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per request the dispatcher runs.
+        lock = self.lock
+        lock.acquire()
+        try:
             self.busy = 0
             me = threading.get_ident()
             if self.leader == me:
                 return True
             self._lent.discard(me)
             return False
+        finally:
+            lock.release()
 
     # -------------------------------------------------------------------------- every thread
 

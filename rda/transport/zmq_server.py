@@ -151,10 +151,16 @@ class ZmqServerTransport(common.DispatcherShell):
     def send(self, peer: bytes, frames: Sequence[Buffer], conflate_key: int | None = None) -> None:
         if self._on_dispatcher():
             # A handler on the dispatcher: a standby may take the lead at any moment (relay.py).
-            with self._relay.lock:
+            # acquire/release, not ``with`` (compiled: two bound methods and an ``__exit__``
+            # call with three arguments less per reply).
+            lock = self._relay.lock
+            lock.acquire()
+            try:
                 if self._on_dispatcher():
                     self._table.send(peer, frames, conflate_key)
                     return
+            finally:
+                lock.release()
         mailbox = self._mailbox
         if mailbox is not None:
             mailbox.put((_SEND, peer, frames, conflate_key))

@@ -239,11 +239,16 @@ class ServerRequest:
 
         What ``complete``/``fail`` call, and what the runner calls when the handler raised,
         the queue was full or the deadline passed."""
-        with _ANSWER_LOCK:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per get.
+        _ANSWER_LOCK.acquire()
+        try:
             responder = self._responder
             self._responder = None
             on_answer = self._on_answer
             self._on_answer = None
+        finally:
+            _ANSWER_LOCK.release()
         if responder is None:
             return False
         if on_answer is not None:

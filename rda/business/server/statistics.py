@@ -210,7 +210,11 @@ class RequestCounters:
         """Count one answered request; ``duration`` None means "not timed" (no histogram);
         ``device`` None means "no device" (admin requests)."""
         key = (request_type, outcome)
-        with self._lock:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per answered request.
+        lock = self._lock
+        lock.acquire()
+        try:
             self._requests[key] = self._requests.get(key, 0) + 1
             index = 0
             if duration is not None:
@@ -236,6 +240,8 @@ class RequestCounters:
                 pair.errors += 1
             if duration is not None:
                 pair.durations.add(index, duration)
+        finally:
+            lock.release()
 
     def tracked(self) -> set[tuple[str, str]]:
         """The (device, property) pairs that have figures of their own."""
