@@ -34,3 +34,9 @@ cdef class DispatcherShell:
     cdef public bint _closed
     cdef public object _close_lock
     cdef public Py_ssize_t _internal_errors
+
+
+# Once per message sent, both sides: C calls from the transports that cimport this module,
+# the socket's handle passed in when the caller keeps it.
+cpdef send_frames(object sock, object frames, bint block=*, Py_ssize_t handle=*)
+cpdef send_routed(object sock, object rid, object frames, Py_ssize_t handle=*)

@@ -115,8 +115,14 @@ def _direct_error(errno: int) -> zmq.ZMQError:
     return zmq.ZMQError(errno)
 
 
-def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = False) -> None:
+def send_frames(
+    sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = False, handle: int = 0
+) -> None:
     """``send_multipart(frames, copy=False)`` without the wrapper's overhead.
+
+    ``handle``: ``sock.underlying`` when the caller keeps it (read once per socket: every
+    attribute read on a pyzmq ``Socket`` goes through its ``__getattr__`` hook); 0 to have it
+    read here.
 
     Frames below pyzmq's ``copy_threshold`` (64 KiB) are copied, bigger ones and ``zmq.Frame``
     objects are handed to libzmq without a copy. Only the first frame can fail with EAGAIN or
@@ -127,7 +133,7 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
     blocking send wait in pyzmq, with the GIL released.
     """
     if direct_send is not None:
-        rc = direct_send(sock.underlying, None, frames, COPY_BELOW)
+        rc = direct_send(handle or sock.underlying, None, frames, COPY_BELOW)
         if rc == 0:
             return
         if rc > 0 and not (block and rc == zmq.EAGAIN):
@@ -138,10 +144,13 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[Any], block: bool = Fa
         _backend_send(sock, frame, more if i < last else (0 if block else _NOBLOCK), False)
 
 
-def send_routed(sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any]) -> None:
-    """Non-blocking ROUTER send of ``[rid, *frames]`` without building a new list."""
+def send_routed(
+    sock: zmq.Socket[bytes], rid: bytes, frames: Sequence[Any], handle: int = 0
+) -> None:
+    """Non-blocking ROUTER send of ``[rid, *frames]`` without building a new list;
+    ``handle`` as in ``send_frames``."""
     if direct_send is not None:
-        rc = direct_send(sock.underlying, rid, frames, COPY_BELOW)
+        rc = direct_send(handle or sock.underlying, rid, frames, COPY_BELOW)
         if rc == 0:
             return
         if rc > 0:

@@ -25,3 +25,12 @@ cdef class ZmqClientTransport(common.DispatcherShell):
     cpdef _drain_mailbox(self, object mailbox)
     @cython.locals(sessions=ClientSessions, n=Py_ssize_t, bursty=bint, now=double)
     cpdef _drain_dealer(self, object c)
+
+# The DEALER sockets as the session rules see them: every request's send goes through write.
+cdef class _Wire:
+    cdef public common.Selector poller
+    cdef public dict by_socket
+    cdef public dict by_monitor
+    cdef public object sessions
+
+    cpdef object write(self, object session, object frames)

@@ -65,10 +65,13 @@ def default_client_info() -> dict[str, Any]:
 
 @dataclass(slots=True, eq=False)
 class _Sockets:
-    """A connection's DEALER and its monitor (None for inproc://)."""
+    """A connection's DEALER and its monitor (None for inproc://); ``handle``, the DEALER's
+    ``underlying`` libzmq socket, read once (a pyzmq ``Socket`` attribute read goes through its
+    ``__getattr__`` hook): every send passes it."""
 
     sock: zmq.Socket[bytes]
     monitor: zmq.Socket[bytes] | None
+    handle: int
 
 
 class ZmqClientTransport(common.DispatcherShell):
@@ -262,7 +265,7 @@ class ZmqClientTransport(common.DispatcherShell):
             common.close_monitored(sock, monitor)
             self._sessions.failed_to_open(conn, f"cannot connect to {endpoint}: {exc}")
             return
-        io = _Sockets(sock, monitor)
+        io = _Sockets(sock, monitor, sock.underlying)
         # Registered before the session opens: its CONNECT may have to wait for POLLOUT
         # (with IMMEDIATE it cannot go before the TCP connection exists).
         self._poller.register(sock, zmq.POLLIN)
@@ -362,10 +365,11 @@ class _Wire:
         self.sessions: ClientSessions | None = None  # set once, right after it is made
 
     def write(self, session: ClientSession, frames: Sequence[Any]) -> bool | None:
-        sock = session.io.sock
+        io: _Sockets = session.io
+        sock = io.sock
         self.poller.touch(sock)  # even a failed send may consume a wake-up signal
         try:
-            common.send_frames(sock, frames)
+            common.send_frames(sock, frames, False, io.handle)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
