@@ -11,9 +11,8 @@ each ratio compares passes made within seconds of each other on this shared mach
 * :class:`Rda`: a ``ClientService`` against an rda ``Server`` (:func:`rda_server`), whose
   handlers start on the dispatcher (the default, handed over when long) or run on workers
   (``inline_handlers(False)``); 64 in flight through ``get_async`` with completion callbacks,
-  subscriptions read by one consumer thread woken through ``set_wakeup``; the one named
-  ``rda`` sets ``Config.lane_spin`` (:data:`LANE_SPIN`: its blocking calls poll for their
-  reply before sleeping), the others keep its default (off);
+  subscriptions read by one consumer thread woken through ``set_wakeup`` (the one named
+  ``rda`` takes :data:`LANE_SPIN` as its ``Config.lane_spin``: off, the default);
 * :class:`RdaUser`: the same client written the way docs/client.md shows a user: 64 in flight
   as a window of ``get_async()`` futures waited on with ``result()``, subscriptions through
   ``subscribe(listener=...)`` (the harness of issue 28, kept measured here);
@@ -63,8 +62,10 @@ _FROZEN = np.zeros(131072, dtype=np.float64)
 _FROZEN.flags.writeable = False
 MIB_READ_ONLY = Data(values=_FROZEN)
 
-# The ``rda`` contestant's Config.lane_spin, seconds (its fastest settings; off by default).
-LANE_SPIN = 0.0001
+# The ``rda`` contestant's Config.lane_spin, seconds: 0, the default (off). 100 us paid nothing
+# in this benchmark's get p50 (docs/performance.md, "A blocking get's latency, issue 38, fifth
+# session"); figures/2026-11-28/issue38_s5_rpc_ab.py sets it for that A/B.
+LANE_SPIN = 0.0
 
 PAYLOADS = {"SCALAR": SCALAR, "OBJECT": OBJECT, "MIB": MIB, "MIBRO": MIB_READ_ONLY}
 RAW_PAYLOADS = {name: binary.encode(d) for name, d in PAYLOADS.items()}
@@ -320,8 +321,6 @@ class Rda:
         # False: no subscription passes (a server whose handlers differ, not its notifications)
         self.subscriptions = subscriptions
         self.server = server
-        # lane_spin: its blocking calls poll for their reply for 100 us before sleeping (a
-        # Config setting, off by default; rda_user and rda_documented keep every default).
         config = Config(workers=2, lane_spin=LANE_SPIN if name == "rda" else 0.0)
         self.client = ClientService(StaticDirectory({"*": endpoint}), config)
         self._publisher = self.client.access_point("SCALAR", "Publish")

@@ -11,8 +11,7 @@ Two arrangements, each measured for raw pyzmq and for rda in the same run, on tc
   dispatcher), as raw pyzmq's and PyTango's do on the receiving thread, and ``rda_workers``,
   whose handlers always run on workers (``ServerBuilder.inline_handlers(False)``, the
   default before issue 28). Two clients talk to ``rda``: ``rda`` (callbacks and a
-  ``set_wakeup`` consumer, the fastest patterns, and ``Config.lane_spin``: its blocking calls
-  poll for their reply for 100 us before sleeping) and ``rda_user`` (``get_async()`` futures,
+  ``set_wakeup`` consumer, the fastest patterns) and ``rda_user`` (``get_async()`` futures,
   ``subscribe(listener=...)``: what docs/client.md shows first; issue 28's harness). A third
   server, ``rda_documented``, is the user's whole program (issue 38): the RDA3-style callback
   server of docs/server.md with every default, building a ``Data`` per get and publishing
