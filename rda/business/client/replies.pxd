@@ -2,7 +2,11 @@
 # source; without Cython it runs as it is). rda/_compiled_python.py says how it is loaded.
 # Every request makes a Pending and a completion, and every get's reply is converted here:
 # extension types with typed slots, the per-request steps cpdef. (ReplyFuture, future.py,
-# derives from concurrent.futures.Future, a Python class: it cannot be one.)
+# derives from concurrent.futures.Future, a Python class: it cannot be one.) A get's reply
+# is a Message and its result built by common.new_acquired: both cimported, called in C.
+
+from rda.business.common cimport new_acquired
+from rda.serialization.message cimport Message
 
 cdef class ReplyWaiter:
     cdef object _convert
@@ -32,4 +36,7 @@ cdef class Pending:
 
 cpdef complete(object future, object outcome)
 cpdef str op_name(object op)
-cpdef object get_result(object message)
+cpdef object get_result(Message message)
+
+cdef object _EXCEPTION
+cdef object _REPLY_CONTEXT

@@ -26,6 +26,7 @@ cdef class ClientService:
     cdef object _close_lock
     cdef object _counters
     cdef RequestTable _requests
+    cdef object _abandon
     cdef object _transport
     # Read by tests (the reconnection and subscription suites).
     cdef readonly object _subscriptions

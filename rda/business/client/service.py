@@ -197,6 +197,8 @@ class ClientService:
         self._requests = RequestTable(
             self._clock, self.config.metrics_devices, max_wait=None if clock is None else 0.01
         )
+        # Every future's ``on_cancel``: bound once, not per request.
+        self._abandon = self._requests.abandon
         factory = transport_factory if transport_factory is not None else _zmq_transport
         if security is not None:
             if transport_factory is not None:
@@ -528,7 +530,7 @@ class ClientService:
         if not rid:
             return  # the client closed meanwhile: ended
         if isinstance(fut, ReplyFuture):
-            fut.on_cancel = requests.abandon
+            fut.on_cancel = self._abandon
             fut.key = rid
         if ep.connection != conn:
             # The connection died between choosing it and registering: its on_disconnected
