@@ -34,5 +34,6 @@ cdef class PeerTable:
     cpdef object deliver(self, object rid, object message)
     cpdef object send(self, object rid, object frames, object key)
     cpdef object _send(self, object p, object frames, object key)
+    @cython.locals(n=Py_ssize_t)
     cpdef bint _write(self, object p, object frames) except -1
     cpdef object _enqueue(self, object p, object frames, object key)

@@ -5,6 +5,9 @@
 # and complete run without a Python frame. The zero-copy hand-over measures what their calls
 # hide (replies.references_a_completion_hides), never assumes it.
 
+# The message typed: its REQUEST_CONTEXT frame found by a C call (message.pxd).
+from rda.serialization.message cimport Message
+
 cdef class ServerRequest:
     cdef object _argument
     cdef object _filters
@@ -32,7 +35,7 @@ cdef class SetRequest(_Completable):
 cdef class SubscriptionRequest(ServerRequest):
     pass
 
-cpdef object client_timeout(object message)
+cpdef object client_timeout(Message message)
 
 cdef object _ANSWER_LOCK
 cdef object _UNSET
