@@ -58,6 +58,7 @@ MODULES = (
     "rda.business.common",
     "rda.business.server.requests",
     "rda.business.server.subscriptions",
+    "rda.business.client.subscriptions",
 )
 
 
