@@ -4,12 +4,14 @@
 # types (Lane is the base of zmq_lane.ZmqLane, compiled too, and of the in-memory transport's
 # lane, a Python subclass); the I/O methods stay def (the subclasses supply them).
 
+from rda.transport.client_session cimport LaneSession
+
 cdef class Lane:
     cdef object __weakref__
     cdef object _lock
     cdef bint _orphaned
     cdef public object connection
-    cdef public object session
+    cdef public LaneSession session
     cdef public object thread
 
     cpdef object call(self, object frames, object request_id, object ended, double now)

@@ -101,7 +101,11 @@ class Lane:
         then fails the request as it would a lost connection.
         """
         session = self.session
-        with self._lock:
+        lock = self._lock
+        # acquire/release rather than ``with``: compiled, ``with`` makes two bound methods and
+        # an ``__exit__`` call with three arguments per call.
+        lock.acquire()
+        try:
             if self.closed:
                 raise TransportError(f"the lane to {session.address} is closed")
             hello = session.needs_hello(now)
@@ -112,6 +116,8 @@ class Lane:
             finally:
                 if self._orphaned:
                     self._release()
+        finally:
+            lock.release()
 
     def close(self, timeout: float) -> bool:
         """Close once no call uses it (any thread); False if it stayed in use."""

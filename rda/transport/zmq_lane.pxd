@@ -2,8 +2,10 @@
 # source; without Cython it runs as it is). rda/_compiled_python.py says how it is loaded.
 # A blocking get's send and wait on its own DEALER: an extension type over lanes.Lane.
 
+from rda.transport cimport _zmq_common as common
 from rda.transport.lanes cimport Lane
 
 cdef class ZmqLane(Lane):
     cdef object _sock
     cdef double _spin
+    cdef Py_ssize_t _handle

@@ -56,7 +56,7 @@ _peer_log = RateLimitedLog(log)
 class ZmqLane(Lane):
     """One thread's DEALER to one server (see ``lanes.Lane``)."""
 
-    __slots__ = ("_sock", "_spin")
+    __slots__ = ("_handle", "_sock", "_spin")
 
     def __init__(
         self,
@@ -67,6 +67,8 @@ class ZmqLane(Lane):
     ) -> None:
         super().__init__(connection, session)
         self._sock: zmq.Socket[bytes] | None = sock
+        # Read once: every attribute read on a pyzmq Socket goes through its __getattr__ hook.
+        self._handle: int = sock.underlying
         # TransportSettings.lane_spin: how long the first wait for a reply polls before
         # sleeping (the direct receive only; through pyzmq the wait just sleeps).
         self._spin = spin
@@ -80,16 +82,16 @@ class ZmqLane(Lane):
         assert sock is not None  # checked under the lock by call()
         try:
             if hello:
-                common.send_frames(sock, self.session.hello, block=True)
-            common.send_frames(sock, frames, block=True)
+                common.send_frames(sock, self.session.hello, True, self._handle)
+            common.send_frames(sock, frames, True, self._handle)
         except zmq.ZMQError as exc:
             raise TransportError(f"sending to {self.session.address} failed: {exc}") from exc
 
     def _wait(self, request_id: int, ended: Callable[[], bool]) -> Message | None:
         sock = self._sock
         assert sock is not None
-        received = self.session.received
-        recv_direct, handle = common.direct_recv, sock.underlying
+        session = self.session
+        recv_direct, handle = common.direct_recv, self._handle
         frames: list[Any] | int | None = None
         spin = self._spin  # the first wait only: a reply already overdue is not polled for
         while True:
@@ -108,7 +110,7 @@ class ZmqLane(Lane):
                 if ended():
                     return None
                 continue
-            message = received(frames, request_id, _peer_log)
+            message = session.received(frames, request_id, _peer_log)
             if message is not None:
                 return message
 
