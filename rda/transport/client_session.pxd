@@ -3,6 +3,9 @@
 # LaneSession, the rules of a blocking call's lane, is consulted three times per call: an
 # extension type with typed counters and cpdef steps.
 
+cimport cython
+from rda.transport.protocol cimport decode_from_server
+
 cdef class LaneSession:
     cdef public str address
     cdef public object hello
@@ -29,6 +32,7 @@ cdef class ClientSessions:
     cdef object _on_messages
     cdef object _awaits
     cdef object _settings
+    cdef Py_ssize_t _max_size
     cdef object _hello
     cdef object _wire
     cdef object _clock
@@ -59,6 +63,7 @@ cdef class ClientSessions:
     cpdef bint _write(self, object session, object frames) except -1
     cpdef _push_backlog(self, object session, object frames)
     cpdef _resume_intake(self)
+    @cython.locals(size=Py_ssize_t)
     cpdef object received(self, object session, object frames, double now)
     cpdef deliver(self, object session, object message)
     cpdef hold(self, object session, object message)

@@ -15,3 +15,5 @@ cpdef list encode_routed(
 cpdef list encode_tail(object body)
 cpdef list join_tail(object header, object tail)
 cpdef object _incoming(object message)
+cpdef object decode_from_server(object frames, Py_ssize_t max_size)
+cdef int _SERVER_KINDS

@@ -56,6 +56,7 @@ __all__ = [
     "Reconnect",
     "UnsupportedVersion",
     "decode_frames",
+    "decode_from_server",
     "encode_connect",
     "encode_connect_ack",
     "encode_heartbeat",
@@ -401,6 +402,17 @@ def _version_one(kind: Kind, frames: Sequence[Buffer]) -> UnsupportedVersion:
     return UnsupportedVersion(version)
 
 
+def decode_from_server(frames: Sequence[Buffer], max_size: int) -> ProtocolEvent:
+    """``decode_frames(frames, from_server=True, max_size=max_size)`` with positional
+    arguments: a client's dispatcher decodes every message it receives through it (compiled,
+    a C call without keyword arguments to parse)."""
+    if _parse_compiled is not None and type(frames) is list:
+        message = _parse_compiled(frames, _SERVER_KINDS, max_size)
+        if message is not None:
+            return _incoming(message)
+    return decode_frames(frames, from_server=True, max_size=max_size)
+
+
 def decode_frames(
     frames: Sequence[Buffer],
     *,
@@ -482,6 +494,7 @@ def _load_compiled_parser() -> Callable[[list[Any], int, int], Message | None] |
 
 # The kind byte of the message a side receives: REQUEST at a server, REPLY at a client.
 _MESSAGE_KINDS = (int(Kind.REQUEST), int(Kind.REPLY))  # indexed by from_server
+_SERVER_KINDS = _MESSAGE_KINDS[True]  # what a server sends: REPLY
 _parse_compiled = _load_compiled_parser()
 frame_parser: str = "python" if _parse_compiled is None else "compiled"
 """Which parser takes REQUEST/REPLY frames first: "compiled" (``_cframe``) or "python"."""
