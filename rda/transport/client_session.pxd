@@ -60,6 +60,7 @@ cdef class ClientSessions:
     cpdef writable(self, object session)
     cpdef flush(self, object session)
     cpdef bint _expired(self, object frames) except -1
+    @cython.locals(size=Py_ssize_t)
     cpdef bint _write(self, object session, object frames) except -1
     cpdef _push_backlog(self, object session, object frames)
     cpdef _resume_intake(self)

@@ -34,3 +34,5 @@ cdef class _Wire:
     cdef public object sessions
 
     cpdef object write(self, object session, object frames)
+
+cdef object _get_ident

@@ -56,6 +56,7 @@ log = logging.getLogger("rda.transport.client")
 
 # Mailbox items: (operation, connection id, frames or endpoint or None).
 _SEND, _CONNECT, _DISCONNECT = 0, 1, 2
+_get_ident = threading.get_ident
 
 
 def default_client_info() -> dict[str, Any]:
@@ -123,7 +124,8 @@ class ZmqClientTransport(common.DispatcherShell):
         return conn
 
     def send(self, connection: int, frames: Sequence[Buffer]) -> None:
-        if self._on_dispatcher():
+        # ``_on_dispatcher()`` inline, once per request: compiled, the thread id is a C slot.
+        if _get_ident() == self._thread_id:
             self._sessions.send(connection, frames)
             return
         mailbox = self._mailbox
