@@ -3,8 +3,9 @@
 # Every notification passes Subscription.deliver_message and the queue (_Inbox) on the
 # dispatcher, then the queue and _from_message in its consumer: the queue an extension type
 # (typed slots, its put/put_many in C), the dispatcher's part of Subscription C-level methods.
-# Notification stays a Python class (object.__setattr__ builds it, HistoryChunk extends it);
-# Subscription stays one too (users hold it; the connections set its endpoint and connection).
+# Subscription an extension type too (its state typed slots; what users and the connections
+# read or set public). Notification stays a Python class: object.__setattr__ builds it (an
+# extension type with its own __setattr__ refuses that) and HistoryChunk extends it.
 
 cimport cython
 
@@ -27,6 +28,41 @@ cdef class _Inbox:
     @cython.locals(dropped=Py_ssize_t, was_empty=bint, room=Py_ssize_t)
     cpdef put_many(self, list entries)
     cpdef tuple _carried(self, tuple entry)
+
+
+cdef class Subscription:
+    cdef object __weakref__
+    cdef public object id
+    cdef public object endpoint
+    cdef public object device
+    cdef public object property
+    cdef public object selector
+    cdef public object filters
+    cdef public object listener
+    cdef object _counters
+    cdef object _submit
+    cdef object _on_close
+    cdef object _group
+    # Read by tests (the queue's length and condition).
+    cdef readonly _Inbox _inbox
+    cdef object _lock
+    cdef object _expected
+    cdef bint _ended
+    cdef bint _closed
+    cdef bint _in_outage
+    cdef list _batch
+    cdef public Py_ssize_t received
+    cdef public object connection
+    cdef object _backfill
+
+    @cython.locals(gap=object, seq=object, batch=list)
+    cpdef deliver_message(self, object message, list staged=*)
+    cpdef flush(self)
+    cpdef _deliver(self, tuple entry)
+    cpdef object _make(self, tuple entry)
+    @cython.locals(inbox=_Inbox)
+    cpdef _drain_to_listener(self)
+    cpdef _call_listener(self, object notification)
 
 
 @cython.locals(self=object)
