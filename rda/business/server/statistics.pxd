@@ -7,6 +7,9 @@ cimport cython
 # of a Python call (histogram.pxd).
 from rda.business.histogram cimport Histogram, bucket_of
 
+cdef class _Count:
+    cdef public Py_ssize_t n
+
 cdef class _Pair:
     cdef public Py_ssize_t requests
     cdef public Py_ssize_t errors
@@ -28,7 +31,7 @@ cdef class RequestCounters:
     cdef Py_ssize_t _zero_copy
     cdef Py_ssize_t _copied
 
-    @cython.locals(index=Py_ssize_t, pair=_Pair, histogram=Histogram)
+    @cython.locals(index=Py_ssize_t, pair=_Pair, histogram=Histogram, count=_Count)
     cpdef record(
         self, str request_type, str outcome, object duration, object device=*, str prop=*
     )

@@ -160,6 +160,16 @@ class ServerStatistics:
     properties_in_alarm: dict[str, int] = field(default_factory=dict)
 
 
+class _Count:
+    """One (type, outcome) count: incremented in place, where an int in the dict took a new
+    int and a dict store per answered request."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class _Pair:
     __slots__ = ("durations", "errors", "requests")
 
@@ -181,7 +191,7 @@ class RequestCounters:
 
     def __init__(self, device_limit: int = 200) -> None:
         self._lock = threading.Lock()
-        self._requests = {(t, o): 0 for t in REQUEST_TYPES for o in OUTCOMES}
+        self._requests = {(t, o): _Count() for t in REQUEST_TYPES for o in OUTCOMES}
         self._durations = {t: Histogram() for t in REQUEST_TYPES}
         self._handler_errors = 0
         self._late = 0
@@ -215,7 +225,10 @@ class RequestCounters:
         lock = self._lock
         lock.acquire()
         try:
-            self._requests[key] = self._requests.get(key, 0) + 1
+            count = self._requests.get(key)
+            if count is None:
+                count = self._requests[key] = _Count()
+            count.n += 1
             index = 0
             if duration is not None:
                 if duration < 0.0:
@@ -311,7 +324,8 @@ class RequestCounters:
 
     def count(self, request_type: str, outcome: str) -> int:
         with self._lock:
-            return self._requests.get((request_type, outcome), 0)
+            count = self._requests.get((request_type, outcome))
+            return 0 if count is None else count.n
 
     def snapshot(
         self,
@@ -319,7 +333,7 @@ class RequestCounters:
         """(requests, durations, handler_errors, late_completions), copied under the lock."""
         with self._lock:
             return (
-                dict(self._requests),
+                {key: count.n for key, count in self._requests.items()},
                 {name: h.snapshot() for name, h in self._durations.items()},
                 self._handler_errors,
                 self._late,
