@@ -22,6 +22,7 @@ cdef class Message:
     @cython.locals(i=Py_ssize_t, spans=tuple)
     cpdef object frame(self, object kind)
     cpdef object peek_seq(self)
+    @cython.locals(i=Py_ssize_t, spans=tuple, found=list)
     cpdef list arrays(self)
     cpdef tuple _context_and_seq(self)
 

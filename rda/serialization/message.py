@@ -233,11 +233,8 @@ class Message:
             # A try costs nothing until something is raised (Python 3.11's zero-cost
             # exceptions).
             try:
-                if self._body is None and _ARRAY not in self._spans:
-                    data = binary.decode(frame)  # the usual message: no out-of-band arrays
-                else:
-                    arrays = self.arrays()
-                    data = binary.decode(frame, None, arrays) if arrays else binary.decode(frame)
+                arrays = self.arrays()  # usually none: no out-of-band arrays
+                data = binary.decode(frame, None, arrays) if arrays else binary.decode(frame)
             except DecodeError as exc:
                 raise as_remote(exc) from None
             self._data = data
@@ -246,15 +243,14 @@ class Message:
     def arrays(self) -> list[Buffer]:
         """The ARRAY bodies, in order: the out-of-band arrays of the DATA body."""
         if self._body is None:
+            # One pass over the kinds by identity, as in frame(): ``_ARRAY in spans`` compared
+            # the kind with every offset too, a rich comparison each.
             spans = self._spans
-            array = _ARRAY
-            if array not in spans:  # the usual answer (see frame() for why ``in`` is exact)
-                return []
-            return [
-                memoryview(self._frame)[spans[i + 1] : spans[i + 2]]
-                for i in range(0, len(spans), 3)
-                if spans[i] is array
-            ]
+            found: list[Buffer] = []
+            for i in range(0, len(spans), 3):
+                if spans[i] is _ARRAY:
+                    found.append(memoryview(self._frame)[spans[i + 1] : spans[i + 2]])
+            return found
         return [frame for kind, frame in self._body if kind is _ARRAY]
 
     @property
