@@ -8,6 +8,15 @@ from rda.transport cimport _zmq_common as common
 from rda.transport.relay cimport Relay
 from rda.transport.server_session cimport PeerTable
 
+# The ROUTER's side of every reply (write): the poller typed and send_routed a C call with the
+# socket's handle kept; its other attributes stay in an instance dict (tests replace methods).
+cdef class _Wire:
+    cdef dict __dict__
+    cdef public common.Selector poller
+    cdef public object router
+    cdef public Py_ssize_t handle
+    cdef public object table
+
 cdef class ZmqServerTransport(common.DispatcherShell):
     cdef object _requested
     cdef object _endpoint

@@ -137,6 +137,8 @@ class ZmqServerTransport(common.DispatcherShell):
         self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = router
         self._wire.router = router
+        # Read once: pyzmq's Socket.__getattr__ makes each read of it a hook call.
+        self._wire.handle = router.underlying
         self._monitor = (
             None if self._endpoint.startswith("inproc://") else common.open_monitor(router)
         )
@@ -365,6 +367,7 @@ class _Wire:
         self.poller = poller
         self._clock = clock
         self.router: zmq.Socket[bytes] | None = None  # set at start
+        self.handle = 0  # the router's libzmq socket (its ``underlying``), set at start
         self.table: PeerTable | None = None  # set once, right after it is made
         self.by_fd: dict[int, bytes] = {}
         self._pollout = False
@@ -381,7 +384,7 @@ class _Wire:
         assert router is not None and self.table is not None
         self.poller.touch(router)  # even a failed send may consume a wake-up signal
         try:
-            common.send_routed(router, peer.rid, frames)
+            common.send_routed(router, peer.rid, frames, self.handle)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
@@ -397,7 +400,7 @@ class _Wire:
         assert router is not None
         self.poller.touch(router)
         try:
-            common.send_routed(router, rid, frames)
+            common.send_routed(router, rid, frames, self.handle)
         except zmq.ZMQError:
             return False
         return True
