@@ -173,7 +173,11 @@ class ReplyFuture(Future[Any]):
     # -- the completing side (the request table, once) -----------------------------------
 
     def set_result(self, result: Any) -> None:
-        with self._condition:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per reply.
+        lock = self._condition
+        lock.acquire()
+        try:
             state = self._state
             if state is not _PENDING and state is not _RUNNING:
                 raise InvalidStateError(f"{state}: {self!r}")
@@ -182,6 +186,8 @@ class ReplyFuture(Future[Any]):
             for waiter in self._waiters:
                 waiter.add_result(self)
             gate = self._gate
+        finally:
+            lock.release()
         if gate is not None or self._done_callbacks is not None:
             self._ended(gate)
 

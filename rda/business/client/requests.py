@@ -166,7 +166,11 @@ class RequestTable:
 
     def reply(self, message: Message) -> None:
         """A REPLY or EXCEPTION arrived on a shared connection (dispatcher thread)."""
-        with self._lock:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per reply.
+        lock = self._lock
+        lock.acquire()
+        try:
             p = self._shared.pop(message.header.id, None)
             if p is None:
                 self._late += 1  # ended already (deadline, cancel): dropped
@@ -185,6 +189,8 @@ class RequestTable:
                 else:
                     self._replies += 1
                 self._round_trips.add(p.op, p.device, elapsed)
+        finally:
+            lock.release()
         complete(p.future, _timeout_error(p) if late else message)
 
     def lane_reply(self, rid: int, message: Message, done: LaneCompletion) -> Message:
