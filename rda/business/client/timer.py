@@ -119,7 +119,11 @@ class Timer:
     def deadline(self, at: float, key: int) -> None:
         """Call ``expire(key)`` at ``at`` unless ``live(key)`` is False by then (a request
         answered meanwhile): nothing to cancel. Needs ``expire`` and ``live``."""
-        with self._lock:
+        # acquire/release, not ``with``: compiled, ``with`` makes two bound methods and calls
+        # ``__exit__`` with three arguments, once per request.
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._closed:
                 return
             heap = self._heap
@@ -129,6 +133,8 @@ class Timer:
                 self._cond.notify()
             if len(heap) > self._prune_at:
                 self._prune()
+        finally:
+            lock.release()
 
     def _prune(self) -> None:
         """Rebuild the heap from its live entries (lock held)."""
