@@ -59,6 +59,7 @@ MODULES = (
     "rda.business.server.requests",
     "rda.business.server.subscriptions",
     "rda.business.client.subscriptions",
+    "rda.business.client.subscription_set",
 )
 
 
