@@ -206,11 +206,12 @@ def recv_copied(sock: zmq.Socket[bytes], flags: int = _NOBLOCK) -> list[Any] | N
     """:func:`recv_frames` as buffers: a frame below ``COPY_BELOW`` leaves its ``zmq.Frame``
     at once (a memoryview over a copied ``bytes``: a Frame kept alive behind every queued
     notification cost more than the copy, in allocation and in garbage-collector work), a
-    bigger one stays zero-copy."""
+    bigger one stays zero-copy, read-only as the direct receive's (a ``zmq.Frame``'s own
+    ``buffer`` is writable: a reader could change a received message under another)."""
     raw = recv_frames(sock, flags)
     if raw is None:
         return None
-    return [memoryview(f.bytes) if len(f) < COPY_BELOW else f.buffer for f in raw]
+    return [memoryview(f.bytes) if len(f) < COPY_BELOW else f.buffer.toreadonly() for f in raw]
 
 
 class Selector:
