@@ -4,6 +4,8 @@
 # decode_context cpdef, its helpers C globals. The classes (Header, DataContext, the enums)
 # stay Python classes.
 
+cimport cython
+
 cdef Py_ssize_t _CONTEXT_SIZE
 cdef object _unpack_context
 cdef object _new
@@ -13,3 +15,5 @@ cdef object _set_acq_stamp
 cdef object _set_selector
 
 cpdef tuple decode_context(object frame, str selector=*)
+@cython.locals(size=Py_ssize_t)
+cpdef tuple decode_context_at(object buffer, Py_ssize_t start, Py_ssize_t end, str selector)

@@ -24,6 +24,7 @@ cdef class Message:
     cpdef object peek_seq(self)
     @cython.locals(i=Py_ssize_t, spans=tuple, found=list)
     cpdef list arrays(self)
+    @cython.locals(i=Py_ssize_t, spans=tuple)
     cpdef tuple _context_and_seq(self)
 
 cdef object _DATA

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rda.serialization import binary
 from rda.serialization.errors import DecodeError, as_remote
-from rda.serialization.header import DataContext, Header, decode_context
+from rda.serialization.header import DataContext, Header, decode_context, decode_context_at
 
 if TYPE_CHECKING:
     from rda.serialization.data import Data
@@ -288,14 +288,26 @@ class Message:
     def _context_and_seq(self) -> tuple[DataContext, int]:
         context_seq = self._context_seq
         if context_seq is None:
-            frame = self.frame(_DATA_CONTEXT)
-            if frame is None:
-                context_seq = DataContext(selector=self.header.selector), 0
-            else:
-                try:
-                    context_seq = decode_context(frame, self.header.selector)
-                except DecodeError as exc:
-                    raise as_remote(exc) from None
+            selector = self.header.selector
+            try:
+                if self._body is None:
+                    # Read in place from the received frame (its span, as frame() finds it):
+                    # no view of the body made for it.
+                    spans = self._spans
+                    for i in range(0, len(spans), 3):
+                        if spans[i] is _DATA_CONTEXT:
+                            context_seq = decode_context_at(
+                                self._frame, spans[i + 1], spans[i + 2], selector
+                            )
+                            break
+                else:
+                    frame = self.frame(_DATA_CONTEXT)
+                    if frame is not None:
+                        context_seq = decode_context(frame, selector)
+            except DecodeError as exc:
+                raise as_remote(exc) from None
+            if context_seq is None:
+                context_seq = DataContext(selector=selector), 0
             self._context_seq = context_seq
         return context_seq
 
