@@ -258,30 +258,7 @@ def encode_context(context: DataContext, seq: int = 0, acq_stamp: int | None = N
 
 def decode_context(frame: bytes | memoryview, selector: str = "") -> tuple[DataContext, int]:
     """Parse a DATA_CONTEXT frame into ``(context, seq)``."""
-    # decode_context_at's checks, from offset 0: not a call to it (a Python call more per
-    # reply read on the pure path, whose messages carry their bodies as slices already).
-    size = len(frame)
-    if size < _CONTEXT_SIZE:
-        raise DecodeError(f"data context is {size} bytes, shorter than {_CONTEXT_SIZE}", 0)
-    seq, acq_stamp, cycle_stamp, ln = _unpack_context(frame)
-    if _CONTEXT_SIZE + ln != size:
-        raise DecodeError(
-            f"data context declares a {ln}-byte cycle name but carries {size - _CONTEXT_SIZE}",
-            _CONTEXT_SIZE - 2,
-        )
-    if ln:
-        try:
-            name = str(frame[_CONTEXT_SIZE:], "utf-8")
-        except UnicodeDecodeError as exc:
-            raise DecodeError("cycle name is not valid UTF-8", _CONTEXT_SIZE + exc.start) from exc
-    else:
-        name = ""
-    context = _new(DataContext)
-    _set_name(context, name)
-    _set_cycle_stamp(context, cycle_stamp)
-    _set_acq_stamp(context, acq_stamp)
-    _set_selector(context, selector)
-    return context, seq
+    return decode_context_at(frame, 0, len(frame), selector)
 
 
 def decode_context_at(
